@@ -1,0 +1,1 @@
+"""Railover native plugin: C library, wire format and Python binding."""

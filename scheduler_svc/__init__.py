@@ -1,0 +1,1 @@
+"""Railover central service."""

@@ -1,0 +1,1 @@
+"""Planning tools: Monte Carlo simulation, the analytic model and FlowCheck mirror planning."""
