@@ -1,0 +1,207 @@
+"""Failover-or-restart decision: ReCCL equations (1)-(4) and their options.
+
+Every cost here is measured the same way, so they can be compared: the wall
+time from the fault until the job has again done all the work up to the end
+of the current checkpoint interval. Pure arithmetic: the helpers work on
+floats and on numpy arrays alike, which is how the Monte Carlo simulator
+reuses them without writing the rule twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+# IB local ACK timeout unit: 4.096 µs · 2^timeout per retry (IBTA vol. 1, 9.7.6.1.3).
+IB_TIMEOUT_UNIT_S = 4.096e-6
+
+# The cost formulas serve scalars (the service) and arrays (the simulator) alike.
+Num = TypeVar("Num", float, npt.NDArray[np.float64])
+
+
+class Action(enum.StrEnum):
+    """What the service tells the fleet to do with a job after a fault."""
+
+    FAILOVER = "failover"
+    RESTART = "restart"
+    RESTART_SCALED = "restart_scaled"
+    NONE = "none"
+
+
+def ib_timeout_s(timeout_exponent: int, retry_cnt: int) -> float:
+    """Seconds before an RNIC gives up on a dead path: 4.096 µs · 2^timeout · (retry_cnt + 1)."""
+    if not 0 <= timeout_exponent <= 31:
+        raise ValueError(f"timeout_exponent must be 0..31 (IB 5-bit field), got {timeout_exponent}")
+    if not 0 <= retry_cnt <= 7:
+        raise ValueError(f"retry_cnt must be 0..7 (IB 3-bit field), got {retry_cnt}")
+    return IB_TIMEOUT_UNIT_S * float(1 << timeout_exponent) * (retry_cnt + 1)
+
+
+def restart_cost_s(interval_s: Num, detect_s: Num, reload_s: Num, timeout_s: Num) -> Num:
+    """Equation (1): t_restart = T_timeout + T_detect + T_reload + T_interval."""
+    return timeout_s + detect_s + reload_s + interval_s
+
+
+def failover_cost_s(interval_s: Num, elapsed_s: Num, reload_s: Num, timeout_s: Num, k: Num) -> Num:
+    """Equation (2): t_failover = T_timeout + k·(T_interval − t_elapsed) + T_reload."""
+    return timeout_s + k * (interval_s - elapsed_s) + reload_s
+
+
+def failover_threshold_s(interval_s: Num, detect_s: Num, k: Num) -> Num:
+    """Equation (4): fail over once t_elapsed > (T_interval·(k − 1) − T_detect) / k."""
+    return (interval_s * (k - 1) - detect_s) / k
+
+
+def restart_scaled_cost_s(
+    interval_s: float, detect_s: float, reload_s: float, timeout_s: float, dp_size: int
+) -> float:
+    """Restart without the faulty node: DP loses one replica, the interval runs DP/(DP−1) longer."""
+    if dp_size < 2:
+        raise ValueError("restart_scaled needs a data-parallel size of at least 2")
+    return timeout_s + detect_s + reload_s + interval_s * dp_size / (dp_size - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionInputs:
+    """Everything one decision depends on; stored verbatim with the decision."""
+
+    checkpoint_interval_s: float
+    elapsed_s: float
+    detect_s: float
+    reload_s: float
+    timeout_s: float
+    k: float
+    k_source: str
+    gpus: int
+    path_available: bool = True
+    healed: bool = False
+    dp_size: int = 1
+    allow_scaling: bool = False
+    spare_nodes: bool = True
+    node_replace_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        positive = {"checkpoint_interval_s": self.checkpoint_interval_s, "gpus": self.gpus}
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        non_negative = {
+            "elapsed_s": self.elapsed_s,
+            "detect_s": self.detect_s,
+            "reload_s": self.reload_s,
+            "timeout_s": self.timeout_s,
+            "node_replace_s": self.node_replace_s,
+        }
+        for name, value in non_negative.items():
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not (self.k >= 1 and math.isfinite(self.k)):
+            raise ValueError(f"k (slowdown while failed over) must be >= 1, got {self.k}")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen action, the threshold, every option's cost and a reason a person can read."""
+
+    action: Action
+    reason: str
+    threshold_s: float
+    costs_s: dict[str, float | None]
+    costs_gpu_s: dict[str, float | None]
+    inputs: DecisionInputs
+    notes: tuple[str, ...] = field(default=())
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def decide(inp: DecisionInputs) -> Decision:
+    """Pick the cheapest of failover, restart, restart_scaled and none for one fault."""
+    interval, elapsed = inp.checkpoint_interval_s, min(inp.elapsed_s, inp.checkpoint_interval_s)
+    notes: list[str] = []
+    if inp.elapsed_s > inp.checkpoint_interval_s:
+        notes.append(
+            f"t_elapsed {_fmt(inp.elapsed_s)} exceeds the checkpoint interval; "
+            "capped at the interval (a checkpoint is overdue)"
+        )
+    threshold = failover_threshold_s(interval, inp.detect_s, inp.k)
+    restart_wait = 0.0 if inp.spare_nodes else inp.node_replace_s
+    restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
+    scaled: float | None = None
+    if inp.allow_scaling and inp.dp_size >= 2:
+        scaled = restart_scaled_cost_s(
+            interval, inp.detect_s, inp.reload_s, inp.timeout_s, inp.dp_size
+        )
+    failover: float | None = None
+    if inp.path_available:
+        failover = failover_cost_s(interval, elapsed, inp.reload_s, inp.timeout_s, inp.k)
+    # "none" only costs nothing when the fault healed by itself (a flap the
+    # retransmissions rode out); otherwise the collective hangs forever.
+    none: float | None = interval - elapsed if inp.healed else None
+
+    costs: dict[str, float | None] = {
+        Action.FAILOVER.value: failover,
+        Action.RESTART.value: restart,
+        Action.RESTART_SCALED.value: scaled,
+        Action.NONE.value: none,
+    }
+    gpu_share = {
+        Action.RESTART_SCALED.value: (inp.dp_size - 1) / inp.dp_size if inp.dp_size >= 2 else 1.0
+    }
+    costs_gpu = {
+        name: None if cost is None else cost * inp.gpus * gpu_share.get(name, 1.0)
+        for name, cost in costs.items()
+    }
+
+    if none is not None:
+        action = Action.NONE
+        reason = "the fault healed before the job needed to move; nothing to do"
+    elif failover is None:
+        action, cost = _cheapest_restart(restart, scaled)
+        reason = (
+            f"no usable path is left for some GPU (primary and backup both lost); "
+            f"{action.value} ({_fmt(cost)}) is the only way forward"
+        )
+    else:
+        restart_action, best_restart = _cheapest_restart(restart, scaled)
+        if failover < best_restart:
+            action = Action.FAILOVER
+            reason = (
+                f"{_fmt(elapsed)} since the last checkpoint is past the {_fmt(max(threshold, 0))} "
+                f"threshold at k={inp.k:.3g}: failing over costs {_fmt(failover)}, "
+                f"{restart_action.value} {_fmt(best_restart)}"
+            )
+        else:
+            action = restart_action
+            reason = (
+                f"only {_fmt(elapsed)} since the last checkpoint, before the {_fmt(threshold)} "
+                f"threshold at k={inp.k:.3g}: {restart_action.value} costs {_fmt(best_restart)}, "
+                f"failing over {_fmt(failover)}"
+            )
+    return Decision(
+        action=action,
+        reason=reason,
+        threshold_s=threshold,
+        costs_s=costs,
+        costs_gpu_s=costs_gpu,
+        inputs=inp,
+        notes=tuple(notes),
+    )
+
+
+def _cheapest_restart(restart: float, scaled: float | None) -> tuple[Action, float]:
+    if scaled is not None and scaled < restart:
+        return Action.RESTART_SCALED, scaled
+    return Action.RESTART, restart
