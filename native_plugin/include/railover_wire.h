@@ -1,0 +1,177 @@
+/*
+ * railover_wire.h — the frame format spoken on the agent's unix socket.
+ *
+ * This file is the single definition of the wire format. Its Python mirror is
+ * native_plugin/wire.py; tests/native_plugin/test_wire_agreement.py compiles a
+ * program against this header and fails when the two disagree.
+ *
+ * Transport: a SOCK_STREAM unix socket. The plugin connects; the agent listens.
+ * Both directions carry a sequence of frames; there is no other framing.
+ *
+ * Frame = 16-byte header followed by payload_len bytes of payload.
+ * Every integer is little-endian, in both header and payload. The structs
+ * below are laid out so that a little-endian host with natural alignment has
+ * no implicit padding: sizes and offsets are pinned with static asserts, so
+ * the C side can memcpy them straight onto the wire.
+ *
+ * Validity (a receiver drops the connection on the first invalid frame):
+ *   - magic == RAILOVER_WIRE_MAGIC and version == RAILOVER_WIRE_VERSION;
+ *   - type is one of railover_wire_type;
+ *   - payload_len <= RAILOVER_WIRE_MAX_PAYLOAD and equals the size of the
+ *     payload struct for that type exactly (the v1 payloads never grow;
+ *     a longer payload needs a new version).
+ * Reserved fields are written as 0 by senders and ignored by receivers.
+ * Strings (dev names, peer) are UTF-8, NUL-padded to their fixed size; a
+ * sender writes at most size-1 bytes so there is always a terminating NUL.
+ * Enumerated values (wc_status, ibv_event_type, reason, kind) are carried
+ * as plain integers and are not validated on the wire: their sets only grow.
+ */
+#ifndef RAILOVER_WIRE_H
+#define RAILOVER_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "railover_wire.h maps structs onto the little-endian wire format directly"
+#endif
+
+#define RAILOVER_WIRE_MAGIC 0x52564C52u /* "RLVR" as the bytes 52 4C 56 52 */
+#define RAILOVER_WIRE_VERSION 1u
+#define RAILOVER_WIRE_HEADER_SIZE 16u
+#define RAILOVER_WIRE_MAX_PAYLOAD 1024u
+#define RAILOVER_WIRE_NAME_LEN 64u /* dev_name, from_dev, to_dev, peer */
+
+/* Frame types. Only ever appended; a value is never reused. */
+enum railover_wire_type {
+  RAILOVER_MSG_CQE_ERROR = 1,   /* plugin -> agent */
+  RAILOVER_MSG_PORT_EVENT = 2,  /* plugin -> agent */
+  RAILOVER_MSG_PATH_SWITCH = 3, /* plugin -> agent */
+  RAILOVER_MSG_PROGRESS = 4,    /* plugin -> agent */
+  RAILOVER_MSG_HELLO = 5,       /* plugin -> agent, first frame of every connection */
+  RAILOVER_MSG_COMMAND = 16,    /* agent -> plugin */
+  RAILOVER_MSG_ACK = 17,        /* plugin -> agent */
+};
+
+/* Command kinds carried in railover_wire_command.kind. Only ever appended. */
+enum railover_wire_command_kind {
+  RAILOVER_CMD_REBALANCE = 1, /* disable disabled_channels of comm_id at ops_done */
+  RAILOVER_CMD_FAILBACK = 2,  /* return comm_id to its primary paths at ops_done */
+  RAILOVER_CMD_ABORT = 3,     /* the service decided to restart: abort comm_id */
+};
+
+/* Why a path switched (railover_wire_path_switch.reason). Only ever appended. */
+enum railover_wire_switch_reason {
+  RAILOVER_SWITCH_OTHER = 0,     /* none of the below / not known */
+  RAILOVER_SWITCH_FAILOVER = 1,  /* primary failed, moved to the backup RNIC */
+  RAILOVER_SWITCH_FAILBACK = 2,  /* primary recovered, moved back to it */
+  RAILOVER_SWITCH_REBALANCE = 3, /* a REBALANCE command moved the channel */
+  RAILOVER_SWITCH_NVL = 4,       /* routed through a transit GPU over NVLink */
+};
+
+/* 16-byte frame header. */
+typedef struct railover_wire_header {
+  uint32_t magic;       /* RAILOVER_WIRE_MAGIC */
+  uint16_t version;     /* RAILOVER_WIRE_VERSION */
+  uint16_t type;        /* enum railover_wire_type */
+  uint32_t payload_len; /* bytes of payload that follow; see validity rules */
+  uint32_t reserved;    /* 0 */
+} railover_wire_header;
+
+/* Type 1: a work completion came back with an error status. */
+typedef struct railover_wire_cqe_error {
+  uint64_t timestamp_ns; /* CLOCK_REALTIME when the plugin was called, ns since epoch */
+  uint32_t port;         /* RNIC port number, 1-based as in ibverbs */
+  uint32_t qp_num;       /* QP number the completion belongs to */
+  uint32_t wc_status;    /* enum ibv_wc_status (5 WR_FLUSH_ERR, 12 RETRY_EXC_ERR, ...) */
+  uint32_t vendor_err;   /* ibv_wc.vendor_err, vendor specific */
+  uint32_t pid;          /* reporting process */
+  uint32_t reserved;     /* 0 */
+  char dev_name[RAILOVER_WIRE_NAME_LEN]; /* RNIC, e.g. "mlx5_0" */
+  char peer[RAILOVER_WIRE_NAME_LEN];     /* free-form remote address or hostname */
+} railover_wire_cqe_error;
+
+/* Type 2: an ibverbs asynchronous event on a port. */
+typedef struct railover_wire_port_event {
+  uint64_t timestamp_ns;   /* CLOCK_REALTIME, ns since epoch */
+  uint32_t port;           /* RNIC port number, 1-based */
+  uint32_t ibv_event_type; /* enum ibv_event_type (PORT_ERR, PORT_ACTIVE, ...) */
+  uint32_t pid;            /* reporting process */
+  uint32_t reserved;       /* 0 */
+  char dev_name[RAILOVER_WIRE_NAME_LEN]; /* RNIC, e.g. "mlx5_0" */
+} railover_wire_port_event;
+
+/* Type 3: the CCL moved a channel of a communicator to another RNIC. */
+typedef struct railover_wire_path_switch {
+  uint64_t comm_id;      /* CCL communicator id (e.g. hash of the NCCL unique id) */
+  uint64_t timestamp_ns; /* CLOCK_REALTIME, ns since epoch */
+  uint32_t channel;      /* channel index within the communicator */
+  uint32_t reason;       /* enum railover_wire_switch_reason */
+  uint32_t pid;          /* reporting process */
+  uint32_t reserved;     /* 0 */
+  char from_dev[RAILOVER_WIRE_NAME_LEN]; /* RNIC the channel left */
+  char to_dev[RAILOVER_WIRE_NAME_LEN];   /* RNIC the channel now uses */
+} railover_wire_path_switch;
+
+/* Type 4: collective progress of one rank of a communicator. */
+typedef struct railover_wire_progress {
+  uint64_t comm_id;      /* CCL communicator id */
+  uint64_t ops_done;     /* collective operations completed by this rank so far */
+  uint64_t timestamp_ns; /* CLOCK_REALTIME, ns since epoch */
+  uint32_t rank;         /* rank within comm_id */
+  uint32_t pid;          /* reporting process */
+} railover_wire_progress;
+
+/* Type 5: first frame on every (re)connection, so the agent knows who speaks. */
+typedef struct railover_wire_hello {
+  uint64_t comm_id;     /* communicator given at init, 0 when not known */
+  uint32_t pid;         /* the plugin's process */
+  uint32_t abi_version; /* RAILOVER_PLUGIN_ABI_VERSION of the library */
+  uint32_t rank;        /* rank given at init, RAILOVER_RANK_UNKNOWN when not known */
+  uint32_t reserved;    /* 0 */
+} railover_wire_hello;
+
+#define RAILOVER_RANK_UNKNOWN 0xFFFFFFFFu
+
+/* Type 16: the service, via the agent, asks the CCL to act. */
+typedef struct railover_wire_command {
+  uint64_t command_id;        /* unique per command; echoed in the ACK */
+  uint64_t comm_id;           /* communicator the command applies to */
+  uint64_t ops_done;          /* apply when the rank's ops_done reaches this; 0 = now */
+  uint64_t disabled_channels; /* REBALANCE: bit i set = disable channel i */
+  uint32_t kind;              /* enum railover_wire_command_kind */
+  uint32_t epoch;             /* trigger epoch; a newer epoch supersedes older ones */
+  uint64_t reserved;          /* 0 */
+} railover_wire_command;
+
+/* Type 17: the CCL's answer to a COMMAND. */
+typedef struct railover_wire_ack {
+  uint64_t command_id; /* the COMMAND being answered */
+  int32_t status;      /* 0 applied; negative: enum railover_ack_status */
+  uint32_t pid;        /* answering process */
+} railover_wire_ack;
+
+/* Ack statuses. Only ever appended (more negative). */
+enum railover_ack_status {
+  RAILOVER_ACK_APPLIED = 0,
+  RAILOVER_ACK_FAILED = -1,      /* tried and failed */
+  RAILOVER_ACK_UNSUPPORTED = -2, /* kind not known to this plugin/CCL */
+  RAILOVER_ACK_TOO_LATE = -3,    /* the rank was already past ops_done */
+  RAILOVER_ACK_BUSY = -4,        /* the plugin's command queue was full */
+};
+
+#define RAILOVER_WIRE_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " size")
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_header, 16);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_cqe_error, 160);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_port_event, 88);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_path_switch, 160);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_progress, 32);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_hello, 24);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command, 48);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack, 16);
+#undef RAILOVER_WIRE_ASSERT_SIZE
+
+/* Largest v1 payload; the plugin's ring slots are sized from it. */
+#define RAILOVER_WIRE_LARGEST_V1_PAYLOAD 160u
+
+#endif /* RAILOVER_WIRE_H */

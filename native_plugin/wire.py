@@ -1,0 +1,421 @@
+"""Python mirror of ``native_plugin/include/railover_wire.h``: the plugin ↔ agent frame format.
+
+The C header is the definition; this module must agree with it byte for byte, which
+``tests/native_plugin/test_wire_agreement.py`` checks by compiling against the header.
+
+A frame is a 16-byte little-endian header (magic, version, type, payload_len, reserved)
+followed by a fixed-layout little-endian payload whose length is fixed per type.
+Dataclass fields appear in wire order; reserved fields are not exposed (written as 0,
+ignored when read). Names (``dev_name``, ``peer``, ...) are ``str``: UTF-8, at most 63
+bytes, no NUL.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from typing import ClassVar, Final
+
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_PAYLOAD",
+    "NAME_LEN",
+    "PAYLOAD_LAYOUT",
+    "RANK_UNKNOWN",
+    "VERSION",
+    "Ack",
+    "AckStatus",
+    "Command",
+    "CommandKind",
+    "CqeError",
+    "FrameDecoder",
+    "Hello",
+    "Message",
+    "MsgType",
+    "PathSwitch",
+    "PortEvent",
+    "Progress",
+    "SwitchReason",
+    "WireError",
+    "decode_frame",
+    "encode",
+]
+
+MAGIC: Final = 0x52564C52
+VERSION: Final = 1
+HEADER_SIZE: Final = 16
+MAX_PAYLOAD: Final = 1024
+NAME_LEN: Final = 64
+RANK_UNKNOWN: Final = 0xFFFFFFFF
+
+_HEADER: Final = struct.Struct("<IHHII")
+assert _HEADER.size == HEADER_SIZE
+
+
+class WireError(ValueError):
+    """A frame is malformed; the connection it came from must be dropped.
+
+    ``decoded`` holds the valid messages that preceded the bad frame in the same
+    ``feed`` call, so a listener can still act on them before closing.
+    """
+
+    def __init__(self, message: str, decoded: list[Message] | None = None) -> None:
+        super().__init__(message)
+        self.decoded: list[Message] = decoded if decoded is not None else []
+
+
+class MsgType(IntEnum):
+    """Frame types (``enum railover_wire_type``); only ever appended."""
+
+    CQE_ERROR = 1
+    PORT_EVENT = 2
+    PATH_SWITCH = 3
+    PROGRESS = 4
+    HELLO = 5
+    COMMAND = 16
+    ACK = 17
+
+
+class CommandKind(IntEnum):
+    """``Command.kind`` values; the field stays an ``int`` because the set only grows."""
+
+    REBALANCE = 1
+    FAILBACK = 2
+    ABORT = 3
+
+
+class SwitchReason(IntEnum):
+    """``PathSwitch.reason`` values; the field stays an ``int``."""
+
+    OTHER = 0
+    FAILOVER = 1
+    FAILBACK = 2
+    REBALANCE = 3
+    NVL = 4
+
+
+class AckStatus(IntEnum):
+    """``Ack.status`` values: 0 applied, negative failed; the field stays an ``int``."""
+
+    APPLIED = 0
+    FAILED = -1
+    UNSUPPORTED = -2
+    TOO_LATE = -3
+    BUSY = -4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CqeError:
+    """A work completion with an error status (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.CQE_ERROR
+    timestamp_ns: int
+    port: int
+    qp_num: int
+    wc_status: int
+    vendor_err: int
+    pid: int
+    dev_name: str
+    peer: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PortEvent:
+    """An ibverbs async event on an RNIC port (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.PORT_EVENT
+    timestamp_ns: int
+    port: int
+    ibv_event_type: int
+    pid: int
+    dev_name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathSwitch:
+    """A channel of a communicator moved to another RNIC (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.PATH_SWITCH
+    comm_id: int
+    timestamp_ns: int
+    channel: int
+    reason: int
+    pid: int
+    from_dev: str
+    to_dev: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """Collective operations completed by one rank (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.PROGRESS
+    comm_id: int
+    ops_done: int
+    timestamp_ns: int
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """First frame of every plugin connection (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.HELLO
+    comm_id: int
+    pid: int
+    abi_version: int
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """An order for the CCL (agent → plugin); ``ops_done`` 0 means apply now."""
+
+    TYPE: ClassVar[MsgType] = MsgType.COMMAND
+    command_id: int
+    comm_id: int
+    ops_done: int
+    disabled_channels: int
+    kind: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """The CCL's answer to a ``Command`` (plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.ACK
+    command_id: int
+    status: int
+    pid: int
+
+
+Message = CqeError | PortEvent | PathSwitch | Progress | Hello | Command | Ack
+
+# Payload layouts in wire order, as (field name, struct code). "reserved" fields are
+# padding to 8-byte alignment, matching the C structs field for field.
+PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
+    MsgType.CQE_ERROR: (
+        ("timestamp_ns", "Q"),
+        ("port", "I"),
+        ("qp_num", "I"),
+        ("wc_status", "I"),
+        ("vendor_err", "I"),
+        ("pid", "I"),
+        ("reserved", "I"),
+        ("dev_name", "64s"),
+        ("peer", "64s"),
+    ),
+    MsgType.PORT_EVENT: (
+        ("timestamp_ns", "Q"),
+        ("port", "I"),
+        ("ibv_event_type", "I"),
+        ("pid", "I"),
+        ("reserved", "I"),
+        ("dev_name", "64s"),
+    ),
+    MsgType.PATH_SWITCH: (
+        ("comm_id", "Q"),
+        ("timestamp_ns", "Q"),
+        ("channel", "I"),
+        ("reason", "I"),
+        ("pid", "I"),
+        ("reserved", "I"),
+        ("from_dev", "64s"),
+        ("to_dev", "64s"),
+    ),
+    MsgType.PROGRESS: (
+        ("comm_id", "Q"),
+        ("ops_done", "Q"),
+        ("timestamp_ns", "Q"),
+        ("rank", "I"),
+        ("pid", "I"),
+    ),
+    MsgType.HELLO: (
+        ("comm_id", "Q"),
+        ("pid", "I"),
+        ("abi_version", "I"),
+        ("rank", "I"),
+        ("reserved", "I"),
+    ),
+    MsgType.COMMAND: (
+        ("command_id", "Q"),
+        ("comm_id", "Q"),
+        ("ops_done", "Q"),
+        ("disabled_channels", "Q"),
+        ("kind", "I"),
+        ("epoch", "I"),
+        ("reserved", "Q"),
+    ),
+    MsgType.ACK: (
+        ("command_id", "Q"),
+        ("status", "i"),
+        ("pid", "I"),
+    ),
+}
+
+_CLASSES: Final[Mapping[MsgType, type[Message]]] = {
+    cls.TYPE: cls for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Command, Ack)
+}
+
+_INT_RANGES: Final[Mapping[str, tuple[int, int]]] = {
+    "Q": (0, 2**64 - 1),
+    "I": (0, 2**32 - 1),
+    "i": (-(2**31), 2**31 - 1),
+}
+
+
+class _Codec:
+    """Precomputed pack/unpack plan for one message type."""
+
+    __slots__ = ("cls", "header", "keep", "names", "str_idx", "struct", "wire_fields")
+
+    def __init__(self, msg_type: MsgType, layout: tuple[tuple[str, str], ...]) -> None:
+        self.cls = _CLASSES[msg_type]
+        self.wire_fields = layout
+        self.struct = struct.Struct("<" + "".join(code for _, code in layout))
+        self.header = _HEADER.pack(MAGIC, VERSION, msg_type, self.struct.size, 0)
+        # Indices of the non-reserved fields, in order; they match the dataclass order.
+        self.keep = tuple(i for i, (name, _) in enumerate(layout) if name != "reserved")
+        self.names = tuple(layout[i][0] for i in self.keep)
+        self.str_idx = frozenset(
+            pos for pos, i in enumerate(self.keep) if layout[i][1].endswith("s")
+        )
+        dataclass_names = tuple(f.name for f in fields(self.cls))
+        assert dataclass_names == self.names, (msg_type, dataclass_names, self.names)
+
+    def encode(self, msg: Message) -> bytes:
+        values: list[int | bytes] = []
+        for name, code in self.wire_fields:
+            if name == "reserved":
+                values.append(0)
+                continue
+            value = getattr(msg, name)
+            if code.endswith("s"):
+                values.append(_encode_name(name, value))
+            else:
+                lo, hi = _INT_RANGES[code]
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                    raise WireError(
+                        f"{type(msg).__name__}.{name}={value!r} is not an integer in [{lo}, {hi}]"
+                    )
+                values.append(value)
+        return self.header + self.struct.pack(*values)
+
+    def decode(self, buf: bytes | bytearray | memoryview, offset: int) -> Message:
+        raw = self.struct.unpack_from(buf, offset)
+        args = [raw[i] for i in self.keep]
+        for pos in self.str_idx:
+            value = args[pos]
+            assert isinstance(value, bytes)
+            # Bad UTF-8 (e.g. a name cut mid-character by a C sender) is not worth
+            # dropping the connection over; it shows up as U+FFFD instead.
+            args[pos] = value.split(b"\0", 1)[0].decode("utf-8", "replace")
+        # The zip builds exactly the dataclass's fields; __init__ asserts the names agree.
+        return self.cls(**dict(zip(self.names, args, strict=True)))
+
+
+def _encode_name(name: str, value: object) -> bytes:
+    if not isinstance(value, str):
+        raise WireError(f"{name}={value!r} is not a str")
+    raw = value.encode("utf-8")
+    if b"\0" in raw:
+        raise WireError(f"{name}={value!r} contains NUL")
+    if len(raw) >= NAME_LEN:
+        raise WireError(f"{name} is {len(raw)} bytes of UTF-8; at most {NAME_LEN - 1} fit")
+    return raw
+
+
+_CODECS: Final[Mapping[int, _Codec]] = {
+    t: _Codec(t, layout) for t, layout in PAYLOAD_LAYOUT.items()
+}
+_CODEC_BY_CLASS: Final[Mapping[type[Message], _Codec]] = {c.cls: c for c in _CODECS.values()}
+
+assert max(c.struct.size for c in _CODECS.values()) <= MAX_PAYLOAD
+
+
+def encode(msg: Message) -> bytes:
+    """One complete frame (header + payload) for ``msg``; ``WireError`` if a field won't fit."""
+    codec = _CODEC_BY_CLASS.get(type(msg))
+    if codec is None:
+        raise WireError(f"{type(msg).__name__} is not a wire message")
+    return codec.encode(msg)
+
+
+def _check_header(magic: int, version: int, msg_type: int, payload_len: int) -> _Codec:
+    if magic != MAGIC:
+        raise WireError(f"bad magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
+    if version != VERSION:
+        raise WireError(f"unsupported version {version}, expected {VERSION}")
+    if payload_len > MAX_PAYLOAD:
+        raise WireError(f"payload_len {payload_len} exceeds the maximum {MAX_PAYLOAD}")
+    codec = _CODECS.get(msg_type)
+    if codec is None:
+        raise WireError(f"unknown message type {msg_type}")
+    if payload_len != codec.struct.size:
+        raise WireError(
+            f"payload_len {payload_len} does not match {MsgType(msg_type).name} "
+            f"({codec.struct.size} bytes)"
+        )
+    return codec
+
+
+def decode_frame(frame: bytes) -> Message:
+    """Decode exactly one complete frame; raises ``WireError`` otherwise."""
+    if len(frame) < HEADER_SIZE:
+        raise WireError(
+            f"frame of {len(frame)} bytes is shorter than the {HEADER_SIZE}-byte header"
+        )
+    magic, version, msg_type, payload_len, _ = _HEADER.unpack_from(frame, 0)
+    codec = _check_header(magic, version, msg_type, payload_len)
+    if len(frame) != HEADER_SIZE + payload_len:
+        raise WireError(f"frame is {len(frame)} bytes, header says {HEADER_SIZE + payload_len}")
+    return codec.decode(frame, HEADER_SIZE)
+
+
+class FrameDecoder:
+    """Incremental decoder for one connection's byte stream.
+
+    Keeps at most one incomplete frame (< ``HEADER_SIZE + MAX_PAYLOAD`` bytes) between
+    calls: a header is validated as soon as its 16 bytes are in, before any payload is
+    awaited. After a ``WireError`` the decoder stays failed; drop the connection.
+    """
+
+    __slots__ = ("_buf", "_failed")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._failed: str | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held until more data arrives."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        """Add received bytes; return every message now complete, in order."""
+        if self._failed is not None:
+            raise WireError(f"decoder already failed: {self._failed}")
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        end = len(buf)
+        try:
+            while end - pos >= HEADER_SIZE:
+                magic, version, msg_type, payload_len, _ = _HEADER.unpack_from(buf, pos)
+                codec = _check_header(magic, version, msg_type, payload_len)
+                if end - pos - HEADER_SIZE < payload_len:
+                    break
+                out.append(codec.decode(buf, pos + HEADER_SIZE))
+                pos += HEADER_SIZE + payload_len
+        except WireError as exc:
+            self._failed = str(exc)
+            buf.clear()
+            raise WireError(str(exc), out) from None
+        del buf[:pos]
+        return out

@@ -1,0 +1,143 @@
+"""Round trips and malformed input for ``native_plugin.wire``."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from native_plugin import wire
+
+U32 = st.integers(0, 2**32 - 1)
+U64 = st.integers(0, 2**64 - 1)
+I32 = st.integers(-(2**31), 2**31 - 1)
+NAME = st.text(
+    st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]), max_size=15
+).filter(lambda s: len(s.encode()) < wire.NAME_LEN)
+
+MESSAGES: st.SearchStrategy[wire.Message] = st.one_of(
+    st.builds(wire.CqeError, timestamp_ns=U64, port=U32, qp_num=U32, wc_status=U32,
+              vendor_err=U32, pid=U32, dev_name=NAME, peer=NAME),
+    st.builds(wire.PortEvent, timestamp_ns=U64, port=U32, ibv_event_type=U32, pid=U32,
+              dev_name=NAME),
+    st.builds(wire.PathSwitch, comm_id=U64, timestamp_ns=U64, channel=U32, reason=U32,
+              pid=U32, from_dev=NAME, to_dev=NAME),
+    st.builds(wire.Progress, comm_id=U64, ops_done=U64, timestamp_ns=U64, rank=U32, pid=U32),
+    st.builds(wire.Hello, comm_id=U64, pid=U32, abi_version=U32, rank=U32),
+    st.builds(wire.Command, command_id=U64, comm_id=U64, ops_done=U64,
+              disabled_channels=U64, kind=U32, epoch=U32),
+    st.builds(wire.Ack, command_id=U64, status=I32, pid=U32),
+)  # fmt: skip
+
+MAX_FRAME = wire.HEADER_SIZE + wire.MAX_PAYLOAD
+
+
+@given(st.lists(MESSAGES, max_size=8), st.integers(1, 64))
+def test_round_trip_any_chunking(msgs: list[wire.Message], chunk: int) -> None:
+    stream = b"".join(wire.encode(m) for m in msgs)
+    decoder = wire.FrameDecoder()
+    out: list[wire.Message] = []
+    for i in range(0, len(stream), chunk):
+        out += decoder.feed(stream[i : i + chunk])
+    assert out == msgs
+    assert decoder.buffered == 0
+    for m in msgs:
+        assert wire.decode_frame(wire.encode(m)) == m
+
+
+def test_known_bytes() -> None:
+    frame = wire.encode(wire.Ack(command_id=7, status=-3, pid=42))
+    assert frame == (
+        bytes.fromhex("524c5652010011001000000000000000") + struct.pack("<QiI", 7, -3, 42)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda f: b"XXXX" + f[4:], "magic"),
+        (lambda f: f[:4] + b"\x02\x00" + f[6:], "version"),
+        (lambda f: f[:6] + b"\x63\x00" + f[8:], "unknown message type 99"),
+        (lambda f: f[:8] + struct.pack("<I", 2000) + f[12:], "exceeds"),
+        (lambda f: f[:8] + struct.pack("<I", 12) + f[12:], "does not match ACK"),
+    ],
+)
+def test_malformed_header_is_named(mutate: object, needle: str) -> None:
+    frame = wire.encode(wire.Ack(command_id=1, status=0, pid=1))
+    assert callable(mutate)
+    decoder = wire.FrameDecoder()
+    with pytest.raises(wire.WireError, match=needle):
+        decoder.feed(mutate(frame))
+    with pytest.raises(wire.WireError, match="already failed"):
+        decoder.feed(frame)
+
+
+def test_messages_before_a_bad_frame_are_kept_on_the_error() -> None:
+    good = wire.Progress(comm_id=1, ops_done=2, timestamp_ns=3, rank=4, pid=5)
+    with pytest.raises(wire.WireError) as info:
+        wire.FrameDecoder().feed(wire.encode(good) + b"\0" * 16)
+    assert info.value.decoded == [good]
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        wire.Ack(command_id=-1, status=0, pid=0),
+        wire.Ack(command_id=0, status=2**31, pid=0),
+        wire.PortEvent(timestamp_ns=0, port=0, ibv_event_type=0, pid=0, dev_name="x" * 64),
+        wire.PortEvent(timestamp_ns=0, port=0, ibv_event_type=0, pid=0, dev_name="a\0b"),
+    ],
+)
+def test_encode_rejects_values_that_do_not_fit(msg: wire.Message) -> None:
+    with pytest.raises(wire.WireError):
+        wire.encode(msg)
+
+
+def test_header_validated_before_payload_arrives() -> None:
+    # A huge declared length is refused on the header alone, never awaited.
+    header = struct.pack("<IHHII", wire.MAGIC, 1, 1, 2**32 - 1, 0)
+    with pytest.raises(wire.WireError, match="exceeds"):
+        wire.FrameDecoder().feed(header)
+
+
+def _feed_all(chunks: list[bytes]) -> None:
+    decoder = wire.FrameDecoder()
+    for chunk in chunks:
+        try:
+            msgs = decoder.feed(chunk)
+        except wire.WireError:
+            return
+        assert all(isinstance(m, wire.Message) for m in msgs)
+        assert decoder.buffered < MAX_FRAME
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=3 * MAX_FRAME), max_size=6))
+def test_fuzz_arbitrary_bytes(chunks: list[bytes]) -> None:
+    _feed_all(chunks)
+
+
+@FUZZ
+@given(
+    st.lists(MESSAGES, min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+    st.lists(st.integers(1, 2 * MAX_FRAME), min_size=1, max_size=4),
+)
+def test_fuzz_mutated_valid_frames(
+    msgs: list[wire.Message], flips: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    stream = bytearray(b"".join(wire.encode(m) for m in msgs))
+    for pos, value in flips:
+        stream[pos % len(stream)] = value
+    chunks: list[bytes] = []
+    start = 0
+    for cut in cuts:
+        chunks.append(bytes(stream[start : start + cut]))
+        start += cut
+    chunks.append(bytes(stream[start:]))
+    _feed_all(chunks)
