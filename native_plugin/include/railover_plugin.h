@@ -1,0 +1,204 @@
+/*
+ * railover_plugin.h — the C ABI a failover-capable CCL calls to talk to the
+ * Railover node agent.
+ *
+ * Pattern (as NCCL's net/tuner plugins): the library exports exactly one
+ * symbol per ABI version, a const struct of function pointers. Load it with
+ * dlopen()/dlsym("railoverPlugin_v1") and call through the struct. A later
+ * ABI adds railoverPlugin_v2 next to v1; v1 keeps its layout and meaning for
+ * as long as the library ships it. Structs and enums here are only ever
+ * appended to, and only under a new ABI version for structs passed by value.
+ *
+ * Threading: every call except init/finalize may be made from any number of
+ * threads at once on the same handle. The report_* calls and poll_command
+ * never block, never allocate and never take a lock; ack_command and stats
+ * neither block nor allocate either. Work that can wait (socket I/O,
+ * reconnecting, logging) happens on one background thread per handle.
+ *
+ * Return values: every call returns an int status, RAILOVER_OK (0) on
+ * success; positive values are normal outcomes the caller may ignore
+ * (RAILOVER_DROPPED, RAILOVER_NO_COMMAND); negative values are errors.
+ * Outputs go through pointers.
+ *
+ * Delivery: reports are best effort. A report that cannot be queued (ring
+ * full) or has nowhere to go (no agent connected) is dropped and counted; the
+ * counts are in railover_stats_t and a summary is logged at most once per
+ * log_interval_ms. For every handle, at any moment:
+ *   reports accepted == sent + dropped_ring_full + dropped_no_agent + queued
+ * where "accepted" counts report_* calls that returned RAILOVER_OK or
+ * RAILOVER_DROPPED. "sent" means fully written to the agent's socket.
+ *
+ * Fork: a handle belongs to the process that created it; a forked child must
+ * not use its parent's handle (the sender thread does not survive fork).
+ */
+#ifndef RAILOVER_PLUGIN_H
+#define RAILOVER_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "railover_wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RAILOVER_PLUGIN_ABI_VERSION 1
+
+/* Status codes returned by every call. Only ever appended. */
+typedef enum {
+  RAILOVER_OK = 0,
+  RAILOVER_DROPPED = 1,      /* report not queued: counted in stats, not an error */
+  RAILOVER_NO_COMMAND = 2,   /* poll_command: nothing pending, *out untouched */
+  RAILOVER_ERR_INVALID = -1, /* NULL handle/pointer or out-of-range argument */
+  RAILOVER_ERR_SYSTEM = -2,  /* init: out of memory, or a thread/pipe could not be made */
+  RAILOVER_ERR_CONFIG = -3,  /* init: bad config or RAILOVER_PLUGIN_* variable */
+} railover_status_t;
+
+/* Log levels passed to railover_log_fn. Only ever appended. */
+typedef enum {
+  RAILOVER_LOG_ERROR = 1,
+  RAILOVER_LOG_WARN = 2,
+  RAILOVER_LOG_INFO = 3,
+  RAILOVER_LOG_DEBUG = 4,
+} railover_log_level_t;
+
+/*
+ * Log sink supplied by the CCL. Called only from the plugin's background
+ * thread (and from init/finalize on the caller's thread), never from a
+ * report or poll call. `message` is NUL-terminated, owned by the plugin and
+ * valid only for the duration of the call. Must be thread-safe with respect
+ * to the CCL's own logging. May be NULL at init: nothing is logged.
+ */
+typedef void (*railover_log_fn)(int level, const char* message);
+
+/*
+ * Configuration read by init. The plugin copies what it needs during init;
+ * the struct and the strings it points to may be freed as soon as init
+ * returns. A NULL config, a NULL pointer or a 0 number means "use the
+ * environment variable, else the default" as listed per field.
+ */
+typedef struct {
+  /* Agent's unix socket. Env RAILOVER_PLUGIN_SOCKET; default
+   * "/run/railover/agent.sock". At most 107 bytes (sun_path). */
+  const char* socket_path;
+  /* Report ring capacity in messages; rounded up to a power of two, 16 ..
+   * 1048576. Env RAILOVER_PLUGIN_RING_SIZE; default 16384. Each slot takes
+   * 192 bytes, allocated once at init. */
+  uint32_t ring_size;
+  /* Rank and communicator announced in HELLO; they identify the process to
+   * the agent. rank: RAILOVER_RANK_UNKNOWN when not known (0 is a rank, so
+   * it is taken literally here, unlike the other fields); comm_id: 0 when not
+   * known. */
+  uint32_t rank;
+  uint64_t comm_id;
+  /* Reconnect back-off in milliseconds: first retry after
+   * reconnect_min_ms, doubling up to reconnect_max_ms. Defaults 10 and 1000. */
+  uint32_t reconnect_min_ms;
+  uint32_t reconnect_max_ms;
+  /* Minimum milliseconds between two drop summaries in the log. Default
+   * 10000. */
+  uint32_t log_interval_ms;
+  /* finalize keeps sending what is queued for at most this long (ms) before
+   * it discards the rest (counted as dropped_no_agent). Default 1000. */
+  uint32_t drain_timeout_ms;
+} railover_config_t;
+
+/* A command from the service, copied into the caller's struct by
+ * poll_command. Field meanings are those of railover_wire_command. */
+typedef struct {
+  uint64_t command_id;        /* echo it in ack_command */
+  uint64_t comm_id;           /* communicator to act on */
+  uint64_t ops_done;          /* act when this rank's ops_done reaches it; 0 = now */
+  uint64_t disabled_channels; /* REBALANCE: bit i set = stop using channel i */
+  uint32_t kind;              /* enum railover_wire_command_kind */
+  uint32_t epoch;             /* newer epoch for the same comm_id supersedes older */
+} railover_command_t;
+
+/*
+ * Counters since init, all monotonic except `connected` and `queued`.
+ * Appended only; stats() copies min(out_size, sizeof) bytes so a caller
+ * built against an older, shorter struct keeps working.
+ */
+typedef struct {
+  uint64_t sent;              /* report frames fully written to the socket */
+  uint64_t dropped_ring_full; /* reports refused because the ring was full */
+  uint64_t dropped_no_agent;  /* reports refused or discarded with no agent connected */
+  uint64_t queued;            /* reports in the ring now (approximate while busy) */
+  uint64_t bytes_sent;        /* all bytes written to the socket, every frame type */
+  uint64_t hellos_sent;       /* HELLO frames written (one per connection) */
+  uint64_t acks_sent;         /* ACK frames written */
+  uint64_t acks_dropped;      /* ACKs lost: ack queue full or connection lost */
+  uint64_t commands_received; /* well-formed COMMAND frames read */
+  uint64_t commands_dropped;  /* commands refused (queue full; auto-acked BUSY) */
+  uint64_t commands_unsupported; /* unknown kind; auto-acked UNSUPPORTED */
+  uint64_t malformed_received; /* bad frames from the agent (connection dropped) */
+  uint64_t connects;          /* successful connections to the agent */
+  uint64_t disconnects;       /* connections lost or closed */
+  uint64_t connect_failures;  /* connection attempts that failed */
+  uint64_t connected;         /* 1 while connected to the agent, else 0 */
+} railover_stats_t;
+
+/*
+ * ABI version 1. Every pointer argument documented as a string is a
+ * NUL-terminated UTF-8 string owned by the caller and only read during the
+ * call; names longer than 63 bytes are truncated. `handle` is the value
+ * written by init; it stays valid until finalize returns.
+ */
+typedef struct {
+  const char* name;     /* "railover" */
+  uint32_t abi_version; /* RAILOVER_PLUGIN_ABI_VERSION this table implements */
+
+  /* Allocates the ring (the only allocation the plugin makes), starts the
+   * sender thread, and writes a handle to *handle. Connects in the
+   * background: reports made before the first connection are dropped and
+   * counted. Several handles may coexist in one process. */
+  int (*init)(const railover_config_t* config, railover_log_fn log, void** handle);
+
+  /* Stops the sender thread after draining (see drain_timeout_ms), closes
+   * the socket and frees everything. No other call on this handle may be in
+   * progress or follow. */
+  int (*finalize)(void* handle);
+
+  /* A work completion failed. dev_name: RNIC ("mlx5_0"); port: 1-based;
+   * qp_num; wc_status: enum ibv_wc_status; vendor_err: ibv_wc.vendor_err;
+   * peer: remote address or hostname, may be NULL or "". */
+  int (*report_cqe_error)(void* handle, const char* dev_name, uint32_t port, uint32_t qp_num,
+                          uint32_t wc_status, uint32_t vendor_err, const char* peer);
+
+  /* An ibverbs async event. ibv_event_type: enum ibv_event_type. */
+  int (*report_port_event)(void* handle, const char* dev_name, uint32_t port,
+                           uint32_t ibv_event_type);
+
+  /* Channel `channel` of communicator comm_id moved from from_dev to to_dev.
+   * reason: enum railover_wire_switch_reason. */
+  int (*report_path_switch)(void* handle, uint64_t comm_id, uint32_t channel,
+                            const char* from_dev, const char* to_dev, uint32_t reason);
+
+  /* Rank `rank` of comm_id has completed ops_done collective operations.
+   * Cheap enough to call once per collective. */
+  int (*report_progress)(void* handle, uint64_t comm_id, uint32_t rank, uint64_t ops_done);
+
+  /* Takes the oldest pending command into *out and returns RAILOVER_OK, or
+   * returns RAILOVER_NO_COMMAND at once. Commands of kinds this plugin does
+   * not know are answered UNSUPPORTED by the plugin and never returned. The
+   * queue holds 64 commands; with more pending, new ones are answered BUSY. */
+  int (*poll_command)(void* handle, railover_command_t* out);
+
+  /* Answers command_id with status (enum railover_ack_status: 0 applied,
+   * negative failed). Queued for the sender thread; RAILOVER_DROPPED when
+   * the ack queue (64) is full or no agent is connected. */
+  int (*ack_command)(void* handle, uint64_t command_id, int32_t status);
+
+  /* Copies min(out_size, sizeof(railover_stats_t)) bytes of counters to out. */
+  int (*stats)(void* handle, railover_stats_t* out, size_t out_size);
+} railoverPlugin_v1_t;
+
+/* The one exported symbol of librailover_plugin.so for ABI version 1. */
+extern const railoverPlugin_v1_t railoverPlugin_v1;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RAILOVER_PLUGIN_H */

@@ -1,0 +1,782 @@
+/*
+ * Railover native plugin, ABI v1: report ring, sender thread, command queue.
+ *
+ * Report calls run on the CCL's proxy threads and must cost ~100 ns: they
+ * format a complete wire frame straight into a ring slot and return. One
+ * background thread per handle owns the socket: it batches ring frames into
+ * one buffer, writes them without blocking, reads commands, reconnects, and
+ * does all the logging. Everything the report path touches was allocated at
+ * init.
+ */
+#define _GNU_SOURCE /* ppoll, pipe2, MSG_NOSIGNAL */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "railover_plugin.h"
+#include "ring.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define DEFAULT_SOCKET "/run/railover/agent.sock"
+#define DEFAULT_RING 16384u
+#define MIN_RING 16u
+#define MAX_RING 1048576u
+#define QUEUE_SMALL 64u /* ack and command queues */
+#define OUT_BUF_SIZE 65536u
+#define IN_BUF_SIZE (2u * (RAILOVER_WIRE_HEADER_SIZE + RAILOVER_WIRE_MAX_PAYLOAD))
+#define MAX_FRAME (RAILOVER_WIRE_HEADER_SIZE + RAILOVER_WIRE_LARGEST_V1_PAYLOAD)
+/* The smallest frame (ACK) is 32 bytes, which bounds frames per batch. */
+#define MAX_OUT_FRAMES (OUT_BUF_SIZE / 32u)
+#define IDLE_WAIT_MIN_NS 50000L    /* sender sleep when idle, doubling ... */
+#define IDLE_WAIT_MAX_NS 1000000L  /* ... up to 1 ms: the worst added latency */
+
+/* One report ring element: a ready-to-send frame. */
+typedef struct {
+  uint32_t len;
+  uint32_t pad_;
+  unsigned char frame[MAX_FRAME];
+} rv_report_slot;
+
+typedef struct {
+  uint64_t command_id;
+  int32_t status;
+} rv_ack_slot;
+
+enum { FRAME_REPORT = 0, FRAME_ACK = 1, FRAME_HELLO = 2 };
+
+/* Counters bumped by producers live on their own lines so that drops on one
+ * thread do not slow reports on another. */
+typedef struct {
+  _Alignas(RV_CACHE_LINE) _Atomic uint64_t value;
+} rv_counter;
+
+typedef struct rv_plugin {
+  rv_ring reports;  /* proxy threads -> sender */
+  rv_ring acks;     /* proxy threads (and sender's auto-acks) -> sender */
+  rv_ring commands; /* sender -> proxy threads */
+
+  _Alignas(RV_CACHE_LINE) _Atomic int connected; /* read on every report call */
+  uint32_t pid;
+
+  rv_counter dropped_ring_full;
+  rv_counter dropped_no_agent_call; /* refused at call time */
+  rv_counter acks_dropped_call;
+
+  /* Written by the sender thread only; read by stats(). */
+  _Alignas(RV_CACHE_LINE) _Atomic uint64_t sent;
+  _Atomic uint64_t dropped_no_agent_sender; /* discarded after being queued */
+  _Atomic uint64_t out_reports;             /* report frames in out_buf, not yet sent */
+  _Atomic uint64_t bytes_sent, hellos_sent, acks_sent, acks_dropped_sender;
+  _Atomic uint64_t commands_received, commands_dropped, commands_unsupported;
+  _Atomic uint64_t malformed_received, connects, disconnects, connect_failures;
+
+  /* Configuration, fixed after init. */
+  char socket_path[sizeof(((struct sockaddr_un*)0)->sun_path)];
+  uint32_t rank;
+  uint64_t comm_id;
+  uint32_t reconnect_min_ms, reconnect_max_ms, log_interval_ms, drain_timeout_ms;
+  railover_log_fn log;
+
+  pthread_t thread;
+  int wake_fds[2]; /* finalize writes to [1] to cut the sender's sleep short */
+  _Atomic int stop;
+
+  /* Sender thread state. */
+  int fd;
+  uint32_t backoff_ms;
+  int64_t next_connect_ns;
+  int quiet_failures; /* log only the first failed attempt of a streak */
+  unsigned char out_buf[OUT_BUF_SIZE];
+  uint32_t out_len, out_off;
+  uint32_t out_frame_end[MAX_OUT_FRAMES];
+  unsigned char out_frame_kind[MAX_OUT_FRAMES];
+  uint32_t out_frames, out_frames_done;
+  unsigned char in_buf[IN_BUF_SIZE];
+  uint32_t in_len;
+  int64_t last_drop_log_ns;
+  uint64_t logged_drops;
+} rv_plugin;
+
+/* ---------------------------------------------------------------- helpers */
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+__attribute__((format(printf, 3, 4))) static void plog(const rv_plugin* p, int level,
+                                                       const char* fmt, ...) {
+  if (p->log == NULL) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  p->log(level, msg);
+}
+
+/* Copies a name into a fixed NUL-padded wire field. Cuts at most
+ * RAILOVER_WIRE_NAME_LEN-1 bytes, backing off to a UTF-8 character boundary
+ * so the agent never sees half a character. */
+static inline void put_name(char* dst, const char* src) {
+  size_t n = src ? strnlen(src, RAILOVER_WIRE_NAME_LEN) : 0;
+  if (n >= RAILOVER_WIRE_NAME_LEN) {
+    n = RAILOVER_WIRE_NAME_LEN - 1;
+    while (n > 0 && ((unsigned char)src[n] & 0xC0u) == 0x80u) n--;
+  }
+  if (n) memcpy(dst, src, n);
+  memset(dst + n, 0, RAILOVER_WIRE_NAME_LEN - n);
+}
+
+static inline void put_header(unsigned char* frame, uint16_t type, uint32_t payload_len) {
+  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION, type, payload_len, 0};
+  memcpy(frame, &h, sizeof(h));
+}
+
+/* Claims a ring slot for a report, or counts the drop. */
+static inline rv_report_slot* begin_report(rv_plugin* p, uint64_t* pos) {
+  if (!atomic_load_explicit(&p->connected, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&p->dropped_no_agent_call.value, 1, memory_order_relaxed);
+    return NULL;
+  }
+  rv_report_slot* s = rv_ring_reserve(&p->reports, pos);
+  if (s == NULL)
+    atomic_fetch_add_explicit(&p->dropped_ring_full.value, 1, memory_order_relaxed);
+  return s;
+}
+
+/* ------------------------------------------------------------ report path */
+
+static int report_cqe_error(void* handle, const char* dev_name, uint32_t port, uint32_t qp_num,
+                            uint32_t wc_status, uint32_t vendor_err, const char* peer) {
+  rv_plugin* p = handle;
+  if (p == NULL || dev_name == NULL) return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  rv_report_slot* s = begin_report(p, &pos);
+  if (s == NULL) return RAILOVER_DROPPED;
+  railover_wire_cqe_error* m = (railover_wire_cqe_error*)(void*)(s->frame + RAILOVER_WIRE_HEADER_SIZE);
+  put_header(s->frame, RAILOVER_MSG_CQE_ERROR, sizeof(*m));
+  m->timestamp_ns = realtime_ns();
+  m->port = port;
+  m->qp_num = qp_num;
+  m->wc_status = wc_status;
+  m->vendor_err = vendor_err;
+  m->pid = p->pid;
+  m->reserved = 0;
+  put_name(m->dev_name, dev_name);
+  put_name(m->peer, peer);
+  s->len = RAILOVER_WIRE_HEADER_SIZE + sizeof(*m);
+  rv_ring_commit(&p->reports, pos);
+  return RAILOVER_OK;
+}
+
+static int report_port_event(void* handle, const char* dev_name, uint32_t port,
+                             uint32_t ibv_event_type) {
+  rv_plugin* p = handle;
+  if (p == NULL || dev_name == NULL) return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  rv_report_slot* s = begin_report(p, &pos);
+  if (s == NULL) return RAILOVER_DROPPED;
+  railover_wire_port_event* m = (railover_wire_port_event*)(void*)(s->frame + RAILOVER_WIRE_HEADER_SIZE);
+  put_header(s->frame, RAILOVER_MSG_PORT_EVENT, sizeof(*m));
+  m->timestamp_ns = realtime_ns();
+  m->port = port;
+  m->ibv_event_type = ibv_event_type;
+  m->pid = p->pid;
+  m->reserved = 0;
+  put_name(m->dev_name, dev_name);
+  s->len = RAILOVER_WIRE_HEADER_SIZE + sizeof(*m);
+  rv_ring_commit(&p->reports, pos);
+  return RAILOVER_OK;
+}
+
+static int report_path_switch(void* handle, uint64_t comm_id, uint32_t channel,
+                              const char* from_dev, const char* to_dev, uint32_t reason) {
+  rv_plugin* p = handle;
+  if (p == NULL || from_dev == NULL || to_dev == NULL) return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  rv_report_slot* s = begin_report(p, &pos);
+  if (s == NULL) return RAILOVER_DROPPED;
+  railover_wire_path_switch* m = (railover_wire_path_switch*)(void*)(s->frame + RAILOVER_WIRE_HEADER_SIZE);
+  put_header(s->frame, RAILOVER_MSG_PATH_SWITCH, sizeof(*m));
+  m->comm_id = comm_id;
+  m->timestamp_ns = realtime_ns();
+  m->channel = channel;
+  m->reason = reason;
+  m->pid = p->pid;
+  m->reserved = 0;
+  put_name(m->from_dev, from_dev);
+  put_name(m->to_dev, to_dev);
+  s->len = RAILOVER_WIRE_HEADER_SIZE + sizeof(*m);
+  rv_ring_commit(&p->reports, pos);
+  return RAILOVER_OK;
+}
+
+static int report_progress(void* handle, uint64_t comm_id, uint32_t rank, uint64_t ops_done) {
+  rv_plugin* p = handle;
+  if (p == NULL) return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  rv_report_slot* s = begin_report(p, &pos);
+  if (s == NULL) return RAILOVER_DROPPED;
+  railover_wire_progress* m = (railover_wire_progress*)(void*)(s->frame + RAILOVER_WIRE_HEADER_SIZE);
+  put_header(s->frame, RAILOVER_MSG_PROGRESS, sizeof(*m));
+  m->comm_id = comm_id;
+  m->ops_done = ops_done;
+  m->timestamp_ns = realtime_ns();
+  m->rank = rank;
+  m->pid = p->pid;
+  s->len = RAILOVER_WIRE_HEADER_SIZE + sizeof(*m);
+  rv_ring_commit(&p->reports, pos);
+  return RAILOVER_OK;
+}
+
+static int poll_command(void* handle, railover_command_t* out) {
+  rv_plugin* p = handle;
+  if (p == NULL || out == NULL) return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  railover_command_t* c = rv_ring_peek(&p->commands, &pos);
+  if (c == NULL) return RAILOVER_NO_COMMAND;
+  *out = *c;
+  rv_ring_release(&p->commands, pos);
+  return RAILOVER_OK;
+}
+
+static int push_ack(rv_plugin* p, uint64_t command_id, int32_t status) {
+  uint64_t pos;
+  rv_ack_slot* a = rv_ring_reserve(&p->acks, &pos);
+  if (a == NULL) {
+    atomic_fetch_add_explicit(&p->acks_dropped_call.value, 1, memory_order_relaxed);
+    return RAILOVER_DROPPED;
+  }
+  a->command_id = command_id;
+  a->status = status;
+  rv_ring_commit(&p->acks, pos);
+  return RAILOVER_OK;
+}
+
+static int ack_command(void* handle, uint64_t command_id, int32_t status) {
+  rv_plugin* p = handle;
+  if (p == NULL) return RAILOVER_ERR_INVALID;
+  if (!atomic_load_explicit(&p->connected, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&p->acks_dropped_call.value, 1, memory_order_relaxed);
+    return RAILOVER_DROPPED;
+  }
+  return push_ack(p, command_id, status);
+}
+
+static inline uint64_t ld(_Atomic uint64_t* v) {
+  return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+static int stats(void* handle, railover_stats_t* out, size_t out_size) {
+  rv_plugin* p = handle;
+  if (p == NULL || out == NULL) return RAILOVER_ERR_INVALID;
+  railover_stats_t s;
+  /* `sent` is read before the queues so a report moving from queued to sent
+   * between the loads is never counted twice (it may be briefly missed). */
+  s.sent = ld(&p->sent);
+  s.queued = ld(&p->out_reports) + rv_ring_count(&p->reports);
+  s.dropped_ring_full = ld(&p->dropped_ring_full.value);
+  s.dropped_no_agent = ld(&p->dropped_no_agent_call.value) + ld(&p->dropped_no_agent_sender);
+  s.bytes_sent = ld(&p->bytes_sent);
+  s.hellos_sent = ld(&p->hellos_sent);
+  s.acks_sent = ld(&p->acks_sent);
+  s.acks_dropped = ld(&p->acks_dropped_call.value) + ld(&p->acks_dropped_sender);
+  s.commands_received = ld(&p->commands_received);
+  s.commands_dropped = ld(&p->commands_dropped);
+  s.commands_unsupported = ld(&p->commands_unsupported);
+  s.malformed_received = ld(&p->malformed_received);
+  s.connects = ld(&p->connects);
+  s.disconnects = ld(&p->disconnects);
+  s.connect_failures = ld(&p->connect_failures);
+  s.connected = (uint64_t)atomic_load_explicit(&p->connected, memory_order_relaxed);
+  memcpy(out, &s, out_size < sizeof(s) ? out_size : sizeof(s));
+  return RAILOVER_OK;
+}
+
+/* ---------------------------------------------------------- sender thread */
+
+static void bump(_Atomic uint64_t* v, uint64_t n) {
+  /* Single writer: a plain load+store is enough and cheaper than an RMW. */
+  atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + n,
+                        memory_order_relaxed);
+}
+
+static int out_append(rv_plugin* p, const void* frame, uint32_t len, unsigned char kind) {
+  if (p->out_len + len > OUT_BUF_SIZE || p->out_frames == MAX_OUT_FRAMES) return 0;
+  memcpy(p->out_buf + p->out_len, frame, len);
+  p->out_len += len;
+  p->out_frame_end[p->out_frames] = p->out_len;
+  p->out_frame_kind[p->out_frames] = kind;
+  p->out_frames++;
+  if (kind == FRAME_REPORT) bump(&p->out_reports, 1);
+  return 1;
+}
+
+/* Credits frames whose last byte has been written. */
+static void out_credit(rv_plugin* p) {
+  uint64_t reports = 0;
+  while (p->out_frames_done < p->out_frames &&
+         p->out_frame_end[p->out_frames_done] <= p->out_off) {
+    switch (p->out_frame_kind[p->out_frames_done]) {
+      case FRAME_REPORT: reports++; break;
+      case FRAME_ACK: bump(&p->acks_sent, 1); break;
+      default: bump(&p->hellos_sent, 1); break;
+    }
+    p->out_frames_done++;
+  }
+  if (reports) {
+    /* Count as sent before leaving out_reports so stats never sees it in neither. */
+    bump(&p->sent, reports);
+    atomic_store_explicit(&p->out_reports, ld(&p->out_reports) - reports, memory_order_relaxed);
+  }
+  if (p->out_off == p->out_len) p->out_len = p->out_off = p->out_frames = p->out_frames_done = 0;
+}
+
+/* Everything in out_buf not yet written is lost with the connection. */
+static void out_discard(rv_plugin* p) {
+  uint64_t reports = 0;
+  for (uint32_t i = p->out_frames_done; i < p->out_frames; i++) {
+    if (p->out_frame_kind[i] == FRAME_REPORT) reports++;
+    else if (p->out_frame_kind[i] == FRAME_ACK) bump(&p->acks_dropped_sender, 1);
+  }
+  bump(&p->dropped_no_agent_sender, reports);
+  atomic_store_explicit(&p->out_reports, ld(&p->out_reports) - reports, memory_order_relaxed);
+  p->out_len = p->out_off = p->out_frames = p->out_frames_done = 0;
+}
+
+/* Moves queued acks, then reports, into out_buf. Returns frames moved. */
+static uint32_t out_fill(rv_plugin* p) {
+  uint32_t moved = 0;
+  uint64_t pos;
+  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_ack)];
+  while (p->out_len + sizeof(frame) <= OUT_BUF_SIZE && p->out_frames < MAX_OUT_FRAMES) {
+    rv_ack_slot* a = rv_ring_peek(&p->acks, &pos);
+    if (a == NULL) break;
+    railover_wire_ack m = {a->command_id, a->status, p->pid};
+    rv_ring_release(&p->acks, pos);
+    put_header(frame, RAILOVER_MSG_ACK, sizeof(m));
+    memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &m, sizeof(m));
+    out_append(p, frame, sizeof(frame), FRAME_ACK);
+    moved++;
+  }
+  while (p->out_len + MAX_FRAME <= OUT_BUF_SIZE && p->out_frames < MAX_OUT_FRAMES) {
+    rv_report_slot* s = rv_ring_peek(&p->reports, &pos);
+    if (s == NULL) break;
+    out_append(p, s->frame, s->len, FRAME_REPORT);
+    rv_ring_release(&p->reports, pos);
+    moved++;
+  }
+  return moved;
+}
+
+/* With no agent, queued reports and acks have nowhere to go. */
+static void discard_queues(rv_plugin* p) {
+  uint64_t pos, n = 0;
+  while (rv_ring_peek(&p->reports, &pos) != NULL) {
+    rv_ring_release(&p->reports, pos);
+    n++;
+  }
+  if (n) bump(&p->dropped_no_agent_sender, n);
+  n = 0;
+  while (rv_ring_peek(&p->acks, &pos) != NULL) {
+    rv_ring_release(&p->acks, pos);
+    n++;
+  }
+  if (n) bump(&p->acks_dropped_sender, n);
+}
+
+static void disconnect(rv_plugin* p, const char* why, int err) {
+  atomic_store_explicit(&p->connected, 0, memory_order_relaxed);
+  close(p->fd);
+  p->fd = -1;
+  out_discard(p);
+  p->in_len = 0;
+  bump(&p->disconnects, 1);
+  p->backoff_ms = p->reconnect_min_ms;
+  p->next_connect_ns = mono_ns() + (int64_t)p->backoff_ms * 1000000LL;
+  p->quiet_failures = 0;
+  plog(p, RAILOVER_LOG_WARN, "railover: lost agent at %s: %s%s%s", p->socket_path, why,
+       err ? ": " : "", err ? strerror(err) : "");
+}
+
+static void try_connect(rv_plugin* p) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int err = 0;
+  if (fd < 0) {
+    err = errno;
+  } else {
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, p->socket_path, strlen(p->socket_path));
+    /* A unix-socket connect completes or fails at once (EAGAIN: backlog full). */
+    if (connect(fd, (struct sockaddr*)&addr, sizeof(addr)) != 0) {
+      err = errno;
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {
+    bump(&p->connect_failures, 1);
+    if (!p->quiet_failures) {
+      plog(p, RAILOVER_LOG_INFO, "railover: agent not reachable at %s (%s); retrying quietly",
+           p->socket_path, strerror(err));
+      p->quiet_failures = 1;
+    }
+    p->next_connect_ns = mono_ns() + (int64_t)p->backoff_ms * 1000000LL;
+    p->backoff_ms = p->backoff_ms * 2 > p->reconnect_max_ms ? p->reconnect_max_ms
+                                                            : p->backoff_ms * 2;
+    return;
+  }
+  p->fd = fd;
+  p->backoff_ms = p->reconnect_min_ms;
+  p->quiet_failures = 0;
+  /* Reports queued before this connection existed were counted when refused;
+   * anything left from a race with the previous disconnect is stale. */
+  discard_queues(p);
+  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_hello)];
+  railover_wire_hello h = {p->comm_id, p->pid, RAILOVER_PLUGIN_ABI_VERSION, p->rank, 0};
+  put_header(frame, RAILOVER_MSG_HELLO, sizeof(h));
+  memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &h, sizeof(h));
+  out_append(p, frame, sizeof(frame), FRAME_HELLO);
+  bump(&p->connects, 1);
+  atomic_store_explicit(&p->connected, 1, memory_order_relaxed);
+  plog(p, RAILOVER_LOG_INFO, "railover: connected to agent at %s", p->socket_path);
+}
+
+static uint32_t expected_payload(uint16_t type) {
+  switch (type) {
+    case RAILOVER_MSG_CQE_ERROR: return sizeof(railover_wire_cqe_error);
+    case RAILOVER_MSG_PORT_EVENT: return sizeof(railover_wire_port_event);
+    case RAILOVER_MSG_PATH_SWITCH: return sizeof(railover_wire_path_switch);
+    case RAILOVER_MSG_PROGRESS: return sizeof(railover_wire_progress);
+    case RAILOVER_MSG_HELLO: return sizeof(railover_wire_hello);
+    case RAILOVER_MSG_COMMAND: return sizeof(railover_wire_command);
+    case RAILOVER_MSG_ACK: return sizeof(railover_wire_ack);
+    default: return UINT32_MAX;
+  }
+}
+
+static void on_command(rv_plugin* p, const railover_wire_command* w) {
+  bump(&p->commands_received, 1);
+  if (w->kind < RAILOVER_CMD_REBALANCE || w->kind > RAILOVER_CMD_ABORT) {
+    bump(&p->commands_unsupported, 1);
+    plog(p, RAILOVER_LOG_WARN, "railover: command %llu has unknown kind %u; answered UNSUPPORTED",
+         (unsigned long long)w->command_id, w->kind);
+    push_ack(p, w->command_id, RAILOVER_ACK_UNSUPPORTED);
+    return;
+  }
+  uint64_t pos;
+  railover_command_t* c = rv_ring_reserve(&p->commands, &pos);
+  if (c == NULL) {
+    bump(&p->commands_dropped, 1);
+    plog(p, RAILOVER_LOG_WARN, "railover: command queue full; command %llu answered BUSY",
+         (unsigned long long)w->command_id);
+    push_ack(p, w->command_id, RAILOVER_ACK_BUSY);
+    return;
+  }
+  c->command_id = w->command_id;
+  c->comm_id = w->comm_id;
+  c->ops_done = w->ops_done;
+  c->disabled_channels = w->disabled_channels;
+  c->kind = w->kind;
+  c->epoch = w->epoch;
+  rv_ring_commit(&p->commands, pos);
+}
+
+/* Parses complete frames in in_buf. Returns 0, or -1 after dropping the
+ * connection for a malformed frame. */
+static int parse_input(rv_plugin* p) {
+  uint32_t off = 0;
+  while (p->in_len - off >= RAILOVER_WIRE_HEADER_SIZE) {
+    railover_wire_header h;
+    memcpy(&h, p->in_buf + off, sizeof(h));
+    uint32_t want = expected_payload(h.type);
+    if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION ||
+        h.payload_len > RAILOVER_WIRE_MAX_PAYLOAD || h.payload_len != want) {
+      bump(&p->malformed_received, 1);
+      char why[160];
+      snprintf(why, sizeof(why), "malformed frame (magic 0x%08x version %u type %u length %u)",
+               h.magic, h.version, h.type, h.payload_len);
+      disconnect(p, why, 0);
+      return -1;
+    }
+    if (p->in_len - off < RAILOVER_WIRE_HEADER_SIZE + h.payload_len) break;
+    if (h.type == RAILOVER_MSG_COMMAND) {
+      railover_wire_command w;
+      memcpy(&w, p->in_buf + off + RAILOVER_WIRE_HEADER_SIZE, sizeof(w));
+      on_command(p, &w);
+    }
+    /* Other well-formed types mean nothing in this direction; skip them. */
+    off += RAILOVER_WIRE_HEADER_SIZE + h.payload_len;
+  }
+  memmove(p->in_buf, p->in_buf + off, p->in_len - off);
+  p->in_len -= off;
+  return 0;
+}
+
+/* Reads whatever the agent sent. Returns bytes read, or -1 if disconnected. */
+static int read_input(rv_plugin* p) {
+  int total = 0;
+  for (;;) {
+    ssize_t n = recv(p->fd, p->in_buf + p->in_len, IN_BUF_SIZE - p->in_len, MSG_DONTWAIT);
+    if (n > 0) {
+      p->in_len += (uint32_t)n;
+      total += (int)n;
+      if (parse_input(p) < 0) return -1;
+      continue;
+    }
+    if (n == 0) {
+      disconnect(p, "agent closed the connection", 0);
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return total;
+    disconnect(p, "read failed", errno);
+    return -1;
+  }
+}
+
+/* Writes pending output. Returns bytes written, or -1 if disconnected. */
+static int write_output(rv_plugin* p) {
+  int total = 0;
+  while (p->out_off < p->out_len) {
+    ssize_t n = send(p->fd, p->out_buf + p->out_off, p->out_len - p->out_off,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      p->out_off += (uint32_t)n;
+      bump(&p->bytes_sent, (uint64_t)n);
+      total += (int)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    out_credit(p);
+    disconnect(p, "write failed", n < 0 ? errno : 0);
+    return -1;
+  }
+  out_credit(p);
+  return total;
+}
+
+static void maybe_log_drops(rv_plugin* p, int64_t now) {
+  if (now - p->last_drop_log_ns < (int64_t)p->log_interval_ms * 1000000LL) return;
+  uint64_t full = ld(&p->dropped_ring_full.value);
+  uint64_t absent = ld(&p->dropped_no_agent_call.value) + ld(&p->dropped_no_agent_sender);
+  if (full + absent == p->logged_drops) return;
+  plog(p, RAILOVER_LOG_WARN,
+       "railover: dropped %llu reports since the last notice (total: %llu ring full, %llu no "
+       "agent)",
+       (unsigned long long)(full + absent - p->logged_drops), (unsigned long long)full,
+       (unsigned long long)absent);
+  p->logged_drops = full + absent;
+  p->last_drop_log_ns = now;
+}
+
+static void wait_for(rv_plugin* p, short events, int64_t timeout_ns) {
+  struct pollfd fds[2] = {{p->wake_fds[0], POLLIN, 0}, {p->fd, events, 0}};
+  struct timespec ts = {timeout_ns / 1000000000LL, timeout_ns % 1000000000LL};
+  if (ppoll(fds, p->fd >= 0 ? 2 : 1, &ts, NULL) > 0 && (fds[0].revents & POLLIN)) {
+    char drain[16];
+    while (read(p->wake_fds[0], drain, sizeof(drain)) > 0) {
+    }
+  }
+}
+
+static int work_left(rv_plugin* p) {
+  return p->out_len > p->out_off || rv_ring_count(&p->reports) || rv_ring_count(&p->acks);
+}
+
+static void* sender_main(void* arg) {
+  rv_plugin* p = arg;
+  int64_t idle_ns = IDLE_WAIT_MIN_NS;
+  int64_t drain_deadline = 0;
+  for (;;) {
+    int64_t now = mono_ns();
+    if (atomic_load_explicit(&p->stop, memory_order_acquire)) {
+      if (drain_deadline == 0) drain_deadline = now + (int64_t)p->drain_timeout_ms * 1000000LL;
+      if (p->fd < 0 || !work_left(p) || now >= drain_deadline) break;
+    }
+    if (p->fd < 0) {
+      discard_queues(p);
+      maybe_log_drops(p, now);
+      if (now >= p->next_connect_ns) try_connect(p);
+      if (p->fd < 0) {
+        wait_for(p, 0, p->next_connect_ns - mono_ns() > 0 ? p->next_connect_ns - mono_ns() : 0);
+        continue;
+      }
+    }
+    int progress = 0;
+    if (p->out_off == p->out_len) progress += (int)out_fill(p);
+    int w = write_output(p);
+    if (w < 0) continue;
+    progress += w;
+    int r = read_input(p);
+    if (r < 0) continue;
+    progress += r;
+    maybe_log_drops(p, now);
+    if (progress) {
+      idle_ns = IDLE_WAIT_MIN_NS;
+      continue;
+    }
+    /* Producers never signal (a syscall per report would cost more than the
+     * report), so an idle sender naps briefly; the socket wakes it for
+     * commands and for buffer space. */
+    wait_for(p, (short)(POLLIN | (p->out_off < p->out_len ? POLLOUT : 0)), idle_ns);
+    idle_ns = idle_ns * 2 > IDLE_WAIT_MAX_NS ? IDLE_WAIT_MAX_NS : idle_ns * 2;
+  }
+  if (p->fd >= 0) {
+    out_discard(p);
+    close(p->fd);
+    p->fd = -1;
+    atomic_store_explicit(&p->connected, 0, memory_order_relaxed);
+    bump(&p->disconnects, 1);
+  }
+  discard_queues(p);
+  maybe_log_drops(p, INT64_MAX / 2);
+  return NULL;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static int read_env_u32(const char* name, uint32_t* out, railover_log_fn log) {
+  const char* v = getenv(name);
+  if (v == NULL || *v == '\0') return 0;
+  char* end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x > UINT32_MAX || v[0] == '-') {
+    if (log) {
+      char msg[256];
+      snprintf(msg, sizeof(msg), "railover: %s=\"%.64s\" is not a 32-bit unsigned integer",
+               name, v);
+      log(RAILOVER_LOG_ERROR, msg);
+    }
+    return -1;
+  }
+  *out = (uint32_t)x;
+  return 0;
+}
+
+static uint32_t pick(uint32_t configured, uint32_t fallback) {
+  return configured ? configured : fallback;
+}
+
+static void free_plugin(rv_plugin* p) {
+  rv_ring_destroy(&p->reports);
+  rv_ring_destroy(&p->acks);
+  rv_ring_destroy(&p->commands);
+  if (p->wake_fds[0] >= 0) close(p->wake_fds[0]);
+  if (p->wake_fds[1] >= 0) close(p->wake_fds[1]);
+  free(p);
+}
+
+static int init(const railover_config_t* config, railover_log_fn log, void** handle) {
+  if (handle == NULL) return RAILOVER_ERR_INVALID;
+  *handle = NULL;
+  railover_config_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.rank = RAILOVER_RANK_UNKNOWN;
+  if (config) cfg = *config;
+
+  const char* path = cfg.socket_path;
+  if (path == NULL || *path == '\0') path = getenv("RAILOVER_PLUGIN_SOCKET");
+  if (path == NULL || *path == '\0') path = DEFAULT_SOCKET;
+  uint32_t ring = cfg.ring_size;
+  if (ring == 0 && read_env_u32("RAILOVER_PLUGIN_RING_SIZE", &ring, log) != 0)
+    return RAILOVER_ERR_CONFIG;
+  ring = pick(ring, DEFAULT_RING);
+
+  char msg[256];
+  if (strlen(path) >= sizeof(((struct sockaddr_un*)0)->sun_path)) {
+    snprintf(msg, sizeof(msg), "railover: socket path is %zu bytes; at most %zu fit",
+             strlen(path), sizeof(((struct sockaddr_un*)0)->sun_path) - 1);
+    if (log) log(RAILOVER_LOG_ERROR, msg);
+    return RAILOVER_ERR_CONFIG;
+  }
+  if (ring < MIN_RING || ring > MAX_RING) {
+    snprintf(msg, sizeof(msg), "railover: ring size %u outside %u..%u", ring, MIN_RING, MAX_RING);
+    if (log) log(RAILOVER_LOG_ERROR, msg);
+    return RAILOVER_ERR_CONFIG;
+  }
+  uint64_t cap = 1;
+  while (cap < ring) cap <<= 1;
+
+  rv_plugin* p = NULL;
+  if (posix_memalign((void**)&p, RV_CACHE_LINE, sizeof(*p)) != 0) return RAILOVER_ERR_SYSTEM;
+  memset(p, 0, sizeof(*p));
+  p->wake_fds[0] = p->wake_fds[1] = -1;
+  p->fd = -1;
+  if (rv_ring_init(&p->reports, cap, sizeof(rv_report_slot)) != 0 ||
+      rv_ring_init(&p->acks, QUEUE_SMALL, sizeof(rv_ack_slot)) != 0 ||
+      rv_ring_init(&p->commands, QUEUE_SMALL, sizeof(railover_command_t)) != 0 ||
+      pipe2(p->wake_fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+    free_plugin(p);
+    return RAILOVER_ERR_SYSTEM;
+  }
+  memcpy(p->socket_path, path, strlen(path) + 1);
+  p->pid = (uint32_t)getpid();
+  p->rank = cfg.rank;
+  p->comm_id = cfg.comm_id;
+  p->reconnect_min_ms = pick(cfg.reconnect_min_ms, 10);
+  p->reconnect_max_ms = pick(cfg.reconnect_max_ms, 1000);
+  if (p->reconnect_max_ms < p->reconnect_min_ms) p->reconnect_max_ms = p->reconnect_min_ms;
+  p->log_interval_ms = pick(cfg.log_interval_ms, 10000);
+  p->drain_timeout_ms = pick(cfg.drain_timeout_ms, 1000);
+  p->log = log;
+  p->backoff_ms = p->reconnect_min_ms;
+  p->last_drop_log_ns = mono_ns();
+  atomic_init(&p->connected, 0);
+  atomic_init(&p->stop, 0);
+  if (pthread_create(&p->thread, NULL, sender_main, p) != 0) {
+    free_plugin(p);
+    return RAILOVER_ERR_SYSTEM;
+  }
+  *handle = p;
+  return RAILOVER_OK;
+}
+
+static int finalize(void* handle) {
+  rv_plugin* p = handle;
+  if (p == NULL) return RAILOVER_ERR_INVALID;
+  atomic_store_explicit(&p->stop, 1, memory_order_release);
+  ssize_t ignored = write(p->wake_fds[1], "x", 1); /* full pipe: sender is awake anyway */
+  (void)ignored;
+  pthread_join(p->thread, NULL);
+  free_plugin(p);
+  return RAILOVER_OK;
+}
+
+EXPORT const railoverPlugin_v1_t railoverPlugin_v1 = {
+    .name = "railover",
+    .abi_version = RAILOVER_PLUGIN_ABI_VERSION,
+    .init = init,
+    .finalize = finalize,
+    .report_cqe_error = report_cqe_error,
+    .report_port_event = report_port_event,
+    .report_path_switch = report_path_switch,
+    .report_progress = report_progress,
+    .poll_command = poll_command,
+    .ack_command = ack_command,
+    .stats = stats,
+};
