@@ -1,0 +1,192 @@
+"""The agent's link to the central service: timeouts on every call, retries with backoff.
+
+A call either returns the service's answer, raises ``Rejected`` (the service
+understood and refused: retrying the same request cannot help), or raises
+``Unavailable`` (no answer, 5xx, 429, auth trouble: try again later). Callers
+loop on; nothing here ends the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from agent import metrics
+from agent.config import AgentSettings
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    def __init__(self, message: str, status: int | None = None, body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class Unavailable(ServiceError):
+    """Try again later."""
+
+
+class Rejected(ServiceError):
+    """The service refused this request as it stands."""
+
+
+class _Retryable(Exception):
+    def __init__(self, err: Unavailable) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+# Statuses that mean "not now" rather than "never".
+_TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class Backoff:
+    """Exponential backoff between loop iterations, reset on success."""
+
+    def __init__(self, initial: float, cap: float) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.current = initial
+
+    def next(self) -> float:
+        delay = self.current
+        self.current = min(self.cap, self.current * 2)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.initial
+
+
+class ServiceClient:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        attempts: int = 3,
+    ) -> None:
+        self.settings = settings
+        self.node = settings.node_name
+        self.attempts = attempts
+        self._http = httpx.AsyncClient(
+            base_url=settings.service_url,
+            headers={**settings.bearer(), "User-Agent": "railover-agent"},
+            timeout=httpx.Timeout(settings.request_timeout_s),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _once(
+        self,
+        endpoint: str,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        start = time.perf_counter()
+        try:
+            resp = await self._http.request(
+                method,
+                url,
+                json=json,
+                params=params,
+                timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            metrics.SERVICE_REQUESTS.labels(endpoint, "error").inc()
+            metrics.SERVICE_UP.set(0)
+            raise _Retryable(Unavailable(f"{endpoint}: {type(exc).__name__}: {exc}")) from exc
+        finally:
+            metrics.SERVICE_REQUEST_DURATION.labels(endpoint).observe(time.perf_counter() - start)
+        metrics.SERVICE_UP.set(1)
+        code = resp.status_code
+        metrics.SERVICE_REQUESTS.labels(endpoint, "ok" if code < 300 else f"http_{code}").inc()
+        if code < 300:
+            return resp
+        body = resp.text[:2000]
+        if code in _TRANSIENT:
+            raise _Retryable(Unavailable(f"{endpoint}: HTTP {code}: {body}", code, body))
+        if code in (401, 403):
+            # A bad token will not fix itself within one call; the loop's
+            # longer backoff retries it, and the log says why.
+            raise Unavailable(f"{endpoint}: HTTP {code} (check RAILOVER_AGENT_TOKEN): {body}", code)
+        raise Rejected(f"{endpoint}: HTTP {code}: {body}", code, body)
+
+    async def _call(
+        self,
+        endpoint: str,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(
+                initial=0.05, max=min(2.0, self.settings.retry_max_backoff_s)
+            ),
+            retry=retry_if_exception_type(_Retryable),
+            reraise=False,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._once(
+                        endpoint, method, url, json=json, params=params, timeout=timeout
+                    )
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            if isinstance(last, _Retryable):
+                raise last.err from None
+            raise Unavailable(f"{endpoint}: {last}") from last
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def register(self, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = await self._call("register", "PUT", f"/v1/nodes/{self.node}", json=payload)
+        metrics.REGISTRATIONS.inc()
+        data: dict[str, Any] = resp.json() if resp.content else {}
+        return data
+
+    async def post_events(self, events: list[dict[str, Any]]) -> tuple[int, int]:
+        resp = await self._call("events", "POST", "/v1/events", json={"events": events})
+        data = resp.json()
+        return int(data.get("accepted", 0)), int(data.get("duplicates", 0))
+
+    async def fetch_commands(self, wait_s: float) -> list[dict[str, Any]]:
+        # The long poll legitimately takes wait_s; the timeout allows for that.
+        resp = await self._call(
+            "commands",
+            "GET",
+            f"/v1/nodes/{self.node}/commands",
+            params={"wait_s": wait_s},
+            timeout=wait_s + self.settings.request_timeout_s,
+        )
+        commands: list[dict[str, Any]] = resp.json().get("commands", [])
+        return commands
+
+    async def ack(self, command_id: int, status: str, rank: int | None, detail: str) -> None:
+        await self._call(
+            "ack",
+            "POST",
+            f"/v1/commands/{command_id}/acks",
+            json={"node": self.node, "rank": rank, "status": status, "detail": detail[:2000]},
+        )
+        metrics.ACKS_SENT.labels(status).inc()

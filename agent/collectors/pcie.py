@@ -1,0 +1,76 @@
+"""PCIe: a GPU's or RNIC's link that trained down (width or speed below max)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agent.collectors.base import Collected, Collector, CollectorContext, register
+from agent.sysfs import parse_int, parse_link_speed, read_attr
+
+STATE_KEY = "pcie"
+
+
+@register
+class PcieCollector(Collector):
+    name = "pcie"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        saved = ctx.load_state(STATE_KEY)
+        # pci -> "width/speed" while degraded; absent when at full width/speed.
+        self.degraded: dict[str, str] = dict(saved) if isinstance(saved, dict) else {}
+        self.bus = os.path.join(ctx.settings.sysfs_root, "bus", "pci", "devices")
+
+    def _devices(self) -> list[tuple[str, dict[str, Any]]]:
+        topo = self.ctx.topology
+        if topo is None:
+            return []
+        out: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for r in topo.rnics:
+            if r.pci not in seen:
+                seen.add(r.pci)
+                out.append((r.pci, {"device": r.name}))
+        for g in topo.gpus:
+            out.append((g.pci, {"detail_gpu": g.index}))
+        return out
+
+    def collect(self) -> Collected:
+        out = Collected()
+        changed = False
+        for pci, who in self._devices():
+            d = os.path.join(self.bus, pci)
+            cw = parse_int(read_attr(os.path.join(d, "current_link_width")))
+            mw = parse_int(read_attr(os.path.join(d, "max_link_width")))
+            cs = parse_link_speed(read_attr(os.path.join(d, "current_link_speed")))
+            ms = parse_link_speed(read_attr(os.path.join(d, "max_link_speed")))
+            if cw is None or mw is None or cs is None or ms is None:
+                continue  # no PCIe capability (or link down: speed "Unknown")
+            sig = f"x{cw}@{cs:g}GT/s"
+            is_degraded = cw < mw or cs < ms
+            prev = self.degraded.get(pci)
+            if not is_degraded:
+                if prev is not None:
+                    del self.degraded[pci]
+                    changed = True
+                continue
+            if prev == sig:
+                continue
+            self.degraded[pci] = sig
+            changed = True
+            detail: dict[str, Any] = {
+                "pci": pci,
+                "current_width": cw,
+                "max_width": mw,
+                "current_speed_gts": cs,
+                "max_speed_gts": ms,
+            }
+            if "detail_gpu" in who:
+                detail["gpu"] = who["detail_gpu"]
+            out.events.append(
+                self.ctx.event("pcie_degraded", device=who.get("device"), detail=detail)
+            )
+        if changed:
+            out.state[STATE_KEY] = dict(self.degraded)
+        return out

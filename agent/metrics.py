@@ -1,0 +1,87 @@
+"""The agent's Prometheus metrics, module-level so every part shares them.
+
+All names carry the ``railover_agent_`` prefix and base units. /healthz is not
+counted anywhere.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# collector: a registered collector name (topology, ports, counters, pcie, plugin).
+COLLECTOR_SUCCESS = Gauge(
+    "railover_agent_collector_success",
+    "1 if the collector's last run succeeded, 0 if it failed.",
+    ["collector"],
+)
+COLLECTOR_DURATION = Gauge(
+    "railover_agent_collector_duration_seconds",
+    "How long the collector's last run took.",
+    ["collector"],
+)
+
+SPOOL_EVENTS = Gauge("railover_agent_spool_events", "Events waiting in the on-disk spool.")
+# kind: event kind (port_down, counter, progress, ...).
+EVENTS_SPOOLED = Counter(
+    "railover_agent_events_spooled_total", "Events written to the spool.", ["kind"]
+)
+EVENTS_SENT = Counter(
+    "railover_agent_events_sent_total", "Events the service accepted (new or duplicate)."
+)
+EVENTS_DUPLICATE = Counter(
+    "railover_agent_events_duplicate_total",
+    "Events the service already had (a resend after a lost reply).",
+)
+# kind: event kind; reason: spool_full (bound reached) or rejected (the service
+# refused the event itself with a 4xx; it is kept in the dead-letter table).
+EVENTS_DROPPED = Counter(
+    "railover_agent_events_dropped_total",
+    "Events that will never reach the service.",
+    ["kind", "reason"],
+)
+
+# endpoint: register, events, commands, ack; outcome: ok, http_<status>, error.
+SERVICE_REQUESTS = Counter(
+    "railover_agent_service_requests_total",
+    "Calls to the central service, by outcome.",
+    ["endpoint", "outcome"],
+)
+SERVICE_REQUEST_DURATION = Histogram(
+    "railover_agent_service_request_duration_seconds",
+    "Duration of single calls to the central service.",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+SERVICE_UP = Gauge("railover_agent_service_up", "1 if the last call to the service got an answer.")
+REGISTRATIONS = Counter(
+    "railover_agent_registrations_total", "Topology registrations the service accepted."
+)
+
+# device/port: RNIC name and port number as in /sys/class/infiniband.
+PORT_ACTIVE = Gauge(
+    "railover_agent_port_active", "1 if the RNIC port state is ACTIVE.", ["device", "port"]
+)
+
+PLUGIN_CLIENTS = Gauge("railover_agent_plugin_clients", "Connected native plugin clients.")
+# label "type": wire message type name (CqeError, PortEvent, Hello, ...).
+PLUGIN_FRAMES = Counter(
+    "railover_agent_plugin_frames_total", "Frames received from plugin clients.", ["type"]
+)
+PLUGIN_MALFORMED = Counter(
+    "railover_agent_plugin_malformed_frames_total",
+    "Malformed or oversized frames; each one drops its connection.",
+)
+PLUGIN_FRAMES_SENT = Counter(
+    "railover_agent_plugin_frames_sent_total", "Frames sent to plugin clients.", ["type"]
+)
+
+COMMANDS_RECEIVED = Counter(
+    "railover_agent_commands_received_total", "Commands fetched from the service."
+)
+COMMANDS_FORWARDED = Counter(
+    "railover_agent_commands_forwarded_total", "Commands handed to at least one plugin client."
+)
+# status: delivered, applied, failed.
+ACKS_SENT = Counter(
+    "railover_agent_acks_sent_total", "Command acknowledgements sent to the service.", ["status"]
+)

@@ -1,0 +1,353 @@
+"""The unix-socket listener the native plugin talks to, and the command relay.
+
+Frames are the plugin's wire format (``native_plugin.wire``, mirroring
+``railover_wire.h``); this module only maps them to events and back. A
+connection that sends a malformed or oversized frame is dropped and counted;
+the listener itself never stops for a client's mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent import metrics
+from agent.events import Event, new_event
+from native_plugin import wire
+
+log = logging.getLogger(__name__)
+
+# enum ibv_event_type values (libibverbs verbs.h) the agent treats specially.
+IBV_EVENT_DEVICE_FATAL = 8
+IBV_EVENT_PORT_ACTIVE = 9
+IBV_EVENT_PORT_ERR = 10
+
+READ_CHUNK = 16 * 1024
+
+
+def _ts(ns: int) -> datetime | None:
+    # CLOCK_REALTIME from the plugin; 0 (not given) or nonsense falls back to now.
+    if ns <= 0 or ns > 2**62:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, UTC)
+
+
+@dataclass(eq=False)
+class PluginClient:
+    writer: asyncio.StreamWriter
+    comm_id: int = 0
+    rank: int | None = None
+    pid: int = 0
+    hello: bool = False
+
+    def matches(self, comm_id: int, ranks: list[int]) -> bool:
+        # A client that did not say its communicator (comm_id 0) gets everything.
+        if self.comm_id and comm_id and self.comm_id != comm_id:
+            return False
+        return not ranks or self.rank is None or self.rank in ranks
+
+
+@dataclass
+class PendingCommand:
+    command: dict[str, Any]
+    first_seen: float
+    delivered_to: int = 0
+
+
+@dataclass
+class AckRequest:
+    command_id: int
+    status: str
+    rank: int | None
+    detail: str
+    attempts: int = 0
+
+
+def _bitmask(channels: list[int]) -> int:
+    mask = 0
+    for c in channels:
+        if 0 <= c < 64:
+            mask |= 1 << c
+    return mask
+
+
+def to_wire_command(cmd: dict[str, Any]) -> wire.Command | None:
+    """The COMMAND frame for a service command, or None if the wire has no such kind."""
+    kind = getattr(wire.CommandKind, str(cmd.get("kind", "")).upper(), None)
+    if kind is None:
+        return None
+    return wire.Command(
+        command_id=int(cmd["command_id"]),
+        comm_id=int(cmd.get("comm_id") or 0),
+        ops_done=int(cmd.get("ops_done") or 0),
+        disabled_channels=_bitmask(list(cmd.get("disabled_channels") or [])),
+        kind=int(kind),
+        epoch=int(cmd.get("epoch") or 0),
+    )
+
+
+@dataclass
+class PluginHub:
+    """Connected clients, commands waiting for one, acks waiting for the service."""
+
+    node: str
+    spool_events: Callable[[list[Event]], object]
+    hold_s: float
+    clients: set[PluginClient] = field(default_factory=set)
+    pending: dict[int, PendingCommand] = field(default_factory=dict)
+    # command_id -> ack status already queued, so a command the service
+    # returns again (our ack was lost) is re-acked, not re-applied.
+    handled: dict[int, str] = field(default_factory=dict)
+    acks: asyncio.Queue[AckRequest] = field(default_factory=asyncio.Queue)
+    # Latest progress per (comm_id, rank): the CCL may report every
+    # collective; the service needs the newest count, once per poll.
+    progress: dict[tuple[int, int | None], Event] = field(default_factory=dict)
+
+    # -- plugin -> agent ------------------------------------------------------------------------
+    def on_message(self, client: PluginClient, msg: wire.Message) -> None:
+        metrics.PLUGIN_FRAMES.labels(type(msg).__name__).inc()
+        ev: Event | None = None
+        rank = client.rank
+        comm = client.comm_id or None
+        if isinstance(msg, wire.Hello):
+            client.comm_id = msg.comm_id
+            client.rank = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
+            client.pid = msg.pid
+            client.hello = True
+            self.deliver_pending()
+            return
+        if isinstance(msg, wire.CqeError):
+            ev = new_event(
+                self.node,
+                "cqe_error",
+                observed_at=_ts(msg.timestamp_ns),
+                device=msg.dev_name or None,
+                port=msg.port or None,
+                wc_status=msg.wc_status,
+                vendor_err=msg.vendor_err,
+                comm_id=comm,
+                rank=rank,
+                detail={"qp_num": msg.qp_num, "peer": msg.peer, "pid": msg.pid},
+            )
+        elif isinstance(msg, wire.PortEvent):
+            fatal = msg.ibv_event_type == IBV_EVENT_DEVICE_FATAL
+            ev = new_event(
+                self.node,
+                "device_fatal" if fatal else "port_event",
+                observed_at=_ts(msg.timestamp_ns),
+                device=msg.dev_name or None,
+                port=msg.port or None,
+                event_type=msg.ibv_event_type,
+                comm_id=comm,
+                rank=rank,
+                detail={"pid": msg.pid},
+            )
+        elif isinstance(msg, wire.PathSwitch):
+            try:
+                reason = wire.SwitchReason(msg.reason).name.lower()
+            except ValueError:
+                reason = str(msg.reason)
+            ev = new_event(
+                self.node,
+                "path_switch",
+                observed_at=_ts(msg.timestamp_ns),
+                device=msg.from_dev or None,
+                comm_id=msg.comm_id,
+                rank=rank,
+                detail={
+                    "channel": msg.channel,
+                    "reason": reason,
+                    "from_dev": msg.from_dev,
+                    "to_dev": msg.to_dev,
+                    "pid": msg.pid,
+                },
+            )
+        elif isinstance(msg, wire.Progress):
+            r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
+            self.progress[(msg.comm_id, r)] = new_event(
+                self.node,
+                "progress",
+                observed_at=_ts(msg.timestamp_ns),
+                comm_id=msg.comm_id,
+                rank=r,
+                ops_done=msg.ops_done,
+            )
+            return
+        elif isinstance(msg, wire.Ack):
+            self.on_ack(client, msg)
+            return
+        else:
+            # A COMMAND from a client is the wrong direction: protocol error.
+            raise wire.WireError(f"unexpected {type(msg).__name__} from a plugin client")
+        self.spool_events([ev])
+
+    def take_progress(self) -> list[Event]:
+        out = list(self.progress.values())
+        self.progress.clear()
+        return out
+
+    def on_ack(self, client: PluginClient, msg: wire.Ack) -> None:
+        if msg.status == wire.AckStatus.APPLIED:
+            status, detail = "applied", ""
+        else:
+            try:
+                detail = wire.AckStatus(msg.status).name.lower()
+            except ValueError:
+                detail = f"status {msg.status}"
+            status = "failed"
+        self.acks.put_nowait(
+            AckRequest(msg.command_id, status, client.rank, f"{detail} (pid {msg.pid})".strip())
+        )
+
+    # -- service -> plugin ----------------------------------------------------------------------
+    def on_command(self, cmd: dict[str, Any]) -> bool:
+        """Take a command from the service; True if it was new to us."""
+        cid = int(cmd["command_id"])
+        if cid in self.handled:
+            # Our ack did not land; say it again.
+            self.acks.put_nowait(AckRequest(cid, self.handled[cid], None, "re-ack"))
+            return False
+        if cid in self.pending:
+            return False
+        metrics.COMMANDS_RECEIVED.inc()
+        frame = to_wire_command(cmd)
+        if frame is None:
+            self._finish(cid, "failed", f"kind {cmd.get('kind')!r} has no wire encoding")
+            return True
+        self.pending[cid] = PendingCommand(cmd, time.monotonic())
+        self.deliver_pending()
+        return True
+
+    def _finish(self, cid: int, status: str, detail: str) -> None:
+        self.pending.pop(cid, None)
+        self.handled[cid] = status
+        if len(self.handled) > 10_000:
+            for old in list(self.handled)[:5000]:
+                del self.handled[old]
+        self.acks.put_nowait(AckRequest(cid, status, None, detail))
+
+    def deliver_pending(self) -> None:
+        now = time.monotonic()
+        for cid, pc in list(self.pending.items()):
+            cmd = pc.command
+            frame = to_wire_command(cmd)
+            assert frame is not None  # checked in on_command
+            data = wire.encode(frame)
+            ranks = [int(r) for r in cmd.get("ranks") or []]
+            targets = [c for c in self.clients if c.hello and c.matches(frame.comm_id, ranks)]
+            for c in targets:
+                try:
+                    c.writer.write(data)
+                    metrics.PLUGIN_FRAMES_SENT.labels("Command").inc()
+                    pc.delivered_to += 1
+                except (ConnectionError, RuntimeError) as exc:
+                    log.warning("could not write command %d to pid %d: %s", cid, c.pid, exc)
+            if pc.delivered_to:
+                metrics.COMMANDS_FORWARDED.inc()
+                self._finish(cid, "delivered", f"to {pc.delivered_to} plugin client(s)")
+            elif now - pc.first_seen >= self.hold_s:
+                self._finish(
+                    cid,
+                    "failed",
+                    f"no plugin client for comm_id {frame.comm_id} on this node "
+                    f"within {self.hold_s:g}s",
+                )
+
+
+class PluginServer:
+    """Accepts plugin connections on a unix socket."""
+
+    def __init__(self, path: Path, hub: PluginHub, mode: int, max_clients: int = 512) -> None:
+        self.path = path
+        self.hub = hub
+        self.mode = mode
+        self.max_clients = max_clients
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() or self.path.is_symlink():
+            if _socket_alive(self.path):
+                raise RuntimeError(f"another agent is listening on {self.path}")
+            # Left behind by an agent that died; safe to take over.
+            self.path.unlink()
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        os.chmod(self.path, self.mode)
+        log.info("plugin socket listening on %s", self.path)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for c in list(self.hub.clients):
+                c.writer.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.hub.clients) >= self.max_clients:
+            log.warning("refusing plugin connection: %d clients already", self.max_clients)
+            writer.close()
+            return
+        client = PluginClient(writer=writer)
+        self.hub.clients.add(client)
+        metrics.PLUGIN_CLIENTS.set(len(self.hub.clients))
+        decoder = wire.FrameDecoder()
+        try:
+            while True:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                try:
+                    msgs = decoder.feed(data)
+                except wire.WireError as exc:
+                    # Act on the good frames that came before the bad one.
+                    for m in exc.decoded:
+                        self._safe_on_message(client, m)
+                    metrics.PLUGIN_MALFORMED.inc()
+                    log.warning("dropping plugin connection (pid %d): %s", client.pid, exc)
+                    break
+                if not all(self._safe_on_message(client, m) for m in msgs):
+                    metrics.PLUGIN_MALFORMED.inc()
+                    break
+        except (ConnectionError, OSError) as exc:
+            log.info("plugin connection (pid %d) ended: %s", client.pid, exc)
+        finally:
+            self.hub.clients.discard(client)
+            metrics.PLUGIN_CLIENTS.set(len(self.hub.clients))
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _safe_on_message(self, client: PluginClient, msg: wire.Message) -> bool:
+        try:
+            self.hub.on_message(client, msg)
+        except wire.WireError as exc:
+            log.warning("dropping plugin connection (pid %d): %s", client.pid, exc)
+            return False
+        return True
+
+
+def _socket_alive(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(str(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+            log.debug("probe of %s: %s", path, exc)
+        return False
+    finally:
+        s.close()
+    return True

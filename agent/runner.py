@@ -1,0 +1,298 @@
+"""The agent process: poll collectors, report, relay commands, under one task group.
+
+Each loop survives the service being away (timeouts, backoff, log, go on). A
+loop that fails for any other reason is a bug or a broken host; the task group
+then stops the whole agent cleanly and the supervisor restarts it, with
+nothing lost, since everything not yet accepted is in the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from agent import metrics
+from agent.client import Backoff, Rejected, ServiceClient, Unavailable
+from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorContext
+from agent.config import AgentSettings
+from agent.events import Event
+from agent.health import HealthServer
+from agent.plugin import PluginHub, PluginServer
+from agent.railmap import load_rail_map
+from agent.spool import Spool
+from agent.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class _Stop(Exception):
+    """Raised inside the task group to end it on request."""
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rail_map = load_rail_map(settings.rail_map)
+        self.spool = Spool(settings.spool_dir, settings.spool_max_events)
+        self.ctx = CollectorContext(settings, self.rail_map, self.spool.get_state)
+        disabled = set(settings.disabled_collectors)
+        self.collectors: list[Collector] = [
+            cls(self.ctx) for name, cls in REGISTRY.items() if name not in disabled
+        ]
+        self.plugin_enabled = PLUGIN not in disabled
+        for name in disabled:
+            # A switched-off collector is neither failing nor succeeding.
+            with contextlib.suppress(KeyError):
+                metrics.COLLECTOR_SUCCESS.remove(name)
+        self.client = ServiceClient(settings, transport)
+        self.registered: str | None = None
+        self._rejected_topology: str | None = None
+        self.last_poll: float | None = None
+        self._next_due: dict[str, float] = {}
+        self.metrics_port: int | None = None
+        self._stop: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self.hub: PluginHub | None = None
+        self._plugin_server: PluginServer | None = None
+        self._health: HealthServer | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def wait_ready(self) -> None:
+        """Until the first poll and the plugin socket are done (for tests and the demo)."""
+        while self._ready is None:
+            await asyncio.sleep(0.01)
+        await self._ready.wait()
+
+    async def run(self) -> None:
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
+        s = self.settings
+        self._health = HealthServer(s.metrics_host, s.metrics_port, self.health)
+        self.metrics_port = self._health.port
+        self._health.start()
+        try:
+            if self.plugin_enabled:
+                self.hub = PluginHub(s.node_name, self._spool_events, s.command_hold_s)
+                self._plugin_server = PluginServer(s.socket, self.hub, s.socket_mode)
+                await self._plugin_server.start()
+                metrics.COLLECTOR_SUCCESS.labels(PLUGIN).set(1)
+            await self._poll_once()
+            self._ready.set()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self._poll_loop(), name="poll")
+                    tg.create_task(self._report_loop(), name="report")
+                    if self.plugin_enabled:
+                        tg.create_task(self._command_loop(), name="commands")
+                        tg.create_task(self._ack_loop(), name="acks")
+                    tg.create_task(self._until_stopped(), name="stop")
+            except* _Stop:
+                log.info("agent stopping")
+        finally:
+            await self._shutdown()
+
+    async def _until_stopped(self) -> None:
+        assert self._stop is not None
+        await self._stop.wait()
+        raise _Stop
+
+    async def _shutdown(self) -> None:
+        if self.hub is not None:
+            # Keep the last progress samples; they are cheap and the next start sends them.
+            self._spool_events(self.hub.take_progress())
+        if self._plugin_server is not None:
+            await self._plugin_server.close()
+        await self.client.aclose()
+        if self._health is not None:
+            self._health.stop()
+        self.spool.close()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        age = None if self.last_poll is None else time.monotonic() - self.last_poll
+        limit = max(5.0, 3 * self.settings.poll_interval_s)
+        ok = age is not None and age < limit
+        return ok, {
+            "last_poll_age_s": age,
+            "spool_events": self.spool.depth(),
+            "registered": self.registered is not None,
+        }
+
+    # -- collecting -----------------------------------------------------------------------------
+    def _spool_events(self, events: list[Event], state: dict[str, Any] | None = None) -> None:
+        if not events and not state:
+            return
+        self.spool.put(events, state)
+        if events and self._wake is not None:
+            self._wake.set()
+
+    def _run_due(self, due: list[Collector]) -> Collected:
+        """Runs in a worker thread: a wedged sysfs read must not freeze the socket."""
+        merged = Collected()
+        for c in due:
+            start = time.perf_counter()
+            try:
+                got = c.collect()
+            except Exception:
+                log.exception("collector %s failed", c.name)
+                metrics.COLLECTOR_SUCCESS.labels(c.name).set(0)
+            else:
+                metrics.COLLECTOR_SUCCESS.labels(c.name).set(1)
+                merged.events.extend(got.events)
+                merged.state.update(got.state)
+            finally:
+                metrics.COLLECTOR_DURATION.labels(c.name).set(time.perf_counter() - start)
+        return merged
+
+    async def _poll_once(self) -> None:
+        now = time.monotonic()
+        due = [c for c in self.collectors if self._next_due.get(c.name, 0.0) <= now]
+        for c in due:
+            self._next_due[c.name] = now + c.interval_s()
+        got = await asyncio.to_thread(self._run_due, due)
+        if self.hub is not None:
+            got.events.extend(self.hub.take_progress())
+            self.hub.deliver_pending()  # expires commands nobody took
+        self._spool_events(got.events, got.state)
+        topo = self.ctx.topology
+        if topo is not None and topo.fingerprint() != self.registered and self._wake:
+            self._wake.set()
+        self.last_poll = time.monotonic()
+
+    async def _poll_loop(self) -> None:
+        interval = self.settings.poll_interval_s
+        next_tick = time.monotonic() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+            await self._poll_once()
+            next_tick += interval
+            if next_tick < time.monotonic():
+                # Fell behind (host was frozen); skip missed ticks, do not burst.
+                next_tick = time.monotonic() + interval
+
+    # -- reporting ------------------------------------------------------------------------------
+    def _registration_payload(self, topo: Topology) -> dict[str, Any]:
+        body = topo.payload()
+        for g in body["gpus"]:
+            # The service's field is a plain bool; unknown means "do not plan NVLink transit".
+            g["nvlink"] = bool(g["nvlink"])
+        return body
+
+    async def _register_if_needed(self) -> bool:
+        topo = self.ctx.topology
+        if topo is None:
+            return True
+        fp = topo.fingerprint()
+        if fp in (self.registered, self._rejected_topology):
+            return True
+        try:
+            await self.client.register(self._registration_payload(topo))
+        except Rejected as exc:
+            log.error("service refused this node's topology; events still flow: %s", exc)
+            self._rejected_topology = fp
+            return True
+        self.registered = fp
+        log.info(
+            "registered %d GPUs and %d RNIC ports with the service",
+            len(topo.gpus),
+            len(topo.rnics),
+        )
+        return True
+
+    async def _send(self, batch: list[tuple[int, Event]]) -> None:
+        """Send a batch; find and set aside events the service refuses one by one."""
+        try:
+            accepted, duplicates = await self.client.post_events([ev for _, ev in batch])
+        except Rejected as exc:
+            # A 404 most likely means our node is unknown (the service lost its
+            # store): re-register once, then treat it as a refusal.
+            if exc.status == 404 and self.registered is not None:
+                self.registered = None
+                raise Unavailable(str(exc), exc.status) from exc
+            if len(batch) == 1:
+                seq, ev = batch[0]
+                self.spool.dead_letter(seq, ev, str(exc))
+                return
+            mid = len(batch) // 2
+            await self._send(batch[:mid])
+            await self._send(batch[mid:])
+            return
+        self.spool.remove([seq for seq, _ in batch])
+        metrics.EVENTS_SENT.inc(len(batch))
+        metrics.EVENTS_DUPLICATE.inc(duplicates)
+        log.debug("sent %d events (%d new, %d duplicates)", len(batch), accepted, duplicates)
+
+    async def _report_loop(self) -> None:
+        assert self._wake is not None
+        backoff = Backoff(0.2, self.settings.retry_max_backoff_s)
+        while True:
+            try:
+                await self._register_if_needed()
+                batch = self.spool.peek(self.settings.batch_max)
+                if not batch:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=5.0)
+                    continue
+                await self._send(batch)
+                backoff.reset()
+            except Unavailable as exc:
+                delay = backoff.next()
+                log.warning("service unavailable (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    # -- commands -------------------------------------------------------------------------------
+    async def _command_loop(self) -> None:
+        hub = self.hub
+        assert hub is not None
+        backoff = Backoff(0.5, self.settings.retry_max_backoff_s)
+        while True:
+            try:
+                cmds = await self.client.fetch_commands(self.settings.command_wait_s)
+            except (Unavailable, Rejected) as exc:
+                delay = backoff.next()
+                log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            fresh = [hub.on_command(c) for c in cmds]
+            if cmds and not any(fresh):
+                # Only commands still waiting for a client: the service will
+                # keep returning them at once, so do not spin.
+                await asyncio.sleep(self.settings.poll_interval_s)
+
+    async def _ack_loop(self) -> None:
+        hub = self.hub
+        assert hub is not None
+        backoff = Backoff(0.2, self.settings.retry_max_backoff_s)
+        while True:
+            req = await hub.acks.get()
+            try:
+                await self.client.ack(req.command_id, req.status, req.rank, req.detail)
+                backoff.reset()
+            except Rejected as exc:
+                log.warning(
+                    "service refused ack %s for command %d: %s", req.status, req.command_id, exc
+                )
+            except Unavailable as exc:
+                req.attempts += 1
+                delay = backoff.next()
+                log.warning(
+                    "ack for command %d failed (%s); retrying in %.1fs", req.command_id, exc, delay
+                )
+                await asyncio.sleep(delay)
+                hub.acks.put_nowait(req)

@@ -1,0 +1,323 @@
+"""Discovering a node's GPUs and RNICs and where they sit on the PCIe tree.
+
+Where a device sits comes from its real sysfs path: the kernel names every
+bridge on the way down from the host bridge, e.g.
+``devices/pci0000:14/0000:14:01.0/0000:15:00.0/0000:16:02.0/0000:19:00.0`` is
+host bridge ``pci0000:14`` (the root complex), root port ``0000:14:01.0``,
+switch upstream port ``0000:15:00.0``, switch downstream port ``0000:16:02.0``,
+endpoint ``0000:19:00.0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.railmap import RailMap
+from agent.sysfs import PCI_ADDR_RE, normalise_pci, parse_rate, parse_state, read_attr
+
+log = logging.getLogger(__name__)
+
+NVIDIA_VENDOR = 0x10DE
+# PCI class codes (upper 16 bits of the class attribute).
+CLASS_VGA = 0x0300
+CLASS_3D = 0x0302
+CLASS_OTHER_BRIDGE = 0x0680
+
+
+@dataclass(frozen=True)
+class PciPlace:
+    pci: str
+    numa: int | None
+    pcie_switch: str | None
+    root_complex: str | None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    pci: str
+    numa: int | None
+    pcie_switch: str | None
+    root_complex: str | None
+    nvlink: bool | None
+
+
+@dataclass(frozen=True)
+class RnicPort:
+    name: str
+    port: int
+    pci: str
+    numa: int | None
+    pcie_switch: str | None
+    root_complex: str | None
+    rate_gbps: float | None
+    link_layer: str | None
+    netdev: str | None
+    switch: str | None
+    rail: int | None
+    state: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.port}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[Gpu, ...] = ()
+    rnics: tuple[RnicPort, ...] = ()
+    sources: tuple[str, ...] = field(default=("sysfs",), compare=False)
+
+    def payload(self) -> dict[str, Any]:
+        """The body of ``PUT /v1/nodes/{node}``."""
+        rnics = []
+        for r in self.rnics:
+            d = asdict(r)
+            rate = d["rate_gbps"]
+            if rate is not None and float(rate).is_integer():
+                d["rate_gbps"] = int(rate)
+            rnics.append(d)
+        return {"gpus": [asdict(g) for g in self.gpus], "rnics": rnics}
+
+    def fingerprint(self) -> str:
+        """Changes when the hardware or cabling changes, not when a port flaps."""
+        body = self.payload()
+        for r in body["rnics"]:
+            r.pop("state", None)
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def rnic_ports(self) -> list[tuple[str, int]]:
+        return [(r.name, r.port) for r in self.rnics]
+
+    def pci_of(self, device: str) -> str | None:
+        for r in self.rnics:
+            if r.name == device:
+                return r.pci
+        return None
+
+
+def _cpu_set(text: str | None) -> frozenset[int]:
+    out: set[int] = set()
+    for raw in (text or "").split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            out.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            return frozenset()
+    return frozenset(out)
+
+
+class PciTree:
+    """Answers "where is this PCI function" for one sysfs root."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        self.root = Path(sysfs_root)
+        self.devices = os.path.realpath(self.root / "devices")
+        self._node_cpus: dict[int, frozenset[int]] | None = None
+
+    def _numa_from_cpus(self, dev_path: str) -> int | None:
+        # numa_node is -1 when firmware gives no proximity info; the device's
+        # local_cpulist still says which node's cores are near it.
+        if self._node_cpus is None:
+            self._node_cpus = {}
+            node_dir = self.root / "devices" / "system" / "node"
+            for entry in sorted(node_dir.glob("node[0-9]*")):
+                cpus = _cpu_set(read_attr(entry / "cpulist"))
+                if cpus:
+                    self._node_cpus[int(entry.name[4:])] = cpus
+        local = _cpu_set(read_attr(os.path.join(dev_path, "local_cpulist")))
+        for node, cpus in self._node_cpus.items():
+            if local and local <= cpus:
+                return node
+        return None
+
+    def place(self, pci_real_path: str) -> PciPlace:
+        rel = os.path.relpath(pci_real_path, self.devices)
+        parts = rel.split(os.sep)
+        rc = parts[0] if parts and parts[0].startswith("pci") else None
+        chain = [p for p in parts if PCI_ADDR_RE.match(p)]
+        pci = chain[-1] if chain else os.path.basename(pci_real_path)
+        # chain = [root port, (switch up, switch down)*, endpoint]. The switch
+        # above the device is the upstream port just above its downstream port.
+        between = chain[1:-1]
+        switch: str | None
+        if not between:
+            switch = None
+        elif len(between) >= 2:
+            switch = between[-2]
+        else:
+            switch = between[0]
+        numa_raw = read_attr(os.path.join(pci_real_path, "numa_node"))
+        try:
+            numa: int | None = int(numa_raw) if numa_raw is not None else None
+        except ValueError:
+            numa = None
+        if numa is None or numa < 0:
+            numa = self._numa_from_cpus(pci_real_path)
+        return PciPlace(pci=pci, numa=numa, pcie_switch=switch, root_complex=rc)
+
+    def real_path_of(self, pci: str) -> str:
+        return os.path.realpath(self.root / "bus" / "pci" / "devices" / pci)
+
+
+def _class_code(text: str | None) -> int | None:
+    if not text:
+        return None
+    try:
+        return int(text, 16) >> 8
+    except ValueError:
+        return None
+
+
+def _sysfs_gpus(tree: PciTree) -> tuple[list[str], bool]:
+    """PCI addresses of NVIDIA display/3D functions, and whether NVSwitches exist."""
+    gpus: list[str] = []
+    nvswitch = False
+    bus = tree.root / "bus" / "pci" / "devices"
+    try:
+        entries = sorted(os.listdir(bus))
+    except OSError:
+        return [], False
+    for addr in entries:
+        d = bus / addr
+        vendor = read_attr(d / "vendor")
+        if vendor is None or int(vendor, 16) != NVIDIA_VENDOR:
+            continue
+        cls = _class_code(read_attr(d / "class"))
+        if cls in (CLASS_VGA, CLASS_3D):
+            gpus.append(addr)
+        elif cls == CLASS_OTHER_BRIDGE:
+            nvswitch = True
+    return gpus, nvswitch
+
+
+def _nvml_gpus() -> list[tuple[int, str, bool | None]] | None:
+    """(index, pci, nvlink) from NVML, or None when NVML is not usable here."""
+    try:
+        import pynvml  # noqa: PLC0415  # optional: nvidia-ml-py is only on GPU nodes
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # any NVML failure means "use sysfs"
+        log.info("NVML unavailable (%s); using sysfs alone", exc)
+        return None
+    out: list[tuple[int, str, bool | None]] = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pci = normalise_pci(pynvml.nvmlDeviceGetPciInfo(h).busId)
+            nvlink: bool | None = None
+            try:
+                nvlink = bool(pynvml.nvmlDeviceGetNvLinkState(h, 0))
+            except Exception:  # no NVLink on this GPU model
+                nvlink = False
+            out.append((i, pci, nvlink))
+    finally:
+        # A failing shutdown changes nothing we report.
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return out
+
+
+def _netdev_for(pci_real_path: str, port: int) -> str | None:
+    net = os.path.join(pci_real_path, "net")
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        return None
+    for name in names:
+        # dev_port is the 0-based physical port of a multi-port function.
+        dev_port = read_attr(os.path.join(net, name, "dev_port"))
+        if dev_port is not None and dev_port.isdigit() and int(dev_port) == port - 1:
+            return name
+    return names[0] if len(names) == 1 else None
+
+
+def list_rnic_ports(sysfs_root: Path) -> list[tuple[str, int]]:
+    """Every (device, port) under class/infiniband, cheaply."""
+    base = Path(sysfs_root) / "class" / "infiniband"
+    out: list[tuple[str, int]] = []
+    try:
+        devs = sorted(os.listdir(base))
+    except OSError:
+        return out
+    for dev in devs:
+        try:
+            ports = sorted(int(p) for p in os.listdir(base / dev / "ports") if p.isdigit())
+        except OSError:
+            continue
+        out.extend((dev, p) for p in ports)
+    return out
+
+
+def discover(sysfs_root: Path, rail_map: RailMap, use_nvml: bool = True) -> Topology:
+    """The node's GPUs and RNIC ports with their PCIe places and cabling."""
+    tree = PciTree(sysfs_root)
+    sources = ["sysfs"]
+    sysfs_gpus, nvswitch = _sysfs_gpus(tree)
+    nvml = _nvml_gpus() if use_nvml else None
+    gpus: list[Gpu] = []
+    if nvml:
+        sources.append("nvml")
+        for index, pci, nvlink in nvml:
+            place = tree.place(tree.real_path_of(pci))
+            gpus.append(Gpu(index, pci, place.numa, place.pcie_switch, place.root_complex, nvlink))
+    else:
+        # Without NVML, indices follow PCI bus order, which is NVML's and
+        # CUDA's (CUDA_DEVICE_ORDER=PCI_BUS_ID) order too. NVSwitches on the
+        # board mean every GPU is on NVLink; absent them we cannot tell.
+        for index, pci in enumerate(sysfs_gpus):
+            place = tree.place(tree.real_path_of(pci))
+            gpus.append(
+                Gpu(
+                    index,
+                    pci,
+                    place.numa,
+                    place.pcie_switch,
+                    place.root_complex,
+                    True if nvswitch else None,
+                )
+            )
+
+    rnics: list[RnicPort] = []
+    ib = Path(sysfs_root) / "class" / "infiniband"
+    for dev, port in list_rnic_ports(sysfs_root):
+        pci_path = os.path.realpath(ib / dev / "device")
+        place = tree.place(pci_path)
+        pdir = ib / dev / "ports" / str(port)
+        state = parse_state(read_attr(pdir / "state"))
+        assign = rail_map.get((dev, port))
+        rnics.append(
+            RnicPort(
+                name=dev,
+                port=port,
+                pci=place.pci,
+                numa=place.numa,
+                pcie_switch=place.pcie_switch,
+                root_complex=place.root_complex,
+                rate_gbps=parse_rate(read_attr(pdir / "rate")),
+                link_layer=read_attr(pdir / "link_layer"),
+                netdev=_netdev_for(pci_path, port),
+                switch=assign.switch if assign else None,
+                rail=assign.rail if assign else None,
+                state=state[1] if state else None,
+            )
+        )
+    missing = set(rail_map) - {(r.name, r.port) for r in rnics}
+    if missing:
+        log.warning(
+            "rail map names ports this node does not have: %s",
+            ", ".join(f"{d}/{p}" for d, p in sorted(missing)),
+        )
+    return Topology(gpus=tuple(gpus), rnics=tuple(rnics), sources=tuple(sources))
