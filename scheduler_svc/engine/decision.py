@@ -80,6 +80,8 @@ class DecisionInputs:
     gpus: int
     path_available: bool = True
     healed: bool = False
+    # False when the fault only took backups: every rank still runs on its primary.
+    affected: bool = True
     dp_size: int = 1
     allow_scaling: bool = False
     spare_nodes: bool = True
@@ -149,7 +151,7 @@ def decide(inp: DecisionInputs) -> Decision:
         failover = failover_cost_s(interval, elapsed, inp.reload_s, inp.timeout_s, inp.k)
     # "none" only costs nothing when the fault healed by itself (a flap the
     # retransmissions rode out); otherwise the collective hangs forever.
-    none: float | None = interval - elapsed if inp.healed else None
+    none: float | None = interval - elapsed if inp.healed or not inp.affected else None
 
     costs: dict[str, float | None] = {
         Action.FAILOVER.value: failover,
@@ -167,7 +169,12 @@ def decide(inp: DecisionInputs) -> Decision:
 
     if none is not None:
         action = Action.NONE
-        reason = "the fault healed before the job needed to move; nothing to do"
+        reason = (
+            "the fault healed before the job needed to move; nothing to do"
+            if inp.healed
+            else "no rank of this job uses the failed port as its primary; "
+            "only backup redundancy is reduced"
+        )
     elif failover is None:
         action, cost = _cheapest_restart(restart, scaled)
         reason = (

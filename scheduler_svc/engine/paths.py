@@ -262,24 +262,35 @@ def route_ranks(
     return routes
 
 
+def _broken_pairs(routes: Sequence[RankRoute]) -> int:
+    n = len(routes)
+    x = sum(1 for r in routes if not (r.primary_ok or r.backup_ok))
+    only_primary = sum(1 for r in routes if r.primary_ok and not r.backup_ok)
+    only_backup = sum(1 for r in routes if r.backup_ok and not r.primary_ok)
+    return x * (n - x) + x * (x - 1) // 2 + only_primary * only_backup
+
+
 def connectivity(routes: Sequence[RankRoute], max_examples: int = 10) -> Connectivity:
-    """Which rank pairs lost every path, counted by class in O(ranks), not O(pairs).
+    """Which rank pairs on different nodes lost every path, counted in O(ranks), not O(pairs).
 
     A pair survives when both primaries or both backups work. So a pair breaks
     when either rank has no working endpoint, or when one has only its primary
-    and the other only its backup.
+    and the other only its backup. Ranks on one node talk over NVLink/PCIe,
+    not the RNICs, so those pairs are subtracted.
     """
+    by_node: dict[str, list[RankRoute]] = {}
+    for r in routes:
+        by_node.setdefault(r.node, []).append(r)
+    broken = _broken_pairs(routes) - sum(_broken_pairs(rs) for rs in by_node.values())
     n = len(routes)
+    total = n * (n - 1) // 2 - sum(len(rs) * (len(rs) - 1) // 2 for rs in by_node.values())
     isolated = [r for r in routes if not (r.primary_ok or r.backup_ok)]
-    only_primary = [r for r in routes if r.primary_ok and not r.backup_ok]
-    only_backup = [r for r in routes if r.backup_ok and not r.primary_ok]
-    x = len(isolated)
-    broken = x * (n - x) + x * (x - 1) // 2 + len(only_primary) * len(only_backup)
     examples: list[tuple[int, int]] = []
     if broken:
-        for a in isolated + only_backup:
+        suspects = isolated + [r for r in routes if r.backup_ok and not r.primary_ok]
+        for a in suspects:
             for b in routes:
-                if b.rank != a.rank and not pair_survives(a, b):
+                if b.node != a.node and not pair_survives(a, b):
                     examples.append((min(a.rank, b.rank), max(a.rank, b.rank)))
                     if len(examples) >= max_examples:
                         break
@@ -288,7 +299,7 @@ def connectivity(routes: Sequence[RankRoute], max_examples: int = 10) -> Connect
     return Connectivity(
         routes=tuple(routes),
         broken_pairs=broken,
-        total_pairs=n * (n - 1) // 2,
+        total_pairs=total,
         isolated_ranks=tuple(r.rank for r in isolated),
         failed_over_ranks=tuple(r.rank for r in routes if not r.primary_ok and r.backup_ok),
         examples=tuple(sorted(set(examples))),

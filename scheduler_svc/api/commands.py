@@ -1,0 +1,69 @@
+"""Commands for the CCL processes of a node, fetched by its agent with a long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from scheduler_svc.api.jobs import command_out
+from scheduler_svc.deps import AgentAuth, SessionDep
+from scheduler_svc.errors import (
+    VALIDATION,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+    Unprocessable,
+    responses,
+)
+from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Name
+from scheduler_svc.services import registry
+
+router = APIRouter(prefix="/v1", tags=["commands"])
+
+# How often a waiting poll re-reads the store, to see commands another replica issued.
+RECHECK_S = 1.0
+
+
+@router.get(
+    "/nodes/{node}/commands",
+    operation_id="poll_commands",
+    responses=responses(Unauthorized, Forbidden) | VALIDATION,
+)
+async def poll_commands(
+    node: Name,
+    request: Request,
+    who: AgentAuth,
+    wait_s: float = Query(0.0, ge=0, le=120, description="Long-poll: wait up to this long"),
+) -> CommandList:
+    """Unacknowledged commands for this node; waits up to wait_s for one to appear."""
+    who.require_node(node)
+    app = request.app
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
+    while True:
+        # A short transaction per look, never one held open across the wait.
+        cmds = await run_in_threadpool(_take, app.state.sessionmaker, node)
+        remaining = deadline - loop.time()
+        if cmds or remaining <= 0:
+            return CommandList(commands=cmds)
+        await app.state.notifier.wait(node, min(RECHECK_S, remaining))
+
+
+def _take(sessionmaker: sessionmaker[Session], node: str) -> list[CommandOut]:
+    with sessionmaker() as session, session.begin():
+        return [command_out(c) for c in registry.take_commands(session, node, datetime.now(UTC))]
+
+
+@router.post(
+    "/commands/{command_id}/acks",
+    operation_id="ack_command",
+    responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
+)
+def ack_command(command_id: int, body: AckIn, session: SessionDep, who: AgentAuth) -> CommandOut:
+    """Acknowledge a command for one rank (or the whole node): delivered, applied or failed."""
+    who.require_node(body.node)
+    return command_out(registry.ack_command(session, command_id, body, datetime.now(UTC)))

@@ -1,0 +1,58 @@
+"""Stateless what-if decisions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from scheduler_svc.deps import Reader, SettingsDep
+from scheduler_svc.engine.decision import DecisionInputs, decide, ib_timeout_s
+from scheduler_svc.engine.slowdown import estimate_k
+from scheduler_svc.errors import VALIDATION, Unauthorized, responses
+from scheduler_svc.schemas import DecisionInputsOut, EvaluateIn, EvaluateOut
+from scheduler_svc.services.decisions import inputs_record
+
+router = APIRouter(prefix="/v1", tags=["decisions"])
+
+
+@router.post("/evaluate", operation_id="evaluate", responses=responses(Unauthorized) | VALIDATION)
+def evaluate(body: EvaluateIn, _: Reader, settings: SettingsDep) -> EvaluateOut:
+    """The decision the service would make for these inputs; nothing is stored."""
+    if body.timeout_s is not None:
+        timeout = body.timeout_s
+    elif body.ib_timeout is not None and body.ib_retry_cnt is not None:
+        timeout = ib_timeout_s(body.ib_timeout, body.ib_retry_cnt)
+    else:
+        timeout = 0.0
+    est = estimate_k(
+        measured_k=body.k,
+        comm_share=body.comm_share,
+        bandwidth_left=body.bandwidth_left,
+        concurrent_faults=body.concurrent_faults,
+        table=settings.default_k,
+    )
+    result = decide(
+        DecisionInputs(
+            checkpoint_interval_s=body.checkpoint_interval_s,
+            elapsed_s=body.t_elapsed_s,
+            detect_s=body.detect_s,
+            reload_s=body.reload_s,
+            timeout_s=timeout,
+            k=est.k,
+            k_source=est.source.value,
+            gpus=body.gpus,
+            path_available=body.path_available,
+            healed=body.healed,
+            dp_size=body.dp_size,
+            allow_scaling=body.allow_scaling,
+            spare_nodes=body.spare_nodes,
+            node_replace_s=body.node_replace_s,
+        )
+    )
+    return EvaluateOut(
+        action=result.action.value,
+        reason=result.reason,
+        inputs=DecisionInputsOut(**inputs_record(result, body.concurrent_faults)),
+        costs_s=dict(result.costs_s),
+        costs_gpu_s=dict(result.costs_gpu_s),
+        notes=list(result.notes),
+    )

@@ -1,0 +1,64 @@
+"""Agents' reports: batched, idempotent by event id, decided on at once."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+
+from scheduler_svc import metrics
+from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
+from scheduler_svc.errors import (
+    VALIDATION,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+    Unprocessable,
+    responses,
+)
+from scheduler_svc.schemas import EventBatch, EventsAccepted
+from scheduler_svc.services.ingest import ingest
+from scheduler_svc.store.repositories import NodeRepo
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+
+@router.post(
+    "/events",
+    status_code=202,
+    operation_id="post_events",
+    responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
+)
+def post_events(
+    body: EventBatch, session: SessionDep, who: AgentAuth, settings: SettingsDep
+) -> EventsAccepted:
+    """Report events; a fault on an RNIC decides at once for every job with a rank on it."""
+    started = time.perf_counter()
+    if len(body.events) > settings.max_events_per_request:
+        raise Unprocessable(
+            f"events: {len(body.events)} events in one request, at most "
+            f"{settings.max_events_per_request}; split the batch"
+        )
+    nodes = {e.node for e in body.events}
+    for n in sorted(nodes):
+        who.require_node(n)
+    known = NodeRepo(session).get_many(nodes)
+    unknown = sorted(nodes - known.keys())
+    if unknown:
+        raise NotFound(f"node {unknown[0]!r} is not registered; PUT /v1/nodes/{unknown[0]} first")
+    result = ingest(
+        session,
+        body.events,
+        now=datetime.now(UTC),
+        settings_k=settings.default_k,
+        backup_cap=settings.backup_cap_per_switch,
+    )
+    if result.decisions:
+        metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
+    return EventsAccepted(
+        accepted=result.accepted,
+        duplicates=result.duplicates,
+        faults_opened=len(result.faults_opened),
+        decisions=[d.decision_id for d in result.decisions],
+    )

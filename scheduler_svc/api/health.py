@@ -1,0 +1,54 @@
+"""Liveness, readiness and Prometheus metrics at the root (not under /v1, not counted)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from scheduler_svc import metrics
+from scheduler_svc.schemas import Health
+from scheduler_svc.store.repositories import FaultRepo, JobRepo
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", operation_id="healthz")
+def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", operation_id="readyz", responses={503: {"model": Health}})
+def readyz(request: Request, response: Response) -> Health:
+    """The store answers; the service can take traffic."""
+    try:
+        with request.app.state.sessionmaker() as session:
+            session.execute(text("SELECT 1"))
+            session.rollback()
+    except Exception as exc:  # any store failure means not ready
+        response.status_code = 503
+        return Health(status="unavailable", detail={"store": str(exc).splitlines()[0]})
+    return Health(status="ok", detail={"auth": "open" if request.app.state.anonymous else "tokens"})
+
+
+@router.get("/metrics", operation_id="metrics", include_in_schema=False)
+async def prometheus_metrics(request: Request) -> Response:
+    await run_in_threadpool(_refresh_gauges, request)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _refresh_gauges(request: Request) -> None:
+    """Gauges of stored state are read at scrape time, so every replica reports the truth."""
+    try:
+        with request.app.state.sessionmaker() as session:
+            metrics.OPEN_FAULTS.set(len(FaultRepo(session).all(open_only=True)))
+            modes = {"normal": 0, "failed_over": 0, "restarting": 0}
+            for job in JobRepo(session).all():
+                modes[job.mode] = modes.get(job.mode, 0) + 1
+            for mode, n in modes.items():
+                metrics.JOBS.labels(mode=mode).set(n)
+            session.rollback()
+    except Exception:  # noqa: S110  a scrape must not fail because the store is down
+        pass

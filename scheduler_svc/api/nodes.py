@@ -1,0 +1,69 @@
+"""Node registration and topology."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+
+from scheduler_svc.deps import AgentAuth, Reader, SessionDep, SettingsDep
+from scheduler_svc.engine.paths import plan_node
+from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
+from scheduler_svc.schemas import GpuIn, GpuPathOut, Name, NodeIn, NodeOut, RnicIn
+from scheduler_svc.services import registry
+from scheduler_svc.services.decisions import node_topology
+from scheduler_svc.store import models as m
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+
+
+def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:
+    plan = plan_node(node_topology(node), backup_cap)
+    return NodeOut(
+        name=node.name,
+        registered_at=node.registered_at,
+        updated_at=node.updated_at,
+        topology_version=node.topology_version,
+        gpus=[GpuIn.model_validate(g, from_attributes=True) for g in node.gpus],
+        rnics=[RnicIn.model_validate(r, from_attributes=True) for r in node.rnics],
+        backup_plan=[
+            GpuPathOut(
+                gpu=g.gpu,
+                primary=g.primary,
+                backup=g.backup,
+                primary_cost=g.primary_cost,
+                backup_cost=g.backup_cost,
+                primary_switch=g.primary_switch,
+                backup_switch=g.backup_switch,
+                rail_disjoint=g.rail_disjoint,
+            )
+            for g in plan.gpus
+        ],
+        warnings=list(plan.warnings),
+    )
+
+
+@router.put(
+    "/{node}",
+    operation_id="register_node",
+    responses=responses(Unauthorized, Forbidden) | VALIDATION,
+)
+def register_node(
+    node: Name, body: NodeIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
+) -> NodeOut:
+    """Register or replace a node's topology (GPUs, RNIC ports, PCIe and fabric placement)."""
+    who.require_node(node)
+    row = registry.register_node(session, node, body, datetime.now(UTC))
+    return node_out(row, settings.backup_cap_per_switch)
+
+
+@router.get("", operation_id="list_nodes", responses=responses(Unauthorized))
+def list_nodes(session: SessionDep, _: Reader, settings: SettingsDep) -> list[NodeOut]:
+    """All registered nodes with their backup plans."""
+    return [node_out(n, settings.backup_cap_per_switch) for n in registry.list_nodes(session)]
+
+
+@router.get("/{node}", operation_id="get_node", responses=responses(Unauthorized, NotFound))
+def get_node(node: str, session: SessionDep, _: Reader, settings: SettingsDep) -> NodeOut:
+    """One node's topology and the s-Bond backup plan the service derives from it."""
+    return node_out(registry.get_node(session, node), settings.backup_cap_per_switch)

@@ -1,0 +1,95 @@
+"""Request dependencies, defined once as Annotated aliases and reused by every route."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from scheduler_svc.config import Settings
+from scheduler_svc.errors import Forbidden, Unauthorized
+from scheduler_svc.schemas import Role
+from scheduler_svc.store.repositories import TokenRepo
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request; the only place that commits (or rolls back on error)."""
+    session: Session = request.app.state.sessionmaker()
+    try:
+        yield session
+        session.commit()
+        notify = session.info.get("notify_nodes")
+        if notify:
+            request.app.state.notifier.notify_threadsafe(notify)
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# scope="function": commit before the response goes out, so a 2xx means stored.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_bearer = HTTPBearer(auto_error=False, description="Token from `railover token create`")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a token's id, role and (for agents) node; anonymous on open loopback."""
+
+    token_id: str | None
+    role: Role
+    node: str | None = None
+
+    def require_node(self, node: str) -> None:
+        """Agents speak only for their own node; fleet tokens for any."""
+        if self.role == Role.AGENT and self.node != node:
+            raise Forbidden(f"agent token of node {self.node!r} cannot act for node {node!r}")
+
+
+def get_principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if creds is not None:
+        if creds.scheme.lower() != "bearer":
+            raise Unauthorized("Authorization: expected 'Bearer <token>'")
+        # Its own short read, not the request's session: a long-poll must not
+        # hold a transaction (and SQLite's write lock) open while it waits.
+        with request.app.state.sessionmaker() as session:
+            token = TokenRepo(session).by_plain(creds.credentials)
+            session.rollback()
+        if token is None:
+            raise Unauthorized("Authorization: token unknown or revoked")
+        return Principal(token.token_id, Role(token.role), token.node)
+    if request.app.state.anonymous:
+        return Principal(None, Role.FLEET)
+    raise Unauthorized("Authorization: bearer token required")
+
+
+def require(*roles: Role) -> Callable[[Principal], Principal]:
+    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if principal.role not in roles:
+            allowed = ", ".join(r.value for r in roles)
+            raise Forbidden(f"role {principal.role.value!r} cannot do this (needs: {allowed})")
+        return principal
+
+    return check
+
+
+Reader = Annotated[Principal, Depends(require(Role.VIEWER, Role.FLEET, Role.AGENT))]
+FleetAuth = Annotated[Principal, Depends(require(Role.FLEET))]
+AgentAuth = Annotated[Principal, Depends(require(Role.AGENT, Role.FLEET))]

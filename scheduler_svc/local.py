@@ -1,0 +1,48 @@
+"""Run the real service on loopback inside this process (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import uvicorn
+
+from scheduler_svc.config import Settings
+from scheduler_svc.main import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def local_service(settings: Settings, startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve `settings` on a free loopback port over real HTTP; yields the base URL."""
+    port = settings.port or free_port()
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"railover-svc-{port}", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the service did not start on {url}")
+        time.sleep(0.02)
+    httpx.get(f"{url}/readyz", timeout=5).raise_for_status()
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)

@@ -1,0 +1,96 @@
+"""The application factory: `scheduler_svc.main:create_app`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from scheduler_svc import metrics
+from scheduler_svc.api import commands, evaluate, events, health, jobs, nodes
+from scheduler_svc.config import Settings, get_settings
+from scheduler_svc.errors import RailoverError
+from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
+from scheduler_svc.store.repositories import TokenRepo
+
+log = logging.getLogger("railover")
+UNCOUNTED = {"/healthz", "/readyz", "/metrics"}
+
+
+def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+    """Build the service. The store is opened (and migrated) in the lifespan, not here."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if migrate:
+            upgrade(settings.sqlalchemy_url)
+        engine = make_engine(settings.sqlalchemy_url)
+        app.state.sessionmaker = make_sessionmaker(engine)
+        with app.state.sessionmaker() as session:
+            tokens = TokenRepo(session).count_active()
+        app.state.anonymous = settings.allow_anonymous_loopback and tokens == 0
+        if app.state.anonymous:
+            log.warning(
+                "no API tokens exist: answering without authentication on %s; "
+                "create tokens with `railover token create` to close it",
+                settings.host,
+            )
+        app.state.notifier.bind(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="Railover",
+        version="1.0.0",
+        summary="Cluster-wide RDMA NIC failover decisions for GPU training jobs",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.notifier = CommandNotifier()
+    app.state.anonymous = False
+    for module in (nodes, jobs, events, evaluate, commands, health):
+        app.include_router(module.router)
+
+    @app.exception_handler(RailoverError)
+    async def _domain_error(_: Request, exc: RailoverError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(
+            {"error": exc.code, "detail": exc.detail}, status_code=exc.status_code, headers=headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+                "problem": err.get("msg", "invalid"),
+            }
+            for err in exc.errors()
+        ]
+        return JSONResponse({"error": "invalid", "detail": problems}, status_code=422)
+
+    @app.middleware("http")
+    async def _timing(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        if request.url.path not in UNCOUNTED:
+            route = request.scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            metrics.REQUEST_LATENCY.labels(
+                request.method, template, str(response.status_code)
+            ).observe(time.perf_counter() - started)
+        return response
+
+    return app

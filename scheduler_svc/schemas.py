@@ -1,0 +1,419 @@
+"""Wire models of the v1 API. Field names here are a contract with fleet managers and agents."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    field_validator,
+    model_validator,
+)
+
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+PciAddress = Annotated[str, Field(max_length=32)]
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+
+class Strict(BaseModel):
+    """Unknown fields are refused so a typo never silently means "use the default"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- nodes -----------------------------------------------------------------
+
+
+class GpuIn(Strict):
+    index: Annotated[int, Field(ge=0, le=1023)]
+    pci: PciAddress
+    numa: Annotated[int, Field(ge=-1)] | None = None
+    pcie_switch: str | None = None
+    root_complex: str | None = None
+    nvlink: bool = False
+
+
+class RnicIn(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    port: Annotated[int, Field(ge=1, le=255)] = 1
+    pci: PciAddress = ""
+    numa: Annotated[int, Field(ge=-1)] | None = None
+    pcie_switch: str | None = None
+    root_complex: str | None = None
+    rate_gbps: Annotated[float, Field(ge=0)] = 0.0
+    link_layer: str | None = None
+    netdev: str | None = None
+    switch: str | None = Field(
+        default=None, description="Fabric switch this port is cabled to; null = not GPU fabric"
+    )
+    rail: Annotated[int, Field(ge=0)] | None = None
+    state: str = "ACTIVE"
+
+
+class NodeIn(Strict):
+    gpus: Annotated[list[GpuIn], Field(max_length=1024)]
+    rnics: Annotated[list[RnicIn], Field(max_length=1024)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> NodeIn:
+        indexes = [g.index for g in self.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError("gpus: every GPU index must appear once")
+        ports = [(r.name, r.port) for r in self.rnics]
+        if len(set(ports)) != len(ports):
+            raise ValueError("rnics: every (name, port) must appear once")
+        return self
+
+
+class GpuPathOut(BaseModel):
+    gpu: int
+    primary: str | None
+    backup: str | None
+    primary_cost: int | None
+    backup_cost: int | None
+    primary_switch: str | None
+    backup_switch: str | None
+    rail_disjoint: bool
+
+
+class NodeOut(NodeIn):
+    name: str
+    registered_at: datetime
+    updated_at: datetime
+    topology_version: int
+    backup_plan: list[GpuPathOut] = []
+    warnings: list[str] = []
+
+
+# --- jobs ------------------------------------------------------------------
+
+
+class RankIn(Strict):
+    rank: Annotated[int, Field(ge=0)]
+    node: Name
+    gpu: Annotated[int, Field(ge=0)]
+
+
+class JobIn(Strict):
+    job_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
+    ranks: Annotated[list[RankIn], Field(min_length=1, max_length=131072)]
+    checkpoint_interval_s: Annotated[float, Field(gt=0)]
+    reload_s: Annotated[float, Field(ge=0)]
+    detect_s: Annotated[float, Field(ge=0)] = 0.0
+    timeout_s: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="RNIC retransmission timeout; or give ib_timeout and ib_retry_cnt"
+    )
+    ib_timeout: Annotated[int, Field(ge=0, le=31)] | None = None
+    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | None = None
+    last_checkpoint_at: UtcTime
+    last_checkpoint_iteration: Annotated[int, Field(ge=0)] | None = None
+    slowdown_k: Annotated[float, Field(ge=1)] | None = Field(
+        default=None, description="k the job measured while failed over, if it has"
+    )
+    comm_share: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description="Share of step time spent in communication (for modelled k)"
+    )
+    dp_size: Annotated[int, Field(ge=1)] = 1
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    pp_size: Annotated[int, Field(ge=1)] = 1
+    allow_scaling: bool = Field(
+        default=False, description="The job can restart without a node, shrinking DP"
+    )
+    spare_nodes: bool = Field(default=True, description="A healthy spare node is ready for restart")
+    node_replace_s: Annotated[float, Field(ge=0)] = 0.0
+    notify_url: HttpUrl | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> JobIn:
+        ranks = [r.rank for r in self.ranks]
+        if sorted(ranks) != list(range(len(ranks))):
+            raise ValueError("ranks: rank numbers must be exactly 0..N-1, each once")
+        placed = [(r.node, r.gpu) for r in self.ranks]
+        if len(set(placed)) != len(placed):
+            raise ValueError("ranks: two ranks are placed on the same node and GPU")
+        if self.timeout_s is None and (self.ib_timeout is None or self.ib_retry_cnt is None):
+            raise ValueError("timeout_s: give timeout_s, or both ib_timeout and ib_retry_cnt")
+        return self
+
+
+class JobMode(enum.StrEnum):
+    NORMAL = "normal"
+    FAILED_OVER = "failed_over"
+    RESTARTING = "restarting"
+
+
+class JobOut(BaseModel):
+    job_id: str
+    ranks: list[RankIn]
+    checkpoint_interval_s: float
+    reload_s: float
+    detect_s: float
+    timeout_s: float
+    last_checkpoint_at: datetime
+    last_checkpoint_iteration: int | None
+    last_checkpoint_kind: str
+    slowdown_k: float | None
+    comm_share: float | None
+    dp_size: int
+    tp_size: int
+    pp_size: int
+    allow_scaling: bool
+    spare_nodes: bool
+    node_replace_s: float
+    notify_url: str | None
+    mode: JobMode
+    created_at: datetime
+
+
+class CheckpointIn(Strict):
+    at: UtcTime
+    iteration: Annotated[int, Field(ge=0)] | None = None
+    kind: Literal["full", "flowcheck"] = "full"
+
+
+class CheckpointOut(BaseModel):
+    job_id: str
+    at: datetime
+    iteration: int | None
+    kind: str
+    current: bool = Field(description="True when this is now the job's newest usable checkpoint")
+
+
+# --- events ----------------------------------------------------------------
+
+
+class EventKind(enum.StrEnum):
+    PORT_DOWN = "port_down"
+    PORT_UP = "port_up"
+    CQE_ERROR = "cqe_error"
+    DEVICE_FATAL = "device_fatal"
+    PORT_EVENT = "port_event"
+    COUNTER = "counter"
+    PCIE_DEGRADED = "pcie_degraded"
+    PATH_SWITCH = "path_switch"
+    PROGRESS = "progress"
+
+
+class EventIn(Strict):
+    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    node: Name
+    kind: EventKind
+    device: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    port: Annotated[int, Field(ge=1, le=255)] | None = None
+    wc_status: Annotated[int, Field(ge=0, le=255)] | None = None
+    vendor_err: Annotated[int, Field(ge=0)] | None = None
+    event_type: Annotated[int, Field(ge=0)] | None = None
+    counter: Annotated[str, Field(max_length=64)] | None = None
+    delta: Annotated[int, Field(ge=0)] | None = None
+    comm_id: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    rank: Annotated[int, Field(ge=0)] | None = None
+    ops_done: Annotated[int, Field(ge=0)] | None = None
+    observed_at: UtcTime
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("detail")
+    @classmethod
+    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(repr(value)) > 4096:
+            raise ValueError("detail is larger than 4 KiB")
+        return value
+
+    @model_validator(mode="after")
+    def _device_for_port_events(self) -> EventIn:
+        needs_device = {
+            EventKind.PORT_DOWN,
+            EventKind.PORT_UP,
+            EventKind.CQE_ERROR,
+            EventKind.DEVICE_FATAL,
+            EventKind.COUNTER,
+        }
+        if self.kind in needs_device and self.device is None:
+            raise ValueError(f"device: required for {self.kind.value} events")
+        if self.kind == EventKind.CQE_ERROR and self.wc_status is None:
+            raise ValueError("wc_status: required for cqe_error events")
+        return self
+
+
+class EventBatch(Strict):
+    events: Annotated[list[EventIn], Field(min_length=1)]
+
+
+class EventsAccepted(BaseModel):
+    accepted: int
+    duplicates: int
+    faults_opened: int = 0
+    decisions: list[str] = Field(default_factory=list, description="ids of decisions made")
+
+
+# --- decisions --------------------------------------------------------------
+
+
+class DecisionInputsOut(BaseModel):
+    t_elapsed_s: float
+    checkpoint_interval_s: float
+    k: float
+    k_source: str
+    detect_s: float
+    reload_s: float
+    timeout_s: float
+    threshold_s: float
+    gpus: int
+    concurrent_faults: int = 0
+    path_available: bool = True
+    dp_size: int = 1
+    allow_scaling: bool = False
+    spare_nodes: bool = True
+    node_replace_s: float = 0.0
+
+
+class DecisionOut(BaseModel):
+    decision_id: str
+    job_id: str
+    action: Literal["failover", "restart", "restart_scaled", "none"]
+    reason: str
+    inputs: DecisionInputsOut
+    costs_s: dict[str, float | None]
+    costs_gpu_s: dict[str, float | None]
+    plan: dict[str, Any]
+    trigger: str
+    created_at: datetime
+
+
+class DecisionList(BaseModel):
+    decisions: list[DecisionOut]
+
+
+class EvaluateIn(Strict):
+    """A what-if question: the same decision the service would make, nothing stored."""
+
+    checkpoint_interval_s: Annotated[float, Field(gt=0)]
+    t_elapsed_s: Annotated[float, Field(ge=0)]
+    reload_s: Annotated[float, Field(ge=0)]
+    detect_s: Annotated[float, Field(ge=0)] = 0.0
+    timeout_s: Annotated[float, Field(ge=0)] | None = None
+    ib_timeout: Annotated[int, Field(ge=0, le=31)] | None = None
+    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | None = None
+    k: Annotated[float, Field(ge=1)] | None = None
+    comm_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    bandwidth_left: Annotated[float, Field(gt=0, le=1)] | None = None
+    concurrent_faults: Annotated[int, Field(ge=1)] = 1
+    gpus: Annotated[int, Field(ge=1)] = 1
+    path_available: bool = True
+    healed: bool = False
+    dp_size: Annotated[int, Field(ge=1)] = 1
+    allow_scaling: bool = False
+    spare_nodes: bool = True
+    node_replace_s: Annotated[float, Field(ge=0)] = 0.0
+
+    @model_validator(mode="after")
+    def _timeout(self) -> EvaluateIn:
+        if self.timeout_s is None and (self.ib_timeout is None) != (self.ib_retry_cnt is None):
+            raise ValueError("timeout_s: give both ib_timeout and ib_retry_cnt, or timeout_s")
+        return self
+
+
+class EvaluateOut(BaseModel):
+    action: Literal["failover", "restart", "restart_scaled", "none"]
+    reason: str
+    inputs: DecisionInputsOut
+    costs_s: dict[str, float | None]
+    costs_gpu_s: dict[str, float | None]
+    notes: list[str]
+
+
+# --- paths -------------------------------------------------------------------
+
+
+class RankPathOut(BaseModel):
+    rank: int
+    node: str
+    gpu: int
+    primary: str | None
+    backup: str | None
+    primary_switch: str | None
+    backup_switch: str | None
+    rail_disjoint: bool
+    primary_ok: bool
+    backup_ok: bool
+    active: str | None
+
+
+class JobPathsOut(BaseModel):
+    job_id: str
+    ranks: list[RankPathOut]
+    broken_pairs: int
+    total_pairs: int
+    isolated_ranks: list[int]
+    failed_over_ranks: list[int]
+    warnings: list[str]
+
+
+# --- commands ----------------------------------------------------------------
+
+
+class CommandKind(enum.StrEnum):
+    FAILOVER = "failover"
+    REBALANCE = "rebalance"
+    FAILBACK = "failback"
+    ABORT = "abort"
+
+
+class CommandState(enum.StrEnum):
+    ISSUED = "issued"
+    DELIVERED = "delivered"
+    APPLIED = "applied"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+
+
+class CommandOut(BaseModel):
+    command_id: int
+    node: str
+    job_id: str
+    decision_id: str | None
+    kind: CommandKind
+    epoch: int
+    comm_id: int
+    ops_done: int
+    disabled_channels: list[int]
+    ranks: list[int]
+    state: CommandState
+    created_at: datetime
+
+
+class CommandList(BaseModel):
+    commands: list[CommandOut]
+
+
+class AckIn(Strict):
+    node: Name
+    rank: Annotated[int, Field(ge=0)] | None = None
+    status: Literal["delivered", "applied", "failed"]
+    detail: Annotated[str, Field(max_length=2000)] = ""
+
+
+# --- tokens & health ------------------------------------------------------------
+
+
+class Role(enum.StrEnum):
+    AGENT = "agent"
+    FLEET = "fleet"
+    VIEWER = "viewer"
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    detail: dict[str, Any] = Field(default_factory=dict)

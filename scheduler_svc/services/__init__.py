@@ -1,0 +1,1 @@
+"""Use cases: each gathers inputs from the store, runs the engine, stores the outcome."""

@@ -1,0 +1,271 @@
+"""Turning faults into decisions and commands for the jobs they touch.
+
+The arithmetic is the engine's; this module gathers its inputs from the store,
+stores what it returns, and issues the commands that follow from it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.engine import decision as engine
+from scheduler_svc.engine.paths import (
+    Connectivity,
+    FailedSet,
+    Gpu,
+    NodePlan,
+    NodeTopology,
+    Rnic,
+    bandwidth_left,
+    connectivity,
+    plan_node,
+    route_ranks,
+)
+from scheduler_svc.engine.slowdown import estimate_k
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, FaultRepo, NodeRepo
+
+# A fault with port 0 takes the whole RNIC (device fatal); otherwise one port.
+WHOLE_DEVICE = 0
+
+
+def node_topology(node: m.Node) -> NodeTopology:
+    return NodeTopology(
+        name=node.name,
+        gpus=tuple(
+            Gpu(g.index, g.pci, g.numa, g.pcie_switch, g.root_complex, g.nvlink) for g in node.gpus
+        ),
+        rnics=tuple(
+            Rnic(
+                r.name,
+                r.port,
+                r.pci,
+                r.numa,
+                r.pcie_switch,
+                r.root_complex,
+                r.rate_gbps,
+                r.switch,
+                r.rail,
+                r.state,
+            )
+            for r in node.rnics
+        ),
+    )
+
+
+def failed_set(faults: Iterable[m.Fault]) -> FailedSet:
+    rnics, links = set(), set()
+    for f in faults:
+        if f.port == WHOLE_DEVICE:
+            rnics.add((f.node, f.device))
+        else:
+            links.add((f.node, f.device, f.port))
+    return FailedSet(rnics=frozenset(rnics), links=frozenset(links))
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's paths under the faults open right now."""
+
+    topologies: dict[str, NodeTopology]
+    plans: dict[str, NodePlan]
+    conn: Connectivity
+    faults: list[m.Fault]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for p in self.plans.values() for w in p.warnings]
+
+
+def job_view(session: Session, job: m.Job, backup_cap: int | None) -> JobView:
+    names = {r.node for r in job.ranks}
+    nodes = NodeRepo(session).get_many(names)
+    topologies = {n: node_topology(nodes[n]) for n in names}
+    plans = {n: plan_node(t, backup_cap) for n, t in topologies.items()}
+    faults = list(FaultRepo(session).open_on_nodes(names))
+    routes = route_ranks(
+        ((r.rank, r.node, r.gpu) for r in job.ranks), plans, topologies, failed_set(faults)
+    )
+    return JobView(topologies, plans, connectivity(routes), faults)
+
+
+def _faults_touching(view: JobView) -> list[m.Fault]:
+    """Open faults on an RNIC port that some rank of the job uses as primary or backup."""
+    used = {(r.node, key) for r in view.conn.routes for key in (r.primary, r.backup) if key}
+    touching = []
+    for f in view.faults:
+        for node, key in used:
+            dev, _, port = key.partition("/")
+            if node == f.node and dev == f.device and f.port in (WHOLE_DEVICE, int(port)):
+                touching.append(f)
+                break
+    return touching
+
+
+def decide_for_job(
+    session: Session,
+    job: m.Job,
+    *,
+    trigger: str,
+    fault: m.Fault | None,
+    at: datetime,
+    now: datetime,
+    settings_k: tuple[float, ...],
+    backup_cap: int | None,
+) -> m.Decision | None:
+    """Decide for one job, store the decision and its commands; None if already decided.
+
+    `at` is when the fault happened (it sets t_elapsed); `now` stamps the decision.
+    """
+    decisions = DecisionRepo(session)
+    if decisions.exists(job.job_id, trigger):
+        return None
+    view = job_view(session, job, backup_cap)
+    conn = view.conn
+    touching = _faults_touching(view)
+    affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
+    bw = bandwidth_left(conn.routes, view.topologies)
+    estimate = estimate_k(
+        measured_k=job.slowdown_k,
+        comm_share=job.comm_share,
+        bandwidth_left=bw if job.comm_share is not None else None,
+        concurrent_faults=max(1, len(touching)),
+        table=settings_k,
+    )
+    elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
+    inputs = engine.DecisionInputs(
+        checkpoint_interval_s=job.checkpoint_interval_s,
+        elapsed_s=elapsed,
+        detect_s=job.detect_s,
+        reload_s=job.reload_s,
+        timeout_s=job.timeout_s,
+        k=estimate.k,
+        k_source=estimate.source.value,
+        gpus=len(job.ranks),
+        path_available=conn.all_pairs_survive,
+        affected=affected,
+        dp_size=job.dp_size,
+        allow_scaling=job.allow_scaling,
+        spare_nodes=job.spare_nodes,
+        node_replace_s=job.node_replace_s,
+    )
+    result = engine.decide(inputs)
+    reason = result.reason
+    if not conn.all_pairs_survive:
+        reason = (
+            f"{conn.broken_pairs} rank pair(s) across nodes have no path left "
+            f"({len(conn.isolated_ranks)} rank(s) lost both RNICs): {reason}"
+        )
+    plan = _plan(view, bw, estimate.detail, result)
+    row = m.Decision(
+        decision_id=str(uuid.uuid4()),
+        job_id=job.job_id,
+        seq=job.decision_count + 1,
+        trigger=trigger,
+        fault_id=None if fault is None else fault.id,
+        action=result.action.value,
+        reason=reason,
+        inputs=inputs_record(result, len(touching)),
+        costs_s=dict(result.costs_s),
+        costs_gpu_s=dict(result.costs_gpu_s),
+        plan=plan,
+        created_at=now,
+    )
+    if decisions.add(row) is None:
+        return None
+    job.decision_count += 1
+    if result.action == engine.Action.FAILOVER:
+        job.mode = "failed_over"
+    elif result.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
+        job.mode = "restarting"
+    _issue_commands(session, job, row, view)
+    metrics.DECISIONS.labels(action=row.action).inc()
+    return row
+
+
+def inputs_record(result: engine.Decision, concurrent: int) -> dict[str, Any]:
+    """The stored (and returned) record of what a decision was based on."""
+    i = result.inputs
+    return {
+        "t_elapsed_s": i.elapsed_s,
+        "checkpoint_interval_s": i.checkpoint_interval_s,
+        "k": i.k,
+        "k_source": i.k_source,
+        "detect_s": i.detect_s,
+        "reload_s": i.reload_s,
+        "timeout_s": i.timeout_s,
+        "threshold_s": result.threshold_s,
+        "gpus": i.gpus,
+        "concurrent_faults": concurrent,
+        "path_available": i.path_available,
+        "dp_size": i.dp_size,
+        "allow_scaling": i.allow_scaling,
+        "spare_nodes": i.spare_nodes,
+        "node_replace_s": i.node_replace_s,
+    }
+
+
+def _plan(view: JobView, bw: float, k_detail: str, result: engine.Decision) -> dict[str, Any]:
+    conn = view.conn
+    moved = [
+        {"rank": r.rank, "node": r.node, "gpu": r.gpu, "from": r.primary, "to": r.backup}
+        for r in conn.routes
+        if not r.primary_ok and r.backup_ok
+    ]
+    return {
+        "mitigation": "s-bond",
+        "failed_over": moved,
+        "isolated_ranks": list(conn.isolated_ranks),
+        "broken_pairs": conn.broken_pairs,
+        "example_broken_pairs": [list(p) for p in conn.examples],
+        "bandwidth_left": round(bw, 4),
+        "k_detail": k_detail,
+        "failed_components": [
+            {"node": f.node, "device": f.device, "port": f.port or None, "kind": f.kind}
+            for f in view.faults
+        ],
+        "warnings": view.warnings,
+        "notes": list(result.notes),
+    }
+
+
+def _issue_commands(session: Session, job: m.Job, decision: m.Decision, view: JobView) -> None:
+    """Tell the nodes: ranks that must move now, or every process to abort for a restart."""
+    commands = CommandRepo(session)
+    by_node: dict[str, list[int]] = {}
+    if decision.action == engine.Action.FAILOVER:
+        for r in view.conn.routes:
+            if not r.primary_ok and r.backup_ok:
+                by_node.setdefault(r.node, []).append(r.rank)
+        kind = "failover"
+    elif decision.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
+        for r in view.conn.routes:
+            by_node.setdefault(r.node, []).append(r.rank)
+        kind = "abort"
+        commands.supersede_pending(job.job_id, ["failover", "rebalance", "failback"])
+    else:
+        return
+    session.info.setdefault("notify_nodes", set()).update(by_node)
+    metrics.COMMANDS_ISSUED.labels(kind=kind).inc(len(by_node))
+    commands.add_all(
+        [
+            m.Command(
+                node=node,
+                job_id=job.job_id,
+                decision_id=decision.decision_id,
+                kind=kind,
+                epoch=decision.seq,
+                ranks=sorted(ranks),
+                disabled_channels=[],
+                created_at=decision.created_at,
+            )
+            for node, ranks in sorted(by_node.items())
+        ]
+    )

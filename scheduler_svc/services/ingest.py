@@ -1,0 +1,154 @@
+"""Event ingestion: store each report once, open and clear faults, decide at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.schemas import EventIn, EventKind
+from scheduler_svc.services.decisions import WHOLE_DEVICE, decide_for_job
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import EventRepo, FaultRepo, JobRepo, NodeRepo
+
+# ibv_wc_status values that mean the path itself is gone (the RNIC gave up
+# retransmitting), as opposed to WR_FLUSH_ERR (5) and friends, which follow
+# from a QP already in error and say nothing new about the fabric.
+PATH_LOSS_WC_STATUS = {
+    12: "IBV_WC_RETRY_EXC_ERR",
+    13: "IBV_WC_RNR_RETRY_EXC_ERR",
+}
+# ibv_event_type values of async events.
+IBV_EVENT_DEVICE_FATAL = 8
+IBV_EVENT_PORT_ACTIVE = 9
+IBV_EVENT_PORT_ERR = 10
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    duplicates: int = 0
+    faults_opened: list[m.Fault] = field(default_factory=list)
+    decisions: list[m.Decision] = field(default_factory=list)
+
+
+def _row(e: EventIn, now: datetime) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id,
+        "node": e.node,
+        "kind": e.kind.value,
+        "device": e.device,
+        "port": e.port,
+        "observed_at": e.observed_at,
+        "received_at": now,
+        "payload": e.model_dump(mode="json", exclude={"event_id", "node", "kind"}),
+    }
+
+
+def _fault_kind(e: EventIn) -> tuple[str, int] | None:
+    """(fault kind, port) when this event means a component broke; port 0 = whole RNIC."""
+    port = e.port or 1
+    if e.kind == EventKind.PORT_DOWN:
+        return "link_down", port
+    if e.kind == EventKind.DEVICE_FATAL:
+        return "rnic_fatal", WHOLE_DEVICE
+    if e.kind == EventKind.CQE_ERROR and e.wc_status in PATH_LOSS_WC_STATUS:
+        return "retry_exceeded", port
+    if e.kind == EventKind.PORT_EVENT:
+        if e.event_type == IBV_EVENT_PORT_ERR:
+            return "link_down", port
+        if e.event_type == IBV_EVENT_DEVICE_FATAL:
+            return "rnic_fatal", WHOLE_DEVICE
+    return None
+
+
+def _recovers(e: EventIn) -> bool:
+    return e.kind == EventKind.PORT_UP or (
+        e.kind == EventKind.PORT_EVENT and e.event_type == IBV_EVENT_PORT_ACTIVE
+    )
+
+
+def ingest(
+    session: Session,
+    events: list[EventIn],
+    *,
+    now: datetime,
+    settings_k: tuple[float, ...],
+    backup_cap: int | None,
+) -> IngestResult:
+    """Store new events, apply the new ones in order of observation, decide for touched jobs."""
+    result = IngestResult()
+    # A batch may carry one id twice; the first copy counts, the rest are duplicates.
+    first: dict[str, EventIn] = {}
+    for e in events:
+        first.setdefault(e.event_id, e)
+    inserted = EventRepo(session).insert_new([_row(e, now) for e in first.values()])
+    result.accepted = len(inserted)
+    result.duplicates = len(events) - result.accepted
+    for e in events:
+        fresh = e.event_id in inserted and first[e.event_id] is e
+        metrics.EVENTS.labels(kind=e.kind.value, result="accepted" if fresh else "duplicate").inc()
+    new_events = sorted(
+        (e for e in first.values() if e.event_id in inserted), key=lambda e: e.observed_at
+    )
+    faults = FaultRepo(session)
+    nodes = NodeRepo(session)
+    for e in new_events:
+        device = e.device or ""
+        kind = _fault_kind(e)
+        if kind is not None:
+            fault_kind, port = kind
+            fault = faults.open_if_new(
+                m.Fault(
+                    node=e.node,
+                    device=device,
+                    port=port,
+                    kind=fault_kind,
+                    opened_at=e.observed_at,
+                    first_event_id=e.event_id,
+                    detail={"wc_status": e.wc_status} if e.wc_status is not None else {},
+                )
+            )
+            if fault is not None:
+                metrics.FAULTS_OPENED.labels(kind=fault_kind).inc()
+                nodes.set_port_state(e.node, device, port or None, "DOWN")
+                EventRepo(session).set_fault([e.event_id], fault.id)
+                result.faults_opened.append(fault)
+                result.decisions.extend(
+                    _decide_jobs_on_node(session, fault, now, settings_k, backup_cap)
+                )
+        elif _recovers(e):
+            for cleared in faults.clear(e.node, device, e.port or 1, e.observed_at):
+                nodes.set_port_state(cleared.node, cleared.device, e.port or 1, "ACTIVE")
+    return result
+
+
+def _decide_jobs_on_node(
+    session: Session,
+    fault: m.Fault,
+    now: datetime,
+    settings_k: tuple[float, ...],
+    backup_cap: int | None,
+) -> list[m.Decision]:
+    jobs = JobRepo(session)
+    made = []
+    for job_id in sorted(jobs.job_ids_on_node(fault.node)):  # sorted: one lock order everywhere
+        job = jobs.lock(job_id)
+        if job is None:
+            continue
+        d = decide_for_job(
+            session,
+            job,
+            trigger=f"fault:{fault.id}",
+            fault=fault,
+            at=fault.opened_at,
+            now=now,
+            settings_k=settings_k,
+            backup_cap=backup_cap,
+        )
+        if d is not None:
+            made.append(d)
+    return made

@@ -1,0 +1,280 @@
+"""SQLAlchemy models. Alembic migrations in store/migrations create exactly these tables."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware UTC time")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON()}  # noqa: RUF012
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    token_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # sha256 of the secret: tokens are 256 random bits, so a fast hash is enough
+    # and lets every request look its token up by index.
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str | None] = mapped_column(String(253))
+    description: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    registered_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    topology_version: Mapped[int] = mapped_column(Integer, default=1)
+
+    gpus: Mapped[list[Gpu]] = relationship(
+        cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"
+    )
+    rnics: Mapped[list[Rnic]] = relationship(
+        cascade="all, delete-orphan", order_by="(Rnic.name, Rnic.port)", lazy="selectin"
+    )
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"))
+    index: Mapped[int]
+    pci: Mapped[str] = mapped_column(String(32))
+    numa: Mapped[int | None]
+    pcie_switch: Mapped[str | None] = mapped_column(String(64))
+    root_complex: Mapped[str | None] = mapped_column(String(64))
+    nvlink: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Rnic(Base):
+    __tablename__ = "rnics"
+    __table_args__ = (UniqueConstraint("node", "name", "port"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    port: Mapped[int]
+    pci: Mapped[str] = mapped_column(String(32), default="")
+    numa: Mapped[int | None]
+    pcie_switch: Mapped[str | None] = mapped_column(String(64))
+    root_complex: Mapped[str | None] = mapped_column(String(64))
+    rate_gbps: Mapped[float] = mapped_column(Float, default=0.0)
+    link_layer: Mapped[str | None] = mapped_column(String(32))
+    netdev: Mapped[str | None] = mapped_column(String(64))
+    switch: Mapped[str | None] = mapped_column(String(128), index=True)
+    rail: Mapped[int | None]
+    state: Mapped[str] = mapped_column(String(32), default="ACTIVE")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[datetime]
+    checkpoint_interval_s: Mapped[float]
+    reload_s: Mapped[float]
+    detect_s: Mapped[float]
+    timeout_s: Mapped[float]
+    last_checkpoint_at: Mapped[datetime]
+    last_checkpoint_iteration: Mapped[int | None] = mapped_column(BigInteger)
+    last_checkpoint_kind: Mapped[str] = mapped_column(String(16), default="full")
+    slowdown_k: Mapped[float | None]
+    comm_share: Mapped[float | None]
+    dp_size: Mapped[int] = mapped_column(Integer, default=1)
+    tp_size: Mapped[int] = mapped_column(Integer, default=1)
+    pp_size: Mapped[int] = mapped_column(Integer, default=1)
+    allow_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
+    spare_nodes: Mapped[bool] = mapped_column(Boolean, default=True)
+    node_replace_s: Mapped[float] = mapped_column(Float, default=0.0)
+    notify_url: Mapped[str | None] = mapped_column(String(2048))
+    mode: Mapped[str] = mapped_column(String(16), default="normal")
+    decision_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    ranks: Mapped[list[JobRank]] = relationship(
+        cascade="all, delete-orphan", order_by="JobRank.rank", lazy="selectin"
+    )
+
+
+class JobRank(Base):
+    __tablename__ = "job_ranks"
+    __table_args__ = (Index("ix_job_ranks_node", "node"),)
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(253))
+    gpu: Mapped[int]
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    iteration: Mapped[int | None] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    received_at: Mapped[datetime]
+
+
+class Event(Base):
+    """Every report an agent sent, once: the event id is the idempotency key."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_node_observed", "node", "observed_at"),)
+
+    event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    node: Mapped[str] = mapped_column(String(253))
+    kind: Mapped[str] = mapped_column(String(32))
+    device: Mapped[str | None] = mapped_column(String(64))
+    port: Mapped[int | None]
+    observed_at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    payload: Mapped[dict[str, Any]]
+    fault_id: Mapped[int | None]
+
+
+class Fault(Base):
+    """A broken component. At most one open fault per (node, device, port)."""
+
+    __tablename__ = "faults"
+    __table_args__ = (
+        Index(
+            "uq_faults_open_component",
+            "node",
+            "device",
+            "port",
+            unique=True,
+            sqlite_where=text("cleared_at IS NULL"),
+            postgresql_where=text("cleared_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(253))
+    device: Mapped[str] = mapped_column(String(64))
+    port: Mapped[int]
+    kind: Mapped[str] = mapped_column(String(32))
+    opened_at: Mapped[datetime]
+    cleared_at: Mapped[datetime | None]
+    first_event_id: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]]
+
+
+class Decision(Base):
+    __tablename__ = "decisions"
+    # One decision per (job, trigger): a replayed event or a second replica
+    # hitting the same fault collides here instead of deciding twice.
+    __table_args__ = (
+        UniqueConstraint("job_id", "trigger"),
+        Index("ix_decisions_job_created", "job_id", "created_at"),
+    )
+
+    decision_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"))
+    seq: Mapped[int]
+    trigger: Mapped[str] = mapped_column(String(128))
+    fault_id: Mapped[int | None]
+    action: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    inputs: Mapped[dict[str, Any]]
+    costs_s: Mapped[dict[str, Any]]
+    costs_gpu_s: Mapped[dict[str, Any]]
+    plan: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class Command(Base):
+    """An instruction for the CCL processes on one node, fetched by that node's agent."""
+
+    __tablename__ = "commands"
+    __table_args__ = (Index("ix_commands_node_state", "node", "state"),)
+
+    command_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    node: Mapped[str] = mapped_column(String(253))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"), index=True)
+    decision_id: Mapped[str | None] = mapped_column(String(36))
+    kind: Mapped[str] = mapped_column(String(16))
+    epoch: Mapped[int] = mapped_column(Integer, default=1)
+    comm_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    ops_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16), default="issued")
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+
+
+class CommandAck(Base):
+    __tablename__ = "command_acks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    command_id: Mapped[int] = mapped_column(
+        ForeignKey("commands.command_id", ondelete="CASCADE"), index=True
+    )
+    node: Mapped[str] = mapped_column(String(253))
+    rank: Mapped[int | None]
+    status: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime]

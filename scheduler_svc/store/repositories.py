@@ -1,0 +1,352 @@
+"""Every query the service makes lives here. Repositories flush at most; the request commits."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from scheduler_svc.store import models as m
+
+TOKEN_PREFIX = "rvr"  # noqa: S105  (a public prefix, not a secret)
+
+
+def hash_secret(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def create(
+        self, *, role: str, node: str | None, description: str, now: datetime
+    ) -> tuple[m.ApiToken, str]:
+        """Store a new token; the plain text is returned once and never stored."""
+        token_id = secrets.token_hex(6)
+        plain = f"{TOKEN_PREFIX}_{token_id}_{secrets.token_urlsafe(32)}"
+        row = m.ApiToken(
+            token_id=token_id,
+            secret_sha256=hash_secret(plain),
+            role=role,
+            node=node,
+            description=description,
+            created_at=now,
+        )
+        self.s.add(row)
+        self.s.flush()
+        return row, plain
+
+    def by_plain(self, plain: str) -> m.ApiToken | None:
+        return self.s.scalar(
+            select(m.ApiToken).where(
+                m.ApiToken.secret_sha256 == hash_secret(plain), m.ApiToken.revoked_at.is_(None)
+            )
+        )
+
+    def count_active(self) -> int:
+        return (
+            self.s.scalar(
+                select(func.count()).select_from(m.ApiToken).where(m.ApiToken.revoked_at.is_(None))
+            )
+            or 0
+        )
+
+    def all(self) -> Sequence[m.ApiToken]:
+        return self.s.scalars(select(m.ApiToken).order_by(m.ApiToken.created_at)).all()
+
+    def revoke(self, token_id: str, now: datetime) -> bool:
+        res = self.s.execute(
+            update(m.ApiToken)
+            .where(m.ApiToken.token_id == token_id, m.ApiToken.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+        return bool(getattr(res, "rowcount", 0))
+
+
+class NodeRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def get(self, name: str) -> m.Node | None:
+        return self.s.get(m.Node, name)
+
+    def get_many(self, names: Iterable[str]) -> dict[str, m.Node]:
+        rows = self.s.scalars(select(m.Node).where(m.Node.name.in_(list(names)))).all()
+        return {n.name: n for n in rows}
+
+    def all(self) -> Sequence[m.Node]:
+        return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
+
+    def replace_topology(
+        self,
+        name: str,
+        gpus: list[dict[str, Any]],
+        rnics: list[dict[str, Any]],
+        now: datetime,
+    ) -> tuple[m.Node, bool]:
+        """Create or replace a node's topology; returns (node, changed)."""
+        node = self.get(name)
+        if node is None:
+            node = m.Node(name=name, registered_at=now, updated_at=now, topology_version=1)
+            node.gpus = [m.Gpu(node=name, **g) for g in gpus]
+            node.rnics = [m.Rnic(node=name, **r) for r in rnics]
+            self.s.add(node)
+            self.s.flush()
+            return node, True
+        changed = _shape(node.gpus, GPU_FIELDS) != _shape(gpus, GPU_FIELDS) or _shape(
+            node.rnics, RNIC_FIELDS
+        ) != _shape(rnics, RNIC_FIELDS)
+        node.updated_at = now
+        if changed:
+            node.gpus.clear()
+            node.rnics.clear()
+            self.s.flush()  # delete the old rows before their unique keys come back
+            node.gpus.extend(m.Gpu(node=name, **g) for g in gpus)
+            node.rnics.extend(m.Rnic(node=name, **r) for r in rnics)
+            node.topology_version += 1
+        self.s.flush()
+        return node, changed
+
+    def set_port_state(self, node: str, device: str, port: int | None, state: str) -> None:
+        stmt = update(m.Rnic).where(m.Rnic.node == node, m.Rnic.name == device)
+        if port:
+            stmt = stmt.where(m.Rnic.port == port)
+        self.s.execute(stmt.values(state=state))
+
+
+GPU_FIELDS = ("index", "pci", "numa", "pcie_switch", "root_complex", "nvlink")
+RNIC_FIELDS = (
+    "name",
+    "port",
+    "pci",
+    "numa",
+    "pcie_switch",
+    "root_complex",
+    "rate_gbps",
+    "link_layer",
+    "netdev",
+    "switch",
+    "rail",
+    "state",
+)
+
+
+def _shape(rows: Iterable[Any], fields: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows (models or dicts) as comparable tuples, to tell a real topology change."""
+
+    def get(row: Any, f: str) -> Any:
+        return row.get(f) if isinstance(row, dict) else getattr(row, f)
+
+    return sorted(tuple(str(get(r, f)) for f in fields) for r in rows)
+
+
+class JobRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def get(self, job_id: str) -> m.Job | None:
+        return self.s.get(m.Job, job_id)
+
+    def lock(self, job_id: str) -> m.Job | None:
+        """Load a job holding its row lock until commit.
+
+        Decisions for one job are serialised on this lock (SELECT ... FOR UPDATE
+        on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises every
+        writer), so two replicas handling faults of one job decide one after
+        the other and the second sees the first's decision.
+        """
+        return self.s.scalar(
+            select(m.Job)
+            .where(m.Job.job_id == job_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+
+    def add(self, job: m.Job) -> None:
+        self.s.add(job)
+        self.s.flush()
+
+    def delete(self, job: m.Job) -> None:
+        self.s.delete(job)
+        self.s.flush()
+
+    def all(self) -> Sequence[m.Job]:
+        return self.s.scalars(select(m.Job).order_by(m.Job.created_at)).all()
+
+    def job_ids_on_node(self, node: str) -> list[str]:
+        return list(
+            self.s.scalars(select(m.JobRank.job_id).where(m.JobRank.node == node).distinct()).all()
+        )
+
+    def add_checkpoint(self, cp: m.Checkpoint) -> None:
+        self.s.add(cp)
+        self.s.flush()
+
+
+class EventRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def insert_new(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Insert events whose id is unseen; returns the ids actually inserted.
+
+        ON CONFLICT DO NOTHING makes a replayed batch, or the same batch sent to
+        two replicas at once, a no-op for the events already stored.
+        """
+        if not rows:
+            return set()
+        dialect = self.s.get_bind().dialect.name
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        stmt = (
+            insert(m.Event)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["event_id"])
+            .returning(m.Event.event_id)
+        )
+        return set(self.s.scalars(stmt).all())
+
+    def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
+        self.s.execute(
+            update(m.Event).where(m.Event.event_id.in_(list(event_ids))).values(fault_id=fault_id)
+        )
+
+    def count(self, node: str | None = None) -> int:
+        q = select(func.count()).select_from(m.Event)
+        if node is not None:
+            q = q.where(m.Event.node == node)
+        return self.s.scalar(q) or 0
+
+
+class FaultRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def open_if_new(self, fault: m.Fault) -> m.Fault | None:
+        """Open a fault unless one is already open on that component (then None)."""
+        try:
+            with self.s.begin_nested():
+                self.s.add(fault)
+                self.s.flush()
+        except IntegrityError:
+            return None
+        return fault
+
+    def clear(self, node: str, device: str, port: int, now: datetime) -> list[m.Fault]:
+        rows = self.s.scalars(
+            select(m.Fault).where(
+                m.Fault.node == node,
+                m.Fault.device == device,
+                m.Fault.port.in_([port, 0]),
+                m.Fault.cleared_at.is_(None),
+            )
+        ).all()
+        for f in rows:
+            f.cleared_at = now
+        self.s.flush()
+        return list(rows)
+
+    def open_on_nodes(self, nodes: Iterable[str]) -> Sequence[m.Fault]:
+        return self.s.scalars(
+            select(m.Fault)
+            .where(m.Fault.node.in_(list(nodes)), m.Fault.cleared_at.is_(None))
+            .order_by(m.Fault.id)
+        ).all()
+
+    def all(self, open_only: bool = True, limit: int = 500) -> Sequence[m.Fault]:
+        q = select(m.Fault).order_by(m.Fault.id.desc()).limit(limit)
+        if open_only:
+            q = q.where(m.Fault.cleared_at.is_(None))
+        return self.s.scalars(q).all()
+
+
+class DecisionRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, d: m.Decision) -> m.Decision | None:
+        """Store a decision; None when this (job, trigger) was already decided."""
+        try:
+            with self.s.begin_nested():
+                self.s.add(d)
+                self.s.flush()
+        except IntegrityError:
+            return None
+        return d
+
+    def exists(self, job_id: str, trigger: str) -> bool:
+        return (
+            self.s.scalar(
+                select(m.Decision.decision_id).where(
+                    m.Decision.job_id == job_id, m.Decision.trigger == trigger
+                )
+            )
+            is not None
+        )
+
+    def for_job(self, job_id: str, limit: int = 100) -> Sequence[m.Decision]:
+        return self.s.scalars(
+            select(m.Decision)
+            .where(m.Decision.job_id == job_id)
+            .order_by(m.Decision.seq.desc())
+            .limit(limit)
+        ).all()
+
+    def count_by_action(self) -> dict[str, int]:
+        rows = self.s.execute(select(m.Decision.action, func.count()).group_by(m.Decision.action))
+        return dict(rows.tuples())
+
+
+class CommandRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add_all(self, commands: list[m.Command]) -> None:
+        self.s.add_all(commands)
+        self.s.flush()
+
+    def get(self, command_id: int) -> m.Command | None:
+        return self.s.get(m.Command, command_id)
+
+    def pending_for_node(self, node: str) -> Sequence[m.Command]:
+        """Commands the node has not acknowledged yet (issued or delivered)."""
+        return self.s.scalars(
+            select(m.Command)
+            .where(m.Command.node == node, m.Command.state.in_(["issued", "delivered"]))
+            .order_by(m.Command.command_id)
+        ).all()
+
+    def for_job(self, job_id: str) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command).where(m.Command.job_id == job_id).order_by(m.Command.command_id)
+        ).all()
+
+    def supersede_pending(self, job_id: str, kinds: Sequence[str]) -> None:
+        self.s.execute(
+            update(m.Command)
+            .where(
+                m.Command.job_id == job_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(["issued", "delivered"]),
+            )
+            .values(state="superseded")
+        )
+
+    def add_ack(self, ack: m.CommandAck) -> None:
+        self.s.add(ack)
+        self.s.flush()
+
+    def acks(self, command_id: int) -> Sequence[m.CommandAck]:
+        return self.s.scalars(
+            select(m.CommandAck).where(m.CommandAck.command_id == command_id)
+        ).all()
+
+    def delete_for_job(self, job_id: str) -> None:
+        self.s.execute(delete(m.Command).where(m.Command.job_id == job_id))
