@@ -1,7 +1,7 @@
 """Python mirror of ``native_plugin/include/railover_wire.h``: the plugin ↔ agent frame format.
 
 The C header is the definition; this module must agree with it byte for byte, which
-``tests/native_plugin/test_wire_agreement.py`` checks by compiling against the header.
+``tests/native_plugin/test_plugin_wire_agreement.py`` checks by compiling against the header.
 
 A frame is a 16-byte little-endian header (magic, version, type, payload_len, reserved)
 followed by a fixed-layout little-endian payload whose length is fixed per type.

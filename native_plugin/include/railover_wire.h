@@ -2,7 +2,7 @@
  * railover_wire.h — the frame format spoken on the agent's unix socket.
  *
  * This file is the single definition of the wire format. Its Python mirror is
- * native_plugin/wire.py; tests/native_plugin/test_wire_agreement.py compiles a
+ * native_plugin/wire.py; tests/native_plugin/test_plugin_wire_agreement.py compiles a
  * program against this header and fails when the two disagree.
  *
  * Transport: a SOCK_STREAM unix socket. The plugin connects; the agent listens.

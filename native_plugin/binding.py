@@ -1,0 +1,392 @@
+"""Typed ctypes binding of ``librailover_plugin.so`` (ABI v1), for tests and simulated ranks.
+
+The names follow the C table ``railoverPlugin_v1`` in ``include/railover_plugin.h``::
+
+    with Plugin(socket_path="/run/railover/agent.sock", rank=0, comm_id=7) as plugin:
+        plugin.report_progress(7, 0, ops_done)
+        cmd = plugin.poll_command()
+        if cmd is not None:
+            plugin.ack_command(cmd.command_id, AckStatus.APPLIED)
+
+Report calls return ``True`` when queued and ``False`` when dropped (counted in
+``stats()``); only real errors raise ``PluginError``. Integer arguments are converted by
+ctypes to the C widths (u32/u64), so out-of-range values wrap as they would in C.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from native_plugin.wire import RANK_UNKNOWN, AckStatus, Command
+
+__all__ = [
+    "ABI_VERSION",
+    "DEFAULT_LIBRARY",
+    "AckStatus",
+    "LogFn",
+    "Plugin",
+    "PluginError",
+    "PluginLibraryNotFoundError",
+    "Stats",
+    "Status",
+    "library_path",
+    "load_library",
+]
+
+ABI_VERSION: Final = 1
+DEFAULT_LIBRARY: Final = Path(__file__).resolve().parent / "build" / "librailover_plugin.so"
+
+# railover_status_t
+OK: Final = 0
+DROPPED: Final = 1
+NO_COMMAND: Final = 2
+
+
+class Status:
+    """``railover_status_t`` values."""
+
+    OK: Final = OK
+    DROPPED: Final = DROPPED
+    NO_COMMAND: Final = NO_COMMAND
+    ERR_INVALID: Final = -1
+    ERR_SYSTEM: Final = -2
+    ERR_CONFIG: Final = -3
+
+
+_STATUS_TEXT: Final = {
+    -1: "invalid argument",
+    -2: "system error (memory, thread or pipe)",
+    -3: "bad configuration (see the plugin log)",
+}
+
+LogFn = Callable[[int, str], None]
+_logger = logging.getLogger("railover.native_plugin")
+_LEVELS: Final = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
+
+
+class PluginError(RuntimeError):
+    """A plugin call returned a negative status."""
+
+    def __init__(self, call: str, status: int) -> None:
+        super().__init__(f"{call} failed: {_STATUS_TEXT.get(status, 'unknown error')} ({status})")
+        self.status = status
+
+
+class PluginLibraryNotFoundError(FileNotFoundError):
+    """``librailover_plugin.so`` is not where it was looked for."""
+
+
+# --- C structs ------------------------------------------------------------------------------
+
+
+class _Config(ctypes.Structure):
+    _fields_ = (
+        ("socket_path", ctypes.c_char_p),
+        ("ring_size", ctypes.c_uint32),
+        ("rank", ctypes.c_uint32),
+        ("comm_id", ctypes.c_uint64),
+        ("reconnect_min_ms", ctypes.c_uint32),
+        ("reconnect_max_ms", ctypes.c_uint32),
+        ("log_interval_ms", ctypes.c_uint32),
+        ("drain_timeout_ms", ctypes.c_uint32),
+    )
+
+
+class _Command(ctypes.Structure):
+    _fields_ = (
+        ("command_id", ctypes.c_uint64),
+        ("comm_id", ctypes.c_uint64),
+        ("ops_done", ctypes.c_uint64),
+        ("disabled_channels", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("epoch", ctypes.c_uint32),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """``railover_stats_t``: counters since init (see the header for each field)."""
+
+    sent: int
+    dropped_ring_full: int
+    dropped_no_agent: int
+    queued: int
+    bytes_sent: int
+    hellos_sent: int
+    acks_sent: int
+    acks_dropped: int
+    commands_received: int
+    commands_dropped: int
+    commands_unsupported: int
+    malformed_received: int
+    connects: int
+    disconnects: int
+    connect_failures: int
+    connected: int
+
+    @property
+    def dropped(self) -> int:
+        """All reports dropped, for whatever reason."""
+        return self.dropped_ring_full + self.dropped_no_agent
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = tuple((f.name, ctypes.c_uint64) for f in fields(Stats))
+
+
+_LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p)
+_HANDLE = ctypes.c_void_p
+_u32, _u64, _i32, _str = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_char_p
+_INIT = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(_Config), _LOG_FN, ctypes.POINTER(ctypes.c_void_p)
+)
+_FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE)
+_CQE = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _str, _u32, _u32, _u32, _u32, _str)
+_PORT = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _str, _u32, _u32)
+_SWITCH = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _u32, _str, _str, _u32)
+_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _u32, _u64)
+_POLL = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Command))
+_ACK = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32)
+_STATS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Stats), ctypes.c_size_t)
+
+
+class _PluginV1(ctypes.Structure):
+    """``railoverPlugin_v1_t``."""
+
+    _fields_ = (
+        ("name", ctypes.c_char_p),
+        ("abi_version", ctypes.c_uint32),
+        ("init", _INIT),
+        ("finalize", _FINALIZE),
+        ("report_cqe_error", _CQE),
+        ("report_port_event", _PORT),
+        ("report_path_switch", _SWITCH),
+        ("report_progress", _PROGRESS),
+        ("poll_command", _POLL),
+        ("ack_command", _ACK),
+        ("stats", _STATS),
+    )
+
+
+# --- loading --------------------------------------------------------------------------------
+
+_loaded: dict[Path, _PluginV1] = {}
+_load_lock = threading.Lock()
+
+
+def library_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The library to load: ``path``, else ``$RAILOVER_PLUGIN_LIB``, else the build output."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("RAILOVER_PLUGIN_LIB")
+    return Path(env) if env else DEFAULT_LIBRARY
+
+
+def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV1:
+    """Load the library once per path and return its ``railoverPlugin_v1`` table."""
+    lib_path = library_path(path).resolve()
+    with _load_lock:
+        table = _loaded.get(lib_path)
+        if table is not None:
+            return table
+        if not lib_path.is_file():
+            raise PluginLibraryNotFoundError(
+                f"native plugin library not found at {lib_path}; "
+                "build it with `make -C native_plugin` (or set RAILOVER_PLUGIN_LIB)"
+            )
+        lib = ctypes.CDLL(str(lib_path))
+        table = _PluginV1.in_dll(lib, "railoverPlugin_v1")
+        if table.abi_version != ABI_VERSION:
+            raise PluginError(f"loading {lib_path}: ABI version {table.abi_version}", -3)
+        _loaded[lib_path] = table
+        return table
+
+
+# Plugins still open at interpreter exit are finalized first: their sender thread may
+# otherwise call a Python log callback while the interpreter is being torn down.
+_open_plugins: weakref.WeakSet[Plugin] = weakref.WeakSet()
+
+
+@atexit.register
+def _finalize_open_plugins() -> None:
+    for plugin in list(_open_plugins):
+        plugin.finalize()
+
+
+def _default_log(level: int, message: str) -> None:
+    _logger.log(_LEVELS.get(level, logging.INFO), "%s", message)
+
+
+class Plugin:
+    """One plugin handle (``init`` … ``finalize``); a context manager.
+
+    Config arguments mirror ``railover_config_t``: ``None``/0 means the
+    ``RAILOVER_PLUGIN_*`` environment variable, else the library default.
+    """
+
+    def __init__(
+        self,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        ring_size: int = 0,
+        rank: int = RANK_UNKNOWN,
+        comm_id: int = 0,
+        reconnect_min_ms: int = 0,
+        reconnect_max_ms: int = 0,
+        log_interval_ms: int = 0,
+        drain_timeout_ms: int = 0,
+        log: LogFn | None = _default_log,
+        lib_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._api = load_library(lib_path)
+        self._socket_path = os.fsencode(socket_path) if socket_path is not None else None
+        self._config = _Config(
+            socket_path=self._socket_path,
+            ring_size=ring_size,
+            rank=rank,
+            comm_id=comm_id,
+            reconnect_min_ms=reconnect_min_ms,
+            reconnect_max_ms=reconnect_max_ms,
+            log_interval_ms=log_interval_ms,
+            drain_timeout_ms=drain_timeout_ms,
+        )
+        self._log_cb = _LOG_FN(self._make_log(log)) if log is not None else _LOG_FN()
+        self._handle: int | None = None
+        self._lock = threading.Lock()  # init/finalize only; reports never take it
+
+    @staticmethod
+    def _make_log(log: LogFn) -> Callable[[int, bytes | None], None]:
+        def trampoline(level: int, message: bytes | None) -> None:
+            # An exception cannot cross back into C; report it and go on.
+            try:
+                log(level, (message or b"").decode("utf-8", "replace"))
+            except Exception:
+                _logger.exception("railover plugin log callback failed")
+
+        return trampoline
+
+    # --- lifecycle ---
+
+    def init(self) -> None:
+        """``init``: allocate the ring and start connecting in the background."""
+        with self._lock:
+            if self._handle is not None:
+                raise PluginError("init (already initialised)", Status.ERR_INVALID)
+            handle = ctypes.c_void_p()
+            rc = self._api.init(ctypes.byref(self._config), self._log_cb, ctypes.byref(handle))
+            if rc != OK:
+                raise PluginError("init", rc)
+            self._handle = handle.value
+            _open_plugins.add(self)
+
+    def finalize(self) -> None:
+        """``finalize``: drain (bounded), disconnect, free. Idempotent."""
+        with self._lock:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+            _open_plugins.discard(self)
+            rc = self._api.finalize(handle)
+            if rc != OK:
+                raise PluginError("finalize", rc)
+
+    def __enter__(self) -> Self:
+        self.init()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finalize()
+
+    @property
+    def handle(self) -> int:
+        """The C handle; raises if not initialised."""
+        if self._handle is None:
+            raise PluginError("call on a plugin that is not initialised", Status.ERR_INVALID)
+        return self._handle
+
+    # --- calls ---
+
+    @staticmethod
+    def _queued(call: str, rc: int) -> bool:
+        if rc < 0:
+            raise PluginError(call, rc)
+        return rc == OK
+
+    def report_cqe_error(  # noqa: PLR0917  # keeps the C call's argument order
+        self,
+        dev_name: str,
+        port: int,
+        qp_num: int,
+        wc_status: int,
+        vendor_err: int = 0,
+        peer: str = "",
+    ) -> bool:
+        """A work completion failed; ``False`` if the report was dropped."""
+        rc = self._api.report_cqe_error(
+            self.handle, dev_name.encode(), port, qp_num, wc_status, vendor_err, peer.encode()
+        )
+        return self._queued("report_cqe_error", rc)
+
+    def report_port_event(self, dev_name: str, port: int, ibv_event_type: int) -> bool:
+        """An ibverbs async event on a port; ``False`` if dropped."""
+        rc = self._api.report_port_event(self.handle, dev_name.encode(), port, ibv_event_type)
+        return self._queued("report_port_event", rc)
+
+    def report_path_switch(
+        self, comm_id: int, channel: int, from_dev: str, to_dev: str, reason: int
+    ) -> bool:
+        """A channel moved to another RNIC; ``False`` if dropped."""
+        rc = self._api.report_path_switch(
+            self.handle, comm_id, channel, from_dev.encode(), to_dev.encode(), reason
+        )
+        return self._queued("report_path_switch", rc)
+
+    def report_progress(self, comm_id: int, rank: int, ops_done: int) -> bool:
+        """Collective operations completed by a rank; ``False`` if dropped."""
+        return self._queued(
+            "report_progress", self._api.report_progress(self.handle, comm_id, rank, ops_done)
+        )
+
+    def poll_command(self) -> Command | None:
+        """The oldest pending command, or ``None`` at once when there is none."""
+        out = _Command()
+        rc = self._api.poll_command(self.handle, ctypes.byref(out))
+        if rc == NO_COMMAND:
+            return None
+        if rc != OK:
+            raise PluginError("poll_command", rc)
+        return Command(
+            command_id=out.command_id,
+            comm_id=out.comm_id,
+            ops_done=out.ops_done,
+            disabled_channels=out.disabled_channels,
+            kind=out.kind,
+            epoch=out.epoch,
+        )
+
+    def ack_command(self, command_id: int, status: int = AckStatus.APPLIED) -> bool:
+        """Answer a command (0 applied, negative failed); ``False`` if the ACK was dropped."""
+        return self._queued("ack_command", self._api.ack_command(self.handle, command_id, status))
+
+    def stats(self) -> Stats:
+        """A snapshot of the counters."""
+        out = _Stats()
+        rc = self._api.stats(self.handle, ctypes.byref(out), ctypes.sizeof(out))
+        if rc != OK:
+            raise PluginError("stats", rc)
+        return Stats(*(getattr(out, f.name) for f in fields(Stats)))

@@ -1,0 +1,217 @@
+"""The C library through the ctypes binding, against a Python stand-in agent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict
+
+import pytest
+from plugin_fakes import FakeAgent
+
+from native_plugin import wire
+from native_plugin.binding import (
+    Plugin,
+    PluginError,
+    PluginLibraryNotFoundError,
+    Stats,
+    load_library,
+)
+
+
+class _Fast(TypedDict):
+    reconnect_min_ms: int
+    reconnect_max_ms: int
+
+
+# Quick reconnects keep the tests short.
+FAST: _Fast = {"reconnect_min_ms": 5, "reconnect_max_ms": 20}
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.002)
+
+
+def drained(plugin: Plugin, agent: FakeAgent) -> Callable[[], bool]:
+    def check() -> bool:
+        s = plugin.stats()
+        return s.queued == 0 and agent.reports == s.sent
+
+    return check
+
+
+def test_missing_library_names_path_and_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.so"
+    with pytest.raises(PluginLibraryNotFoundError, match="make -C native_plugin") as info:
+        load_library(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_library_path_from_environment(
+    plugin_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAILOVER_PLUGIN_LIB", str(tmp_path / "other.so"))
+    with pytest.raises(PluginLibraryNotFoundError, match=r"other\.so"):
+        Plugin()
+    monkeypatch.setenv("RAILOVER_PLUGIN_LIB", str(plugin_lib))
+    assert Plugin().stats is not None
+
+
+def test_bad_ring_size_from_environment(
+    plugin_lib: Path, agent_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAILOVER_PLUGIN_RING_SIZE", "lots")
+    lines: list[str] = []
+    with pytest.raises(PluginError, match="configuration"):
+        Plugin(socket_path=agent_path, log=lambda _lvl, msg: lines.append(msg)).init()
+    assert any("RAILOVER_PLUGIN_RING_SIZE" in line for line in lines)
+
+
+def test_socket_path_from_environment(
+    plugin_lib: Path, agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAILOVER_PLUGIN_SOCKET", str(agent.path))
+    with Plugin(rank=5, comm_id=9, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        wait_until(lambda: len(agent.hellos) == 1)
+    hello = agent.hellos[0]
+    assert (hello.rank, hello.comm_id, hello.abi_version) == (5, 9, 1)
+
+
+def test_calls_after_finalize_raise(plugin_lib: Path, agent_path: Path) -> None:
+    plugin = Plugin(socket_path=agent_path)
+    with plugin:
+        pass
+    with pytest.raises(PluginError, match="not initialised"):
+        plugin.report_progress(1, 0, 1)
+    plugin.finalize()  # idempotent
+
+
+def test_no_agent_drops_then_agent_appears(plugin_lib: Path, agent_path: Path) -> None:
+    with Plugin(socket_path=agent_path, **FAST) as plugin:
+        results = [plugin.report_progress(1, 0, i) for i in range(10_000)]
+        assert not any(results)
+        s = plugin.stats()
+        assert (s.dropped_no_agent, s.sent, s.connected) == (10_000, 0, 0)
+        assert s.connect_failures >= 1
+
+        agent = FakeAgent(agent_path)
+        try:
+            wait_until(lambda: plugin.stats().connected == 1)
+            assert plugin.report_port_event("mlx5_0", 1, 10)
+            assert plugin.report_cqe_error("mlx5_0", 1, 0x12, 12, 0x81, "node-7")
+            assert plugin.report_path_switch(1, 3, "mlx5_0", "mlx5_1", wire.SwitchReason.FAILOVER)
+            wait_until(lambda: agent.reports == 3)
+            assert agent.counts[wire.PortEvent] == 1
+            assert agent.counts[wire.CqeError] == 1
+            assert agent.counts[wire.PathSwitch] == 1
+        finally:
+            agent.close()
+
+
+def test_agent_restart_reconnects(plugin_lib: Path, agent_path: Path) -> None:
+    with Plugin(socket_path=agent_path, **FAST) as plugin:
+        first = FakeAgent(agent_path)
+        wait_until(lambda: plugin.stats().connected == 1)
+        first.close()
+        wait_until(lambda: plugin.stats().connected == 0)
+        second = FakeAgent(agent_path)
+        try:
+            wait_until(lambda: plugin.stats().connected == 1)
+            assert plugin.report_progress(1, 0, 1)
+            wait_until(lambda: second.reports == 1)
+            assert plugin.stats().connects == 2
+        finally:
+            second.close()
+
+
+def test_command_reaches_poll_and_ack_reaches_agent(plugin_lib: Path, agent: FakeAgent) -> None:
+    cmd = wire.Command(
+        command_id=42,
+        comm_id=7,
+        ops_done=1000,
+        disabled_channels=0b1010,
+        kind=wire.CommandKind.REBALANCE,
+        epoch=3,
+    )
+    with Plugin(socket_path=agent.path, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        assert plugin.poll_command() is None
+        agent.send(wire.encode(cmd))
+        got: list[wire.Command] = []
+
+        def polled() -> bool:
+            c = plugin.poll_command()
+            if c is not None:
+                got.append(c)
+            return bool(got)
+
+        wait_until(polled)
+        assert got == [cmd]
+        assert plugin.ack_command(42, wire.AckStatus.TOO_LATE)
+        wait_until(lambda: len(agent.acks) == 1)
+        assert agent.acks[0].command_id == 42
+        assert agent.acks[0].status == wire.AckStatus.TOO_LATE
+        assert plugin.stats().commands_received == 1
+
+
+def test_unknown_command_kind_is_refused_by_the_plugin(plugin_lib: Path, agent: FakeAgent) -> None:
+    with Plugin(socket_path=agent.path, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        future = wire.Command(
+            command_id=5, comm_id=1, ops_done=0, disabled_channels=0, kind=99, epoch=1
+        )
+        agent.send(wire.encode(future))
+        wait_until(lambda: len(agent.acks) == 1)
+        assert agent.acks[0].status == wire.AckStatus.UNSUPPORTED
+        assert plugin.poll_command() is None
+
+
+def test_garbage_from_agent_drops_connection_and_reconnects(
+    plugin_lib: Path, agent: FakeAgent
+) -> None:
+    with Plugin(socket_path=agent.path, **FAST) as plugin:
+        wait_until(lambda: agent.connections == 1 and len(agent.hellos) == 1)
+        agent.send(b"\xff" * 40)
+        wait_until(lambda: plugin.stats().malformed_received == 1)
+        wait_until(lambda: len(agent.hellos) == 2)
+        assert plugin.report_progress(1, 2, 3)
+        wait_until(lambda: agent.reports == 1)
+
+
+def test_four_threads_quarter_million_each_account_exactly(
+    plugin_lib: Path, agent: FakeAgent
+) -> None:
+    per_thread = 250_000
+    threads = 4
+    queued = [0] * threads
+    with Plugin(socket_path=agent.path, ring_size=65536, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        report = plugin.report_progress
+
+        def produce(idx: int) -> None:
+            ok = 0
+            for i in range(per_thread):
+                ok += report(7, idx, i)
+            queued[idx] = ok
+
+        workers = [threading.Thread(target=produce, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        wait_until(drained(plugin, agent), timeout=60)
+        s: Stats = plugin.stats()
+
+    made = threads * per_thread
+    assert s.sent + s.dropped == made
+    assert agent.reports == s.sent == sum(queued)
+    assert agent.counts[wire.Progress] == s.sent
+    assert s.dropped_no_agent == 0
+    assert not agent.errors
