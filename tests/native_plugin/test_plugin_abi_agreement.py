@@ -1,0 +1,52 @@
+"""The ctypes structs in ``native_plugin.binding`` match ``railover_plugin.h`` field by field."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from native_plugin import binding
+
+INCLUDE = Path(__file__).resolve().parents[2] / "native_plugin" / "include"
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "railover_config_t": binding._Config,
+    "railover_command_t": binding._Command,
+    "railover_stats_t": binding._Stats,
+    "railoverPlugin_v1_t": binding._PluginV1,
+}
+
+
+def ctypes_layout() -> dict[str, int]:
+    out = {"RAILOVER_PLUGIN_ABI_VERSION": binding.ABI_VERSION}
+    for cname, cls in STRUCTS.items():
+        out[f"sizeof({cname})"] = ctypes.sizeof(cls)
+        for field in cls._fields_:
+            name = field[0]
+            out[f"offsetof({cname},{name})"] = getattr(cls, name).offset
+    for name in ("OK", "DROPPED", "NO_COMMAND", "ERR_INVALID", "ERR_SYSTEM", "ERR_CONFIG"):
+        out[f"RAILOVER_{name}"] = getattr(binding.Status, name)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_ctypes_structs_match_header(tmp_path: Path) -> None:
+    expected = ctypes_layout()
+    body = "".join(
+        f'  printf("%s=%lld\\n", "{key}", (long long)({key}));\n' for key in sorted(expected)
+    )
+    src = tmp_path / "abi.c"
+    head = '#include <stdio.h>\n#include "railover_plugin.h"\nint main(void) {\n'
+    src.write_text(f"{head}{body}  return 0;\n}}\n")
+    exe = tmp_path / "abi"
+    subprocess.run(
+        ["cc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        check=True,
+    )
+    printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    got = {k: int(v) for k, v in (line.split("=", 1) for line in printed.splitlines())}
+    assert got == expected
