@@ -115,11 +115,21 @@ def k_by_count(model: JobModel, max_count: int) -> F64:
     return np.array([default_k(c, model.k) for c in range(max_count + 1)], dtype=np.float64)
 
 
+def _like(value: float, shape_of: F64) -> F64:
+    """A constant broadcast to an array: the engine helpers take all floats or all arrays."""
+    return np.full(shape_of.shape, value, dtype=np.float64)
+
+
 def _reccl_fails_over(model: JobModel, elapsed_h: F64, k: F64) -> B:
     """Equation (3) through the engine's helpers: fail over iff t_failover < t_restart."""
-    tau = model.interval_h
-    fo = failover_cost_s(tau, elapsed_h, model.reload_h, model.timeout_h, k)
-    rs = restart_cost_s(tau, model.detect_h, model.reload_h, model.timeout_h)
+    fo = failover_cost_s(
+        _like(model.interval_h, k),
+        elapsed_h,
+        _like(model.reload_h, k),
+        _like(model.timeout_h, k),
+        k,
+    )
+    rs = restart_cost_s(model.interval_h, model.detect_h, model.reload_h, model.timeout_h)
     return np.asarray(fo < rs, dtype=np.bool_)
 
 
@@ -130,8 +140,9 @@ def _runs_on_degraded(model: JobModel, work_until_repair_h: F64, k: F64) -> B:
     nothing elapsed, nothing to detect (the restart is planned) and no timeout.
     """
     x = work_until_repair_h
-    keep = failover_cost_s(x, 0.0, 0.0, 0.0, k)
-    restart = restart_cost_s(x, 0.0, model.reload_h, 0.0)
+    zero = np.zeros_like(x)
+    keep = failover_cost_s(x, zero, zero, zero, k)
+    restart = restart_cost_s(x, zero, _like(model.reload_h, x), zero)
     return np.asarray(keep < restart, dtype=np.bool_)
 
 
@@ -425,7 +436,7 @@ def result_json(result: SimulationResult) -> dict[str, Any]:
 
 def simulate_loop(model: JobModel, runs: int, seed: int, policy: str) -> list[float]:
     """Wall hours of each run, one Python iteration per event and run (slow on purpose)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311  # simulation, not secrets
     return [_one_run(model, rng, policy) for _ in range(runs)]
 
 

@@ -1,0 +1,53 @@
+"""The CDF of GPU-hours per policy as a PNG; matplotlib is imported only here, only when asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from scheduler_svc.planning.simulate import SimulationResult
+
+LABELS = {
+    "fault_free": "fault-free",
+    "restart": "restart",
+    "restart_scaling": "restart + scaling",
+    "failover": "failover (ReCCL rule)",
+    "railover": "Railover",
+}
+
+
+def plot_cdf(result: SimulationResult, path: Path) -> None:
+    """One step line per policy: the fraction of runs finishing within x million GPU-hours."""
+    # Imported here so the other commands never pay for (or need) matplotlib.
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    model = result.model
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for policy, wall in result.wall_hours.items():
+        gpu_hours = np.sort(wall * model.gpus) / 1e6
+        fraction = np.arange(1, gpu_hours.size + 1) / gpu_hours.size
+        # Start each line at 0 so a policy with no spread (fault-free) still shows as a step.
+        xs = np.concatenate([[gpu_hours[0]], gpu_hours])
+        ys = np.concatenate([[0.0], fraction])
+        ax.step(xs, ys, where="post", label=LABELS.get(policy, policy), linewidth=1.6)
+    ax.set_xlabel("GPU-hours used by the job (million GPU·h)")
+    ax.set_ylabel("Fraction of runs (cumulative, 0–1)")
+    checkpoint = (
+        f"per-iteration checkpoints ({model.iteration_s:g} s)"
+        if model.checkpoint == "flowcheck"
+        else f"checkpoint every {model.checkpoint_interval_h:g} h"
+    )
+    ax.set_title(
+        f"{model.gpus:,} GPUs, {model.hours:g} fault-free h, {checkpoint}, {result.runs:,} runs",
+        fontsize=10,
+    )
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="policy", loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
