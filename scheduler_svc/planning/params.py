@@ -94,6 +94,9 @@ class JobModel:
                 raise ParamError("k", f"every slowdown factor must be >= 1, got {value}")
         if self.dp < 2:
             raise ParamError("dp", f"restart+scaling needs a DP size of at least 2, got {self.dp}")
+
+    def check_replicas(self) -> None:
+        """Restart+scaling drops whole DP replicas, so the nodes must split evenly into them."""
         if self.nodes % self.dp:
             raise ParamError(
                 "dp", f"{self.nodes} nodes do not split into {self.dp} data-parallel replicas"
@@ -355,7 +358,9 @@ def simulate_params(
     """The job model and run options for `railover simulate`."""
     allowed = {**_JOB_CONVERTERS, **_RUN_CONVERTERS}
     values = merge(allowed, load_config(config), flags)
-    return _build_job(values), _build_run(values)
+    job = _build_job(values)
+    job.check_replicas()
+    return job, _build_run(values)
 
 
 def analytic_params(

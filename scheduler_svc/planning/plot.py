@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,15 @@ LABELS = {
 
 
 def plot_cdf(result: SimulationResult, path: Path) -> None:
+    """Write the CDF figure to `path` as a PNG."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy, see cdf_figure
+
+    fig = cdf_figure(result)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def cdf_figure(result: SimulationResult) -> Any:
     """One step line per policy: the fraction of runs finishing within x million GPU-hours."""
     # Imported here so the other commands never pay for (or need) matplotlib.
     import matplotlib  # noqa: PLC0415
@@ -49,5 +59,4 @@ def plot_cdf(result: SimulationResult, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(title="policy", loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

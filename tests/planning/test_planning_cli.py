@@ -1,0 +1,230 @@
+"""The fixed command-line and JSON interface of simulate, analytic and mirror-plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from scheduler_svc.planning.cli import register
+from scheduler_svc.planning.simulate import POLICIES, simulate
+
+SMALL = ["--gpus", "1024", "--hours", "100", "--runs", "200", "--seed", "3"]
+QUANTS = {"median", "p90", "p99"}
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def run(app: typer.Typer, *args: str) -> Any:
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "120"})
+
+
+def run_json(app: typer.Typer, *args: str) -> dict[str, Any]:
+    result = run(app, *args, "--json")
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_register_adds_the_three_commands(app: typer.Typer) -> None:
+    names = {cmd.name for cmd in app.registered_commands}
+    assert names == {"simulate", "analytic", "mirror-plan"}
+
+
+def test_simulate_json_shape(app: typer.Typer) -> None:
+    doc = run_json(app, "simulate", *SMALL)
+    assert set(doc) == {"parameters", "policies", "reductions", "runtime_s"}
+    assert set(doc["policies"]) == set(POLICIES)
+    for body in doc["policies"].values():
+        assert set(body) == {"gpu_hours", "extra_gpu_hours"}
+        assert set(body["gpu_hours"]) == QUANTS
+        assert set(body["extra_gpu_hours"]) == QUANTS
+    assert doc["parameters"]["gpus"] == 1024
+    assert doc["parameters"]["runs"] == 200
+    assert doc["parameters"]["k"] == [1.03, 1.2, 1.5]
+    assert set(doc["reductions"]["failover"]) == {"vs_restart", "vs_restart_scaling"}
+    assert isinstance(doc["runtime_s"], float)
+    assert doc["policies"]["fault_free"]["extra_gpu_hours"]["p99"] == 0.0
+
+
+def test_simulate_defaults_are_the_papers_setup(app: typer.Typer) -> None:
+    doc = run_json(app, "simulate", "--runs", "1")
+    params = doc["parameters"]
+    expected = {
+        "gpus": 16384,
+        "hours": 1925.0,
+        "link_failure_monthly": 0.00057,
+        "switch_failure_monthly": 0.00051,
+        "checkpoint_interval_h": 1.0,
+        "detect_h": 0.5,
+        "reload_h": 0.5,
+        "dp": 16,
+        "node_replace_h": 24.0,
+    }
+    assert {key: params[key] for key in expected} == expected
+
+
+def test_simulate_table_prints_parameters_and_every_policy(app: typer.Typer) -> None:
+    result = run(app, "simulate", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "Parameters" in result.output
+    assert "link_failure_monthly" in result.output
+    for policy in POLICIES:
+        assert policy in result.output
+
+
+def test_analytic_json_shape(app: typer.Typer) -> None:
+    doc = run_json(app, "analytic", "--gpus", "1024,4096")
+    assert set(doc) == {"parameters", "results"}
+    assert [row["gpus"] for row in doc["results"]] == [1024, 4096]
+    for row in doc["results"]:
+        assert set(row) == {"gpus", "restart_hours", "failover_hours", "improvement"}
+        assert row["failover_hours"] <= row["restart_hours"]
+        assert row["improvement"] == pytest.approx(1 - row["failover_hours"] / row["restart_hours"])
+    assert doc["parameters"]["gpus"] == [1024, 4096]
+
+
+def test_analytic_table(app: typer.Typer) -> None:
+    result = run(app, "analytic", "--gpus", "1024,65536", "--runs", "100")
+    assert result.exit_code == 0, result.output
+    assert "65,536" in result.output
+    assert "Monte Carlo check" in result.output
+
+
+def test_mirror_plan_json_shape(app: typer.Typer) -> None:
+    doc = run_json(app, "mirror-plan", "--loss", "1e-9", "--dp", "8", "--packets", "50000")
+    assert set(doc) == {"parameters", "p_fail", "recommended_monitors", "placement"}
+    assert list(doc["p_fail"]) == [str(m) for m in range(1, 9)]
+    assert doc["p_fail"]["3"] > 0.0  # far below 1e-16, still not cancelled to zero
+    assert isinstance(doc["recommended_monitors"], int)
+    assert len(doc["placement"]) == doc["recommended_monitors"]
+    assert set(doc["placement"][0]) == {"rank", "rail", "switch", "shares_switch"}
+    assert doc["parameters"]["loss"] == 1e-9
+
+
+def test_mirror_plan_table(app: typer.Typer) -> None:
+    result = run(app, "mirror-plan", "--loss", "1e-6", "--dp", "16", "--packets", "100000")
+    assert result.exit_code == 0, result.output
+    assert "recommended" in result.output
+    assert "Where to mirror" in result.output
+
+
+def test_yaml_config_is_read_and_flags_override_it(app: typer.Typer, tmp_path: Path) -> None:
+    study = tmp_path / "study.yaml"
+    study.write_text("gpus: 2048\nhours: 50\nruns: 100\nk: [1.1, 1.3]\nrepair_h: 3\n")
+    doc = run_json(app, "simulate", "--config", str(study), "--hours", "60")
+    params = doc["parameters"]
+    assert params["gpus"] == 2048
+    assert params["hours"] == 60.0
+    assert params["k"] == [1.1, 1.3]
+    assert params["repair_h"] == 3.0
+    assert params["runs"] == 100
+
+
+def test_yaml_config_feeds_analytic_and_mirror_plan(app: typer.Typer, tmp_path: Path) -> None:
+    study = tmp_path / "a.yaml"
+    study.write_text("gpus: 1024,2048\nk: '1.05,1.3'\n")
+    doc = run_json(app, "analytic", "--config", str(study))
+    assert [row["gpus"] for row in doc["results"]] == [1024, 2048]
+    plan = tmp_path / "m.yaml"
+    plan.write_text("loss: 1.0e-5\ndp: 4\npackets: 1000\n")
+    assert run_json(app, "mirror-plan", "--config", str(plan))["parameters"]["dp"] == 4
+
+
+@pytest.mark.parametrize("command", ["simulate", "analytic", "mirror-plan"])
+def test_unknown_yaml_key_is_an_error_naming_it(
+    app: typer.Typer, tmp_path: Path, command: str
+) -> None:
+    study = tmp_path / "bad.yaml"
+    study.write_text("gpu_count: 10\n")
+    result = run(app, command, "--config", str(study))
+    assert result.exit_code == 2
+    assert "gpu_count" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["simulate", "--link-failure-monthly", "-0.1"], "--link-failure-monthly"),
+        (["simulate", "--switch-failure-monthly", "1.5"], "--switch-failure-monthly"),
+        (["simulate", "--k", "1.03,0.5"], "--k"),
+        (["simulate", "--k", "fast"], "--k"),
+        (["simulate", "--gpus", "1001"], "--gpus"),
+        (["simulate", "--runs", "0"], "--runs"),
+        (["simulate", "--dp", "3"], "--dp"),
+        (["simulate", "--checkpoint", "weekly"], "--checkpoint"),
+        (["simulate", "--detect-h", "-1"], "--detect-h"),
+        (["analytic", "--gpus", "1024,1001"], "--gpus"),
+        (["analytic", "--checkpoint-interval-h", "0"], "--checkpoint-interval-h"),
+        (["mirror-plan", "--loss", "1.5"], "--loss"),
+        (["mirror-plan", "--dp", "1"], "--dp"),
+        (["mirror-plan", "--packets", "0"], "--packets"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_flag(app: typer.Typer, args: list[str], flag: str) -> None:
+    result = run(app, *args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+
+
+def test_bad_value_in_yaml_names_the_flag(app: typer.Typer, tmp_path: Path) -> None:
+    study = tmp_path / "bad.yaml"
+    study.write_text("k: [1.0, 0.8]\n")
+    result = run(app, "simulate", "--config", str(study))
+    assert result.exit_code == 2
+    assert "--k" in result.output
+
+
+def test_plot_writes_a_png(app: typer.Typer, tmp_path: Path) -> None:
+    out = tmp_path / "cdf.png"
+    result = run(app, "simulate", *SMALL, "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(out))
+    assert pixels.shape[0] >= 400
+    assert pixels.shape[1] >= 600
+
+
+def test_plot_has_labelled_axes_a_legend_and_one_line_per_policy() -> None:
+    import matplotlib.pyplot as plt
+
+    from scheduler_svc.planning.params import JobModel
+    from scheduler_svc.planning.plot import cdf_figure
+
+    result = simulate(JobModel(gpus=1024, hours=100.0), 100, seed=1)
+    fig = cdf_figure(result)
+    ax = fig.axes[0]
+    assert "GPU·h" in ax.get_xlabel()
+    assert "runs" in ax.get_ylabel()
+    assert len(ax.get_lines()) == len(POLICIES)
+    legend = ax.get_legend()
+    assert legend is not None
+    assert len(legend.get_texts()) == len(POLICIES)
+    plt.close(fig)
+
+
+def test_matplotlib_is_not_imported_without_plot(tmp_path: Path) -> None:
+    script = (
+        "import sys, typer\n"
+        "from typer.testing import CliRunner\n"
+        "from scheduler_svc.planning.cli import register\n"
+        "app = typer.Typer(); register(app)\n"
+        "r = CliRunner().invoke(app, ['simulate', '--gpus', '64', '--dp', '2', '--hours', '10',"
+        " '--runs', '10', '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "assert 'matplotlib' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=120)
