@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The stand-in agent lives beside the tests; pytest's importlib mode does not put
-# this directory on sys.path by itself.
-sys.path.insert(0, str(Path(__file__).parent))
-
-from plugin_fakes import FakeAgent
-
 from native_plugin.binding import DEFAULT_LIBRARY, library_path
+from native_plugin.testing import FakeAgent
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "native_plugin"
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TypedDict
 
 import pytest
-from plugin_fakes import FakeAgent
 
 from native_plugin import wire
 from native_plugin.binding import (
@@ -19,6 +18,7 @@ from native_plugin.binding import (
     Stats,
     load_library,
 )
+from native_plugin.testing import FakeAgent
 
 
 class _Fast(TypedDict):

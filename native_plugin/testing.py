@@ -1,4 +1,9 @@
-"""A stand-in agent for the native plugin tests: a unix-socket server counting frames."""
+"""A stand-in for the agent's plugin listener, for tests and local experiments.
+
+``FakeAgent`` is a plain unix-socket server on a thread that decodes every frame with
+``FrameDecoder``, counts them by type, keeps HELLOs and ACKs, and can write raw bytes
+(e.g. an encoded ``Command``) back to the connected plugin. Not for production use.
+"""
 
 from __future__ import annotations
 
