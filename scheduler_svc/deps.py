@@ -71,10 +71,13 @@ def get_principal(
         # hold a transaction (and SQLite's write lock) open while it waits.
         with request.app.state.sessionmaker() as session:
             token = TokenRepo(session).by_plain(creds.credentials)
+            found = (
+                None if token is None else Principal(token.token_id, Role(token.role), token.node)
+            )
             session.rollback()
-        if token is None:
+        if found is None:
             raise Unauthorized("Authorization: token unknown or revoked")
-        return Principal(token.token_id, Role(token.role), token.node)
+        return found
     if request.app.state.anonymous:
         return Principal(None, Role.FLEET)
     raise Unauthorized("Authorization: bearer token required")

@@ -186,15 +186,17 @@ def decide(inp: DecisionInputs) -> Decision:
         if failover < best_restart:
             action = Action.FAILOVER
             reason = (
-                f"{_fmt(elapsed)} since the last checkpoint is past the {_fmt(max(threshold, 0))} "
-                f"threshold at k={inp.k:.3g}: failing over costs {_fmt(failover)}, "
+                f"fail over: {_fmt(elapsed)} since the last checkpoint is past the "
+                f"{_fmt(max(threshold, 0))} threshold at k={inp.k:.3g}: "
+                f"failing over costs {_fmt(failover)}, "
                 f"{restart_action.value} {_fmt(best_restart)}"
             )
         else:
             action = restart_action
             reason = (
-                f"only {_fmt(elapsed)} since the last checkpoint, before the {_fmt(threshold)} "
-                f"threshold at k={inp.k:.3g}: {restart_action.value} costs {_fmt(best_restart)}, "
+                f"{restart_action.value}: only {_fmt(elapsed)} since the last checkpoint, "
+                f"before the {_fmt(threshold)} threshold at k={inp.k:.3g}: "
+                f"{restart_action.value} costs {_fmt(best_restart)}, "
                 f"failing over {_fmt(failover)}"
             )
     return Decision(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 COST_OTHER_PCIE_SWITCH = 1
@@ -215,6 +215,7 @@ class RankRoute:
     backup: str | None
     primary_ok: bool
     backup_ok: bool
+    rail: int | None = None  # rail of the primary RNIC
 
     @property
     def active(self) -> str | None:
@@ -256,8 +257,9 @@ def route_ranks(
         topo = topologies[node]
         primary_ok = paths.primary is not None and failed.port_ok(node, topo.rnic(paths.primary))
         backup_ok = paths.backup is not None and failed.port_ok(node, topo.rnic(paths.backup))
+        rail = None if paths.primary is None else topo.rnic(paths.primary).rail
         routes.append(
-            RankRoute(rank, node, gpu, paths.primary, paths.backup, primary_ok, backup_ok)
+            RankRoute(rank, node, gpu, paths.primary, paths.backup, primary_ok, backup_ok, rail)
         )
     return routes
 
@@ -270,27 +272,53 @@ def _broken_pairs(routes: Sequence[RankRoute]) -> int:
     return x * (n - x) + x * (x - 1) // 2 + only_primary * only_backup
 
 
+def _pairs(groups: Iterable[Sequence[RankRoute]]) -> tuple[int, int]:
+    """(broken, total) pairs within each group, summed."""
+    broken = total = 0
+    for rs in groups:
+        broken += _broken_pairs(rs)
+        total += len(rs) * (len(rs) - 1) // 2
+    return broken, total
+
+
+def _group(
+    routes: Iterable[RankRoute], key: Callable[[RankRoute], object]
+) -> list[list[RankRoute]]:
+    groups: dict[object, list[RankRoute]] = {}
+    for r in routes:
+        groups.setdefault(key(r), []).append(r)
+    return list(groups.values())
+
+
+def talks_over_fabric(a: RankRoute, b: RankRoute) -> bool:
+    """Rail-local pairs on different nodes are the ones whose traffic crosses the RNICs.
+
+    Rail-optimised collectives (NCCL with PXN) move cross-rail traffic over
+    NVLink to the GPU on the destination's rail first, and ranks on one node
+    talk over NVLink/PCIe, so only same-rail pairs on different nodes use the
+    RNIC paths that s-Bond protects.
+    """
+    return a.node != b.node and a.rail == b.rail
+
+
 def connectivity(routes: Sequence[RankRoute], max_examples: int = 10) -> Connectivity:
-    """Which rank pairs on different nodes lost every path, counted in O(ranks), not O(pairs).
+    """Which fabric pairs lost every path, counted in O(ranks), not O(pairs).
 
     A pair survives when both primaries or both backups work. So a pair breaks
     when either rank has no working endpoint, or when one has only its primary
-    and the other only its backup. Ranks on one node talk over NVLink/PCIe,
-    not the RNICs, so those pairs are subtracted.
+    and the other only its backup. Pairs are those of `talks_over_fabric`:
+    counted within each rail, minus those within one node of that rail.
     """
-    by_node: dict[str, list[RankRoute]] = {}
-    for r in routes:
-        by_node.setdefault(r.node, []).append(r)
-    broken = _broken_pairs(routes) - sum(_broken_pairs(rs) for rs in by_node.values())
-    n = len(routes)
-    total = n * (n - 1) // 2 - sum(len(rs) * (len(rs) - 1) // 2 for rs in by_node.values())
+    broken_rail, total_rail = _pairs(_group(routes, lambda r: r.rail))
+    broken_local, total_local = _pairs(_group(routes, lambda r: (r.rail, r.node)))
+    broken, total = broken_rail - broken_local, total_rail - total_local
     isolated = [r for r in routes if not (r.primary_ok or r.backup_ok)]
     examples: list[tuple[int, int]] = []
     if broken:
         suspects = isolated + [r for r in routes if r.backup_ok and not r.primary_ok]
         for a in suspects:
             for b in routes:
-                if b.node != a.node and not pair_survives(a, b):
+                if talks_over_fabric(a, b) and not pair_survives(a, b):
                     examples.append((min(a.rank, b.rank), max(a.rank, b.rank)))
                     if len(examples) >= max_examples:
                         break

@@ -1,0 +1,56 @@
+"""Builders shared by the service tests."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from scheduler_svc.cluster_shapes import hgx_node
+
+CHECKPOINT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def register_nodes(http: httpx.Client, names: list[str], **shape: Any) -> None:
+    for n in names:
+        r = http.put(f"/v1/nodes/{n}", json=hgx_node(**shape))
+        assert r.status_code == 200, r.text
+
+
+def job_body(job_id: str, nodes: list[str], gpus: int = 8, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "job_id": job_id,
+        "ranks": [
+            {"rank": i * gpus + g, "node": n, "gpu": g}
+            for i, n in enumerate(nodes)
+            for g in range(gpus)
+        ],
+        "checkpoint_interval_s": 3600,
+        "reload_s": 600,
+        "detect_s": 0,
+        "timeout_s": 30,
+        "last_checkpoint_at": CHECKPOINT.isoformat(),
+        "slowdown_k": 1.5,
+    }
+    body.update(overrides)
+    return body
+
+
+def event(
+    node: str,
+    kind: str = "port_down",
+    device: str | None = "mlx5_0",
+    after_s: float = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "event_id": extra.pop("event_id", str(uuid.uuid4())),
+        "node": node,
+        "kind": kind,
+        "device": device,
+        "port": 1,
+        "observed_at": (CHECKPOINT + timedelta(seconds=after_s)).isoformat(),
+        **extra,
+    }

@@ -1,0 +1,80 @@
+"""Commands: long-poll delivery to the right node and per-rank acknowledgement."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from tests.scheduler_svc.helpers import event, job_body, register_nodes
+
+
+def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service: str) -> None:
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    assert http.get("/v1/nodes/n0/commands").json() == {"commands": []}
+
+    got: dict[str, object] = {}
+
+    def poll() -> None:
+        with httpx.Client(base_url=service, timeout=30) as c:
+            started = time.monotonic()
+            got["body"] = c.get("/v1/nodes/n1/commands", params={"wait_s": 20}).json()
+            got["waited"] = time.monotonic() - started
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.5)  # the poll is now waiting on the service
+    http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
+    waiter.join(timeout=30)
+    cmds = got["body"]["commands"]  # type: ignore[index]
+    assert len(cmds) == 1
+    cmd = cmds[0]
+    assert (cmd["kind"], cmd["ranks"], cmd["state"]) == ("failover", [14], "delivered")
+    assert got["waited"] < 20  # type: ignore[operator]  # woke on the commit, not the timeout
+    assert http.get("/v1/nodes/n0/commands").json() == {"commands": []}
+
+    # Redelivered until applied (at-least-once), then gone.
+    assert (
+        http.get("/v1/nodes/n1/commands").json()["commands"][0]["command_id"] == cmd["command_id"]
+    )
+    r = http.post(
+        f"/v1/commands/{cmd['command_id']}/acks",
+        json={"node": "n1", "rank": 14, "status": "applied"},
+    )
+    assert r.status_code == 200 and r.json()["state"] == "applied"
+    assert http.get("/v1/nodes/n1/commands").json() == {"commands": []}
+
+    bad = http.post(
+        f"/v1/commands/{cmd['command_id']}/acks", json={"node": "n0", "status": "applied"}
+    )
+    assert bad.status_code == 422 and "n1" in bad.json()["detail"]
+    bad = http.post(
+        f"/v1/commands/{cmd['command_id']}/acks",
+        json={"node": "n1", "rank": 3, "status": "applied"},
+    )
+    assert bad.status_code == 422
+    assert (
+        http.post("/v1/commands/999/acks", json={"node": "n1", "status": "applied"}).status_code
+        == 404
+    )
+
+
+def test_abort_needs_every_rank(http: httpx.Client) -> None:
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    http.post("/v1/events", json={"events": [event("n0", after_s=10)]})
+    cmd = http.get("/v1/nodes/n0/commands").json()["commands"][0]
+    assert cmd["kind"] == "abort" and cmd["ranks"] == list(range(8))
+    for rank in range(7):
+        r = http.post(
+            f"/v1/commands/{cmd['command_id']}/acks",
+            json={"node": "n0", "rank": rank, "status": "applied"},
+        )
+        assert r.json()["state"] == "delivered"
+    r = http.post(
+        f"/v1/commands/{cmd['command_id']}/acks",
+        json={"node": "n0", "rank": 7, "status": "applied"},
+    )
+    assert r.json()["state"] == "applied"

@@ -1,0 +1,112 @@
+"""Nodes and jobs over real HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.scheduler_svc.helpers import job_body, register_nodes
+
+
+def test_register_node_returns_backup_plan(http: httpx.Client) -> None:
+    register_nodes(http, ["n0"])
+    node = http.get("/v1/nodes/n0").json()
+    assert node["topology_version"] == 1
+    assert [g["backup"] for g in node["backup_plan"]][:2] == ["mlx5_1/1", "mlx5_0/1"]
+    assert all(g["rail_disjoint"] for g in node["backup_plan"])
+    register_nodes(http, ["n0"])  # same topology again: no new version
+    assert http.get("/v1/nodes/n0").json()["topology_version"] == 1
+    register_nodes(http, ["n0"], rails=4)
+    assert http.get("/v1/nodes/n0").json()["topology_version"] == 2
+    assert [n["name"] for n in http.get("/v1/nodes").json()] == ["n0"]
+
+
+def test_bad_node_body_names_the_field(http: httpx.Client) -> None:
+    r = http.put("/v1/nodes/n0", json={"gpus": [{"index": -1, "pci": "x"}], "rnics": []})
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"] == "invalid"
+    assert body["detail"][0]["field"] == "gpus.0.index"
+    r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": [], "gpuz": []})
+    assert r.json()["detail"][0]["field"] == "gpuz"
+    assert http.get("/v1/nodes/n0").status_code == 404
+
+
+def test_job_lifecycle(http: httpx.Client) -> None:
+    register_nodes(http, ["n0", "n1"])
+    r = http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    assert r.status_code == 201, r.text
+    job = http.get("/v1/jobs/j1").json()
+    assert job["mode"] == "normal"
+    assert len(job["ranks"]) == 16
+    assert http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"])).status_code == 409
+    r = http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T13:00:00Z", "iteration": 1200})
+    assert r.status_code == 201 and r.json()["current"] is True
+    stale = http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T12:30:00Z"})
+    assert stale.json()["current"] is False
+    assert http.get("/v1/jobs/j1").json()["last_checkpoint_iteration"] == 1200
+    assert http.delete("/v1/jobs/j1").status_code == 204
+    assert http.get("/v1/jobs/j1").status_code == 404
+    assert http.delete("/v1/jobs/j1").json()["error"] == "not_found"
+
+
+def test_job_with_missing_gpu_is_refused_whole(http: httpx.Client) -> None:
+    register_nodes(http, ["n0"])
+    body = job_body("j1", ["n0", "ghost"])
+    body["ranks"][3]["gpu"] = 3
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert any("ranks[8].node" in p and "ghost" in p for p in r.json()["detail"])
+    assert http.get("/v1/jobs/j1").status_code == 404
+    assert http.get("/v1/jobs").json() == []
+    bad_gpu = job_body("j1", ["n0"], gpus=8)
+    bad_gpu["ranks"][7]["gpu"] = 9
+    r = http.post("/v1/jobs", json=bad_gpu)
+    assert r.status_code == 422 and "ranks[7].gpu" in r.json()["detail"][0]
+
+
+def test_job_schema_errors(http: httpx.Client) -> None:
+    body = job_body("j1", ["n0"])
+    body["ranks"][1]["rank"] = 0
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 422 and "rank numbers" in r.json()["detail"][0]["problem"]
+    body = job_body("j1", ["n0"], timeout_s=None)
+    r = http.post("/v1/jobs", json=body)
+    assert "timeout_s" in r.json()["detail"][0]["problem"]
+    body = job_body("j1", ["n0"], last_checkpoint_at="2026-11-01T12:00:00")
+    r = http.post("/v1/jobs", json=body)
+    assert r.json()["detail"][0]["field"] == "last_checkpoint_at"
+
+
+def test_ib_timeout_derives_timeout(http: httpx.Client) -> None:
+    register_nodes(http, ["n0"])
+    body = job_body("j1", ["n0"], timeout_s=None, ib_timeout=20, ib_retry_cnt=7)
+    assert http.post("/v1/jobs", json=body).status_code == 201
+    assert abs(http.get("/v1/jobs/j1").json()["timeout_s"] - 4.096e-6 * 2**20 * 8) < 1e-9
+
+
+def test_evaluate_is_stateless(http: httpx.Client) -> None:
+    q = {
+        "checkpoint_interval_s": 3600,
+        "t_elapsed_s": 1500,
+        "reload_s": 600,
+        "k": 1.5,
+        "timeout_s": 30,
+    }
+    r = http.post("/v1/evaluate", json=q)
+    assert r.status_code == 200
+    assert r.json()["action"] == "failover"
+    assert r.json()["inputs"]["threshold_s"] == 1200
+    r = http.post("/v1/evaluate", json=q | {"t_elapsed_s": 1000})
+    assert r.json()["action"] == "restart"
+    r = http.post("/v1/evaluate", json=q | {"k": None, "concurrent_faults": 3})
+    assert r.json()["inputs"]["k"] == 1.5 and r.json()["inputs"]["k_source"] == "default"
+    r = http.post("/v1/evaluate", json=q | {"k": 0.5})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "k"
+
+
+def test_health(http: httpx.Client) -> None:
+    assert http.get("/healthz").json()["status"] == "ok"
+    assert http.get("/readyz").json()["detail"]["auth"] == "open"
+    metrics = http.get("/metrics").text
+    assert "railover_decisions_total" in metrics
+    assert "railover_open_faults" in metrics

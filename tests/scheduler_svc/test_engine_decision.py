@@ -1,0 +1,182 @@
+"""Equations (1)-(4) of the design, table-driven."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scheduler_svc.engine.decision import (
+    Action,
+    DecisionInputs,
+    decide,
+    failover_cost_s,
+    failover_threshold_s,
+    ib_timeout_s,
+    restart_cost_s,
+)
+from scheduler_svc.engine.slowdown import KSource, default_k, estimate_k, modelled_k
+
+
+def inputs(**kw: float | int | bool | str) -> DecisionInputs:
+    base: dict[str, float | int | bool | str] = {
+        "checkpoint_interval_s": 3600.0,
+        "elapsed_s": 0.0,
+        "detect_s": 0.0,
+        "reload_s": 600.0,
+        "timeout_s": 30.0,
+        "k": 1.5,
+        "k_source": "measured",
+        "gpus": 16,
+    }
+    base.update(kw)
+    return DecisionInputs(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("interval", "detect", "k", "threshold"),
+    [
+        (3600, 0, 1.5, 1200.0),  # (5): a third of the interval
+        (3600, 0, 1.03, 3600 * 0.03 / 1.03),
+        (3600, 1800, 1.5, 0.0),  # detection as long as the loss: always fail over
+        (3600, 0, 1.0, 0.0),  # no slowdown: failing over is free
+        (7200, 600, 1.2, (7200 * 0.2 - 600) / 1.2),
+    ],
+)
+def test_threshold_matches_equation_4(
+    interval: float, detect: float, k: float, threshold: float
+) -> None:
+    assert failover_threshold_s(interval, detect, k) == pytest.approx(threshold)
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "action"),
+    [
+        (0, Action.RESTART),
+        (1000, Action.RESTART),
+        (1199, Action.RESTART),
+        (1201, Action.FAILOVER),
+        (1500, Action.FAILOVER),
+        (3599, Action.FAILOVER),
+    ],
+)
+def test_decision_flips_at_the_threshold(elapsed: float, action: Action) -> None:
+    d = decide(inputs(elapsed_s=elapsed))
+    assert d.action == action
+    assert d.threshold_s == pytest.approx(1200.0)
+    assert d.costs_s["restart"] == pytest.approx(30 + 0 + 600 + 3600)
+    assert d.costs_s["failover"] == pytest.approx(30 + 1.5 * (3600 - elapsed) + 600)
+    assert d.costs_gpu_s["restart"] == pytest.approx(d.costs_s["restart"] * 16)  # type: ignore[operator]
+    assert d.reason.startswith("fail over" if action == Action.FAILOVER else "restart")
+
+
+def test_costs_agree_with_equations_on_arrays() -> None:
+    elapsed = np.array([0.0, 1000.0, 1500.0])
+    fo = failover_cost_s(
+        np.full(3, 3600.0), elapsed, np.full(3, 600.0), np.full(3, 30.0), np.full(3, 1.5)
+    )
+    rs = restart_cost_s(np.full(3, 3600.0), np.zeros(3), np.full(3, 600.0), np.full(3, 30.0))
+    assert list(fo < rs) == [False, False, True]
+
+
+def test_no_path_is_never_a_failover() -> None:
+    d = decide(inputs(elapsed_s=3500, path_available=False))
+    assert d.action == Action.RESTART
+    assert d.costs_s["failover"] is None
+    assert "no usable path" in d.reason
+
+
+def test_no_path_without_spare_prefers_scaling() -> None:
+    d = decide(
+        inputs(
+            elapsed_s=3500,
+            path_available=False,
+            spare_nodes=False,
+            node_replace_s=86400,
+            allow_scaling=True,
+            dp_size=16,
+        )
+    )
+    assert d.action == Action.RESTART_SCALED
+    assert d.costs_s["restart_scaled"] == pytest.approx(30 + 600 + 3600 * 16 / 15)
+    assert d.costs_gpu_s["restart_scaled"] == pytest.approx(d.costs_s["restart_scaled"] * 15)  # type: ignore[operator]
+
+
+def test_restart_scaled_needs_permission() -> None:
+    d = decide(inputs(elapsed_s=0, spare_nodes=False, node_replace_s=86400, dp_size=16))
+    assert d.costs_s["restart_scaled"] is None
+    assert d.action == Action.FAILOVER  # a day's wait makes degraded running cheaper
+
+
+def test_healed_flap_needs_nothing() -> None:
+    d = decide(inputs(elapsed_s=100, healed=True))
+    assert d.action == Action.NONE
+    assert d.costs_s["none"] == pytest.approx(3500)
+
+
+def test_backup_only_fault_needs_nothing() -> None:
+    d = decide(inputs(elapsed_s=100, affected=False))
+    assert d.action == Action.NONE
+    assert "backup" in d.reason
+
+
+def test_overdue_checkpoint_is_capped_and_noted() -> None:
+    d = decide(inputs(elapsed_s=5000))
+    assert d.action == Action.FAILOVER
+    assert d.costs_s["failover"] == pytest.approx(630)
+    assert d.notes and "overdue" in d.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("checkpoint_interval_s", 0, "checkpoint_interval_s"),
+        ("k", 0.9, "k \\(slowdown"),
+        ("elapsed_s", -1, "elapsed_s"),
+        ("reload_s", math.inf, "reload_s"),
+        ("gpus", 0, "gpus"),
+        ("dp_size", 0, "dp_size"),
+    ],
+)
+def test_bad_inputs_name_the_field(field: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        inputs(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("exp", "retry", "seconds"),
+    [(14, 7, 4.096e-6 * 16384 * 8), (0, 0, 4.096e-6), (22, 7, 4.096e-6 * 2**22 * 8)],
+)
+def test_ib_timeout(exp: int, retry: int, seconds: float) -> None:
+    assert ib_timeout_s(exp, retry) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("exp", "retry"), [(32, 0), (-1, 0), (5, 8)])
+def test_ib_timeout_rejects_out_of_range(exp: int, retry: int) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        ib_timeout_s(exp, retry)
+
+
+@pytest.mark.parametrize(("faults", "k"), [(0, 1.0), (1, 1.03), (2, 1.20), (3, 1.50), (9, 1.50)])
+def test_paper_default_k(faults: int, k: float) -> None:
+    assert default_k(faults) == k
+
+
+def test_k_sources_in_order_of_preference() -> None:
+    measured = estimate_k(measured_k=1.1, comm_share=0.3, bandwidth_left=0.5, concurrent_faults=2)
+    assert (measured.k, measured.source) == (1.1, KSource.MEASURED)
+    model = estimate_k(measured_k=None, comm_share=0.3, bandwidth_left=0.5, concurrent_faults=2)
+    assert model.source == KSource.MODEL
+    assert model.k == pytest.approx(0.7 + 0.3 / 0.5)
+    default = estimate_k(measured_k=None, comm_share=None, bandwidth_left=0.5, concurrent_faults=2)
+    assert (default.k, default.source) == (1.20, KSource.DEFAULT)
+
+
+def test_model_k_bounds() -> None:
+    assert modelled_k(0.0, 0.1) == 1.0
+    assert modelled_k(1.0, 0.5) == 2.0
+    with pytest.raises(ValueError, match="comm_share"):
+        modelled_k(1.5, 0.5)
+    with pytest.raises(ValueError, match="bandwidth_left"):
+        modelled_k(0.5, 0.0)
