@@ -215,3 +215,20 @@ def test_four_threads_quarter_million_each_account_exactly(
     assert agent.counts[wire.Progress] == s.sent
     assert s.dropped_no_agent == 0
     assert not agent.errors
+
+
+def test_drops_are_logged_at_a_rate_limit(plugin_lib: Path, agent_path: Path) -> None:
+    lines: list[str] = []
+    with Plugin(
+        socket_path=agent_path, log_interval_ms=50, log=lambda _lvl, m: lines.append(m), **FAST
+    ) as plugin:
+        for i in range(1000):
+            plugin.report_progress(1, 0, i)
+        wait_until(lambda: any("dropped 1000 reports" in line for line in lines))
+        for i in range(500):
+            plugin.report_progress(1, 0, i)
+        wait_until(lambda: any("dropped 500 reports" in line for line in lines))
+    drop_lines = [line for line in lines if "dropped" in line]
+    # One summary per burst, not one line per drop; connection failures once per streak.
+    assert len(drop_lines) == 2, drop_lines
+    assert sum("not reachable" in line for line in lines) == 1
