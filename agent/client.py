@@ -18,7 +18,8 @@ from tenacity import (
     RetryError,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from agent import metrics
@@ -140,9 +141,8 @@ class ServiceClient:
     ) -> httpx.Response:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(
-                initial=0.05, max=min(2.0, self.settings.retry_max_backoff_s)
-            ),
+            wait=wait_exponential(multiplier=0.05, max=min(2.0, self.settings.retry_max_backoff_s))
+            + wait_random(0, 0.05),
             retry=retry_if_exception_type(_Retryable),
             reraise=False,
         )

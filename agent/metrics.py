@@ -6,7 +6,9 @@ counted anywhere.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from pathlib import Path
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, ProcessCollector
 
 # collector: a registered collector name (topology, ports, counters, pcie, plugin).
 COLLECTOR_SUCCESS = Gauge(
@@ -85,3 +87,15 @@ COMMANDS_FORWARDED = Counter(
 ACKS_SENT = Counter(
     "railover_agent_acks_sent_total", "Command acknowledgements sent to the service.", ["status"]
 )
+
+
+_process_collector: ProcessCollector | None = None
+
+
+def watch_own_process(proc_root: Path) -> None:
+    """Export the agent's own CPU and memory from PROC_ROOT (its cost is a budget)."""
+    global _process_collector  # noqa: PLW0603  # one collector per process, made on first start
+    if _process_collector is None:
+        _process_collector = ProcessCollector(
+            namespace="railover_agent", proc=str(proc_root), registry=REGISTRY
+        )

@@ -54,6 +54,7 @@ class Agent:
             with contextlib.suppress(KeyError):
                 metrics.COLLECTOR_SUCCESS.remove(name)
         self.client = ServiceClient(settings, transport)
+        metrics.watch_own_process(settings.proc_root)
         self.registered: str | None = None
         self._rejected_topology: str | None = None
         self.last_poll: float | None = None

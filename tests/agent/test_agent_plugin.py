@@ -1,0 +1,288 @@
+"""The plugin socket: real unix sockets, frames from native_plugin.wire."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from agent.sysfs_fixture import FixtureNode
+from agent.testing import AgentThread, StandInService, settings_for, wait_until
+from native_plugin import wire
+
+
+def _metric(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+@pytest.fixture
+def running(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, standin: StandInService
+) -> Iterator[AgentThread]:
+    a = AgentThread(settings_for(node_a.root, tmp_path, standin.url, rail_map_a)).start()
+    yield a
+    a.stop()
+
+
+def _connect(a: AgentThread) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(a.settings.socket))
+    return s
+
+
+def _recv_messages(s: socket.socket, n: int, timeout: float = 5.0) -> list[wire.Message]:
+    dec = wire.FrameDecoder()
+    out: list[wire.Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        data = s.recv(4096)
+        if not data:
+            break
+        out.extend(dec.feed(data))
+    return out
+
+
+def _is_closed(s: socket.socket) -> bool:
+    s.settimeout(5)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_plugin_events_reach_the_service(running: AgentThread, standin: StandInService) -> None:
+    s = _connect(running)
+    now_ns = time.time_ns()
+    frames: list[wire.Message] = [
+        wire.Hello(comm_id=77, pid=1234, abi_version=1, rank=3),
+        wire.CqeError(
+            timestamp_ns=now_ns,
+            port=1,
+            qp_num=0x1A2,
+            wc_status=12,
+            vendor_err=0x81,
+            pid=1234,
+            dev_name="mlx5_0",
+            peer="10.0.0.2",
+        ),
+        wire.PortEvent(timestamp_ns=now_ns, port=1, ibv_event_type=10, pid=1234, dev_name="mlx5_1"),
+        wire.PortEvent(timestamp_ns=now_ns, port=0, ibv_event_type=8, pid=1234, dev_name="mlx5_2"),
+        wire.PathSwitch(
+            comm_id=77,
+            timestamp_ns=now_ns,
+            channel=2,
+            reason=1,
+            pid=1234,
+            from_dev="mlx5_0",
+            to_dev="mlx5_1",
+        ),
+    ]
+    # Many progress samples: only the newest per (comm, rank) is sent.
+    frames += [
+        wire.Progress(comm_id=77, ops_done=i, timestamp_ns=now_ns, rank=3, pid=1234)
+        for i in range(1, 501)
+    ]
+    # Split frames across writes at odd places, as a stream socket may.
+    data = b"".join(wire.encode(f) for f in frames)
+    for i in range(0, len(data), 37):
+        s.sendall(data[i : i + 37])
+    assert standin.wait_for(
+        lambda st: (
+            {e["kind"] for e in st.events.values()}
+            >= {"cqe_error", "port_event", "device_fatal", "path_switch", "progress"}
+        )
+    )
+    evs = {e["kind"]: e for e in standin.state.events.values()}
+    cqe = evs["cqe_error"]
+    assert (cqe["device"], cqe["port"], cqe["wc_status"], cqe["vendor_err"]) == (
+        "mlx5_0",
+        1,
+        12,
+        0x81,
+    )
+    assert (cqe["comm_id"], cqe["rank"]) == (77, 3)
+    assert cqe["detail"]["qp_num"] == 0x1A2 and cqe["detail"]["peer"] == "10.0.0.2"
+    assert evs["port_event"]["event_type"] == 10
+    assert evs["device_fatal"]["device"] == "mlx5_2" and "port" not in evs["device_fatal"]
+    ps = evs["path_switch"]
+    assert ps["detail"]["reason"] == "failover" and ps["detail"]["to_dev"] == "mlx5_1"
+    progress = [e for e in standin.state.events.values() if e["kind"] == "progress"]
+    assert progress[-1]["ops_done"] == 500
+    assert len(progress) < 50
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00" * 16,  # bad magic
+        struct.pack("<IHHII", wire.MAGIC, wire.VERSION, int(wire.MsgType.PROGRESS), 10**6, 0),
+        struct.pack("<IHHII", wire.MAGIC, 99, int(wire.MsgType.PROGRESS), 32, 0),
+        struct.pack("<IHHII", wire.MAGIC, wire.VERSION, 250, 8, 0) + b"\x00" * 8,
+    ],
+    ids=["bad-magic", "oversized", "bad-version", "unknown-type"],
+)
+def test_malformed_frames_drop_the_connection_only(
+    running: AgentThread, standin: StandInService, garbage: bytes
+) -> None:
+    before = _metric("railover_agent_plugin_malformed_frames_total")
+    bad = _connect(running)
+    good = _connect(running)
+    good.sendall(wire.encode(wire.Hello(comm_id=5, pid=2, abi_version=1, rank=0)))
+    # A valid frame before the garbage is still acted on.
+    ok = wire.CqeError(
+        timestamp_ns=0,
+        port=1,
+        qp_num=1,
+        wc_status=5,
+        vendor_err=0,
+        pid=1,
+        dev_name="mlx5_3",
+        peer="",
+    )
+    bad.sendall(wire.encode(ok) + garbage)
+    assert _is_closed(bad)
+    assert wait_until(lambda: _metric("railover_agent_plugin_malformed_frames_total") == before + 1)
+    assert standin.wait_for(lambda st: any(e.get("device") == "mlx5_3" for e in st.events.values()))
+    # The other client and the listener carry on.
+    good.sendall(
+        wire.encode(
+            wire.CqeError(
+                timestamp_ns=0,
+                port=1,
+                qp_num=1,
+                wc_status=12,
+                vendor_err=0,
+                pid=2,
+                dev_name="mlx5_4",
+                peer="",
+            )
+        )
+    )
+    assert standin.wait_for(lambda st: any(e.get("device") == "mlx5_4" for e in st.events.values()))
+    third = _connect(running)
+    third.close()
+    good.close()
+
+
+def test_client_sending_a_command_is_dropped(running: AgentThread) -> None:
+    s = _connect(running)
+    cmd = wire.Command(command_id=1, comm_id=1, ops_done=0, disabled_channels=0, kind=1, epoch=1)
+    s.sendall(wire.encode(cmd))
+    assert _is_closed(s)
+
+
+def test_commands_are_relayed_and_acked(running: AgentThread, standin: StandInService) -> None:
+    mine = _connect(running)
+    other = _connect(running)
+    mine.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    other.sendall(wire.encode(wire.Hello(comm_id=999, pid=11, abi_version=1, rank=0)))
+    assert wait_until(
+        lambda: (
+            running.agent.hub is not None and sum(c.hello for c in running.agent.hub.clients) == 2
+        )
+    )
+    standin.add_command(
+        {
+            "command_id": 17,
+            "job_id": "j1",
+            "kind": "rebalance",
+            "epoch": 2,
+            "comm_id": 123,
+            "ops_done": 5000,
+            "disabled_channels": [2, 3],
+            "ranks": [],
+        }
+    )
+    (msg,) = _recv_messages(mine, 1)
+    assert msg == wire.Command(
+        command_id=17, comm_id=123, ops_done=5000, disabled_channels=0b1100, kind=1, epoch=2
+    )
+    assert standin.wait_for(lambda st: any(b["status"] == "delivered" for _, b in st.acks))
+    other.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        other.recv(1)  # a different communicator's client got nothing
+    mine.sendall(wire.encode(wire.Ack(command_id=17, status=0, pid=10)))
+    assert standin.wait_for(lambda st: any(b["status"] == "applied" for _, b in st.acks))
+    applied = [b for cid, b in standin.state.acks if b["status"] == "applied"]
+    assert applied == [
+        {"node": "n0", "rank": 3, "status": "applied", "detail": "applied (pid 10)"}
+    ] or (applied[0]["rank"] == 3 and applied[0]["node"] == "n0")
+    mine.sendall(wire.encode(wire.Ack(command_id=17, status=-3, pid=10)))
+    assert standin.wait_for(lambda st: any(b["status"] == "failed" for _, b in st.acks))
+    failed = [b for _, b in standin.state.acks if b["status"] == "failed"]
+    assert "too_late" in failed[0]["detail"]
+    mine.close()
+    other.close()
+
+
+def test_command_waits_for_a_client_then_fails(
+    running: AgentThread, standin: StandInService
+) -> None:
+    standin.add_command(
+        {
+            "command_id": 5,
+            "job_id": "j",
+            "kind": "abort",
+            "epoch": 1,
+            "comm_id": 42,
+            "ops_done": 0,
+            "disabled_channels": [],
+            "ranks": [],
+        }
+    )
+    standin.add_command(
+        {
+            "command_id": 6,
+            "job_id": "j",
+            "kind": "abort",
+            "epoch": 1,
+            "comm_id": 43,
+            "ops_done": 0,
+            "disabled_channels": [],
+            "ranks": [],
+        }
+    )
+    time.sleep(0.3)
+    late = _connect(running)
+    late.sendall(wire.encode(wire.Hello(comm_id=42, pid=9, abi_version=1, rank=1)))
+    (msg,) = _recv_messages(late, 1)
+    assert (
+        isinstance(msg, wire.Command) and msg.command_id == 5 and msg.kind == wire.CommandKind.ABORT
+    )
+    # Nobody for comm 43 within COMMAND_HOLD_S (2 s in tests): acked failed, not lost.
+    assert standin.wait_for(
+        lambda st: any(cid == 6 and b["status"] == "failed" for cid, b in st.acks), timeout=6
+    )
+    late.close()
+
+
+def test_stale_socket_is_replaced_but_a_live_one_is_not(
+    node_a: FixtureNode, tmp_path: Path, standin: StandInService
+) -> None:
+    s1 = settings_for(node_a.root, tmp_path / "a", standin.url)
+    a = AgentThread(s1).start()
+    try:
+        s2 = settings_for(node_a.root, tmp_path / "b", standin.url, socket=s1.socket)
+        with pytest.raises(RuntimeError, match="another agent is listening"):
+            AgentThread(s2).start()
+    finally:
+        a.stop()
+    # Simulate a crashed agent: a socket file with nobody behind it.
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(s1.socket))
+    dead.close()
+    a = AgentThread(
+        settings_for(node_a.root, tmp_path / "c", standin.url, socket=s1.socket)
+    ).start()
+    try:
+        _connect(a).close()
+    finally:
+        a.stop()
