@@ -1,0 +1,169 @@
+"""End to end with the real service over loopback: an outage, 1,000 events, an agent restart.
+
+Service down; the agent records 1,000 events (port flips from sysfs and CQE
+errors from a plugin client) and is restarted halfway; then the service
+starts. All 1,000 must be in the service's database, none twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.sysfs_fixture import FixtureNode, set_port_state
+from agent.testing import AgentThread, settings_for, wait_until
+from native_plugin import wire
+
+pytest.importorskip("scheduler_svc.main")
+RAILOVER = Path(sys.executable).with_name("railover")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    def __init__(self, port: int, db: Path, log: Path) -> None:
+        self.port = port
+        self.db = db
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAILOVER_")}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(RAILOVER),
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--db",
+                    f"sqlite:///{self.db}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        url = f"http://127.0.0.1:{self.port}/healthz"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"service did not start:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    if not RAILOVER.exists():
+        pytest.skip("railover console script not installed")
+    svc = Service(_free_port(), tmp_path / "svc.db", tmp_path / "svc.log")
+    yield svc
+    svc.stop()
+
+
+def _cqe(qp: int) -> bytes:
+    return wire.encode(
+        wire.CqeError(
+            timestamp_ns=time.time_ns(),
+            port=1,
+            qp_num=qp,
+            wc_status=12,
+            vendor_err=0x81,
+            pid=4242,
+            dev_name=f"mlx5_{qp % 8}",
+            peer="10.0.0.9",
+        )
+    )
+
+
+def _send_cqes(a: AgentThread, qps: range) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(a.settings.socket))
+    s.sendall(wire.encode(wire.Hello(comm_id=9, pid=4242, abi_version=1, rank=0)))
+    s.sendall(b"".join(_cqe(q) for q in qps))
+    s.close()
+
+
+def test_outage_restart_1000_events_all_arrive_once(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, service: Service
+) -> None:
+    settings = settings_for(
+        node_a.root,
+        tmp_path / "agent",
+        f"http://127.0.0.1:{service.port}",
+        rail_map_a,
+        retry_max_backoff_s=0.5,
+    )
+    a = AgentThread(settings).start()
+    try:
+        # 10 port events from sysfs: five ports down, then up, each seen by a poll.
+        for dev in ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"):
+            for state in ("DOWN", "ACTIVE"):
+                depth = a.agent.spool.depth()
+                set_port_state(node_a.root, dev, 1, state)
+                assert wait_until(lambda d=depth: a.agent.spool.depth() == d + 1)
+        _send_cqes(a, range(0, 495))
+        assert wait_until(lambda: a.agent.spool.depth() == 505, timeout=20)
+    finally:
+        a.stop()
+
+    # The agent restarts midway through the outage.
+    a = AgentThread(settings).start()
+    try:
+        assert a.agent.spool.depth() == 505
+        _send_cqes(a, range(495, 990))
+        assert wait_until(lambda: a.agent.spool.depth() == 1000, timeout=20)
+        spooled: list[tuple[int, dict[str, Any]]] = a.call(lambda: a.agent.spool.peek(5000))
+        want_ids = {ev["event_id"] for _, ev in spooled}
+        assert len(want_ids) == 1000
+
+        service.start()
+        assert wait_until(lambda: a.agent.spool.depth() == 0, timeout=60), (
+            f"{a.agent.spool.depth()} events still spooled"
+        )
+        assert a.call(a.agent.spool.dead_letters) == []
+    finally:
+        a.stop()
+
+    with sqlite3.connect(service.db) as db:
+        rows = db.execute(
+            "SELECT event_id, kind, device, payload FROM events WHERE node = 'n0'"
+        ).fetchall()
+    assert len(rows) == 1000
+    assert {r[0] for r in rows} == want_ids
+    cqe_qps = [json.loads(r[3])["detail"]["qp_num"] for r in rows if r[1] == "cqe_error"]
+    assert sorted(cqe_qps) == list(range(990))  # each generated once, none twice
+    ports = sorted((r[2], r[1]) for r in rows if r[1] != "cqe_error")
+    assert ports == sorted(
+        (f"mlx5_{i}", k) for i in range(5) for k in ("port_down", "port_up")
+    )
