@@ -214,8 +214,11 @@ class PluginHub:
         """Take a command from the service; True if it was new to us."""
         cid = int(cmd["command_id"])
         if cid in self.handled:
-            # Our ack did not land; say it again.
-            self.acks.put_nowait(AckRequest(cid, self.handled[cid], None, "re-ack"))
+            # The service keeps returning a delivered command until the CCL
+            # acks it applied; that is not news. Any other status coming back
+            # means our ack did not land: say it again.
+            if self.handled[cid] != "delivered":
+                self.acks.put_nowait(AckRequest(cid, self.handled[cid], None, "re-ack"))
             return False
         if cid in self.pending:
             return False

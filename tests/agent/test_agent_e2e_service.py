@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,112 @@ def test_outage_restart_1000_events_all_arrive_once(
     cqe_qps = [json.loads(r[3])["detail"]["qp_num"] for r in rows if r[1] == "cqe_error"]
     assert sorted(cqe_qps) == list(range(990))  # each generated once, none twice
     ports = sorted((r[2], r[1]) for r in rows if r[1] != "cqe_error")
-    assert ports == sorted(
-        (f"mlx5_{i}", k) for i in range(5) for k in ("port_down", "port_up")
+    assert ports == sorted((f"mlx5_{i}", k) for i in range(5) for k in ("port_down", "port_up"))
+
+
+def _http(method: str, url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
     )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_live_service_plan_fault_and_command_relay(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, service: Service
+) -> None:
+    service.start()
+    base = f"http://127.0.0.1:{service.port}"
+    interval = 1.0  # the default poll interval
+    settings = settings_for(
+        node_a.root, tmp_path / "agent", base, rail_map_a, poll_interval_s=interval
+    )
+    a = AgentThread(settings).start()
+    # One CCL process per GPU, as on a training node.
+    plugins = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+    try:
+        assert wait_until(lambda: a.agent.registered is not None, timeout=10)
+        node = _http("GET", f"{base}/v1/nodes/n0")
+        # The service's s-Bond plan for shape (a): every GPU's backup sits behind
+        # its own root complex (each switch carries two GPU RNICs), never a storage NIC.
+        rc = {r["name"]: r["root_complex"] for r in node["rnics"]}
+        gpu_rc = {g["index"]: g["root_complex"] for g in node["gpus"]}
+        assert len(node["backup_plan"]) == 8
+        for p in node["backup_plan"]:
+            backup = p["backup"].split("/")[0]
+            assert backup not in ("mlx5_8", "mlx5_9")
+            assert rc[backup] == gpu_rc[p["gpu"]], p
+
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _http(
+            "POST",
+            f"{base}/v1/jobs",
+            {
+                "job_id": "j1",
+                "ranks": [{"rank": i, "node": "n0", "gpu": i} for i in range(8)],
+                "checkpoint_interval_s": 3600,
+                "reload_s": 1800,
+                "detect_s": 0,
+                "timeout_s": 30,
+                "last_checkpoint_at": now,
+                "slowdown_k": 1.5,
+            },
+        )
+        for rank, p in enumerate(plugins):
+            p.connect(str(settings.socket))
+            p.sendall(wire.encode(wire.Hello(comm_id=0, pid=100 + rank, abi_version=1, rank=rank)))
+
+        t_flip = time.time()
+        set_port_state(node_a.root, "mlx5_0", 1, "DOWN")
+
+        def fault_open() -> bool:
+            with sqlite3.connect(service.db) as db:
+                return bool(
+                    db.execute(
+                        "SELECT 1 FROM faults WHERE node='n0' AND device='mlx5_0' "
+                        "AND cleared_at IS NULL"
+                    ).fetchall()
+                )
+
+        # Detection happens at the next poll, so within one interval of the flip;
+        # the rest is one HTTP request on loopback (allowance for a busy 2-core box).
+        assert wait_until(fault_open, timeout=interval + 1.0, step=0.01)
+        arrived = time.time() - t_flip
+        with sqlite3.connect(service.db) as db:
+            (observed,) = db.execute(
+                "SELECT observed_at FROM events WHERE kind='port_down' AND device='mlx5_0'"
+            ).fetchone()
+        # The store keeps UTC without a zone.
+        observed_ts = datetime.fromisoformat(str(observed)).replace(tzinfo=UTC).timestamp()
+        assert observed_ts - t_flip <= interval + 0.25
+        assert arrived <= interval + 0.5
+
+        # Fault right after a checkpoint: restart is cheaper, so the service
+        # tells every rank's process to abort; the agent relays it to the plugin.
+        decisions = _http("GET", f"{base}/v1/jobs/j1/decisions")
+        listing = decisions["decisions"] if isinstance(decisions, dict) else decisions
+        assert listing[0]["action"] == "restart"
+        cmds_seen: list[wire.Message] = []
+        for rank, p in enumerate(plugins):
+            p.settimeout(10)
+            dec = wire.FrameDecoder()
+            msgs: list[wire.Message] = []
+            while not msgs:
+                msgs = dec.feed(p.recv(4096))
+            (cmd,) = msgs
+            assert isinstance(cmd, wire.Command) and cmd.kind == wire.CommandKind.ABORT
+            cmds_seen.append(cmd)
+            p.sendall(wire.encode(wire.Ack(command_id=cmd.command_id, status=0, pid=100 + rank)))
+        assert len({c.command_id for c in cmds_seen if isinstance(c, wire.Command)}) == 1
+
+        def acked() -> bool:
+            got = _http("GET", f"{base}/v1/jobs/j1/commands")
+            cmds = got["commands"] if isinstance(got, dict) else got
+            return any(c["command_id"] == cmd.command_id and c["state"] == "applied" for c in cmds)
+
+        assert wait_until(acked, timeout=10, step=0.1)
+    finally:
+        for p in plugins:
+            p.close()
+        a.stop()
