@@ -130,9 +130,9 @@ def test_outage_restart_1000_events_all_arrive_once(
         # 10 port events from sysfs: five ports down, then up, each seen by a poll.
         for dev in ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"):
             for state in ("DOWN", "ACTIVE"):
-                depth = a.agent.spool.depth()
+                want = a.agent.spool.depth() + 1
                 set_port_state(node_a.root, dev, 1, state)
-                assert wait_until(lambda d=depth: a.agent.spool.depth() == d + 1)
+                assert wait_until(lambda: a.agent.spool.depth() == want)  # noqa: B023  # waited on at once
         _send_cqes(a, range(0, 495))
         assert wait_until(lambda: a.agent.spool.depth() == 505, timeout=20)
     finally:
@@ -251,7 +251,7 @@ def test_live_service_plan_fault_and_command_relay(
         decisions = _http("GET", f"{base}/v1/jobs/j1/decisions")
         listing = decisions["decisions"] if isinstance(decisions, dict) else decisions
         assert listing[0]["action"] == "restart"
-        cmds_seen: list[wire.Message] = []
+        cmds_seen: list[wire.Command] = []
         for rank, p in enumerate(plugins):
             p.settimeout(10)
             dec = wire.FrameDecoder()
@@ -262,12 +262,13 @@ def test_live_service_plan_fault_and_command_relay(
             assert isinstance(cmd, wire.Command) and cmd.kind == wire.CommandKind.ABORT
             cmds_seen.append(cmd)
             p.sendall(wire.encode(wire.Ack(command_id=cmd.command_id, status=0, pid=100 + rank)))
-        assert len({c.command_id for c in cmds_seen if isinstance(c, wire.Command)}) == 1
+        assert len({c.command_id for c in cmds_seen}) == 1
+        command_id = cmds_seen[0].command_id
 
         def acked() -> bool:
             got = _http("GET", f"{base}/v1/jobs/j1/commands")
             cmds = got["commands"] if isinstance(got, dict) else got
-            return any(c["command_id"] == cmd.command_id and c["state"] == "applied" for c in cmds)
+            return any(c["command_id"] == command_id and c["state"] == "applied" for c in cmds)
 
         assert wait_until(acked, timeout=10, step=0.1)
     finally:
