@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 COST_OTHER_PCIE_SWITCH = 1
@@ -61,12 +61,16 @@ class NodeTopology:
     name: str
     gpus: tuple[Gpu, ...]
     rnics: tuple[Rnic, ...]
+    _by_key: dict[str, Rnic] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_key", {r.key: r for r in self.rnics})
 
     def rnic(self, key: str) -> Rnic:
-        for r in self.rnics:
-            if r.key == key:
-                return r
-        raise KeyError(f"node {self.name} has no RNIC port {key}")
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise KeyError(f"node {self.name} has no RNIC port {key}") from None
 
 
 def placement_cost(gpu: Gpu, rnic: Rnic) -> int:
@@ -125,6 +129,7 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
     """Primary (nearest) and backup (nearest other) RNIC for every GPU of a node."""
     cap = backup_cap_per_switch or default_backup_cap(node)
     candidates = sorted((r for r in node.rnics if r.carries_gpu_traffic), key=lambda r: r.key)
+    keys = {id(r): r.key for r in candidates}  # `key` formats a string; build each once
     warnings: list[str] = []
     if not candidates:
         warnings.append(f"node {node.name} has no RNIC on the GPU fabric (none in the rail map)")
@@ -135,7 +140,7 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         primary = min(
             candidates,
-            key=lambda r: (placement_cost(gpu, r), primary_load[r.key], r.key),
+            key=lambda r: (placement_cost(gpu, r), primary_load[keys[id(r)]], keys[id(r)]),
             default=None,
         )
         if primary is None:
@@ -149,8 +154,8 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
                 placement_cost(gpu, r),
                 backup_load_switch[r.pcie_switch] >= cap,
                 backup_load_switch[r.pcie_switch],
-                backup_load_rnic[r.key],
-                r.key,
+                backup_load_rnic[keys[id(r)]],
+                keys[id(r)],
             ),
             default=None,
         )
@@ -255,39 +260,36 @@ def route_ranks(
     for rank, node, gpu in ranks:
         paths = plans[node].for_gpu(gpu)
         topo = topologies[node]
-        primary_ok = paths.primary is not None and failed.port_ok(node, topo.rnic(paths.primary))
-        backup_ok = paths.backup is not None and failed.port_ok(node, topo.rnic(paths.backup))
-        rail = None if paths.primary is None else topo.rnic(paths.primary).rail
+        primary = None if paths.primary is None else topo.rnic(paths.primary)
+        primary_ok = primary is not None and (failed.empty or failed.port_ok(node, primary))
+        backup_ok = paths.backup is not None and (
+            failed.empty or failed.port_ok(node, topo.rnic(paths.backup))
+        )
+        rail = None if primary is None else primary.rail
         routes.append(
             RankRoute(rank, node, gpu, paths.primary, paths.backup, primary_ok, backup_ok, rail)
         )
     return routes
 
 
-def _broken_pairs(routes: Sequence[RankRoute]) -> int:
-    n = len(routes)
-    x = sum(1 for r in routes if not (r.primary_ok or r.backup_ok))
-    only_primary = sum(1 for r in routes if r.primary_ok and not r.backup_ok)
-    only_backup = sum(1 for r in routes if r.backup_ok and not r.primary_ok)
-    return x * (n - x) + x * (x - 1) // 2 + only_primary * only_backup
+# Endpoint classes of a rank: both work, only primary, only backup, neither.
+_BOTH, _PRIMARY, _BACKUP, _NONE = range(4)
 
 
-def _pairs(groups: Iterable[Sequence[RankRoute]]) -> tuple[int, int]:
-    """(broken, total) pairs within each group, summed."""
+def _class(r: RankRoute) -> int:
+    if r.primary_ok:
+        return _BOTH if r.backup_ok else _PRIMARY
+    return _BACKUP if r.backup_ok else _NONE
+
+
+def _pairs(counts: Mapping[object, list[int]]) -> tuple[int, int]:
+    """(broken, total) pairs within each group, from its per-class counts."""
     broken = total = 0
-    for rs in groups:
-        broken += _broken_pairs(rs)
-        total += len(rs) * (len(rs) - 1) // 2
+    for c in counts.values():
+        n, x = sum(c), c[_NONE]
+        broken += x * (n - x) + x * (x - 1) // 2 + c[_PRIMARY] * c[_BACKUP]
+        total += n * (n - 1) // 2
     return broken, total
-
-
-def _group(
-    routes: Iterable[RankRoute], key: Callable[[RankRoute], object]
-) -> list[list[RankRoute]]:
-    groups: dict[object, list[RankRoute]] = {}
-    for r in routes:
-        groups.setdefault(key(r), []).append(r)
-    return list(groups.values())
 
 
 def talks_over_fabric(a: RankRoute, b: RankRoute) -> bool:
@@ -309,8 +311,14 @@ def connectivity(routes: Sequence[RankRoute], max_examples: int = 10) -> Connect
     and the other only its backup. Pairs are those of `talks_over_fabric`:
     counted within each rail, minus those within one node of that rail.
     """
-    broken_rail, total_rail = _pairs(_group(routes, lambda r: r.rail))
-    broken_local, total_local = _pairs(_group(routes, lambda r: (r.rail, r.node)))
+    per_rail: dict[object, list[int]] = {}
+    per_rail_node: dict[object, list[int]] = {}
+    for r in routes:
+        cls = _class(r)
+        per_rail.setdefault(r.rail, [0, 0, 0, 0])[cls] += 1
+        per_rail_node.setdefault((r.rail, r.node), [0, 0, 0, 0])[cls] += 1
+    broken_rail, total_rail = _pairs(per_rail)
+    broken_local, total_local = _pairs(per_rail_node)
     broken, total = broken_rail - broken_local, total_rail - total_local
     isolated = [r for r in routes if not (r.primary_ok or r.backup_ok)]
     examples: list[tuple[int, int]] = []

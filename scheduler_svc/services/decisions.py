@@ -6,7 +6,9 @@ stores what it returns, and issues the commands that follow from it.
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +32,7 @@ from scheduler_svc.engine.paths import (
 )
 from scheduler_svc.engine.slowdown import estimate_k
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, FaultRepo, NodeRepo
+from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, FaultRepo, JobRepo, NodeRepo
 
 # A fault with port 0 takes the whole RNIC (device fatal); otherwise one port.
 WHOLE_DEVICE = 0
@@ -84,15 +86,58 @@ class JobView:
         return [w for p in self.plans.values() for w in p.warnings]
 
 
+class PlanCache:
+    """Node topologies and s-Bond plans by (node, topology version, cap), shared by threads.
+
+    A plan is a pure function of the topology, and a topology never changes
+    under a version number, so entries stay valid on every replica; a 1,024-GPU
+    decision then reads 128 version numbers instead of 2,048 GPU and RNIC rows.
+    """
+
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self._entries: OrderedDict[tuple[str, int, int | None], tuple[NodeTopology, NodePlan]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self._max = max_entries
+
+    def get(
+        self, session: Session, names: set[str], backup_cap: int | None
+    ) -> tuple[dict[str, NodeTopology], dict[str, NodePlan]]:
+        repo = NodeRepo(session)
+        versions = repo.versions(names)
+        missing_nodes = sorted(names - versions.keys())
+        if missing_nodes:
+            raise LookupError(f"nodes not registered: {', '.join(missing_nodes)}")
+        found: dict[str, tuple[NodeTopology, NodePlan]] = {}
+        with self._lock:
+            for name, version in versions.items():
+                hit = self._entries.get((name, version, backup_cap))
+                if hit is not None:
+                    self._entries.move_to_end((name, version, backup_cap))
+                    found[name] = hit
+        misses = [n for n in versions if n not in found]
+        if misses:
+            for name, node in repo.get_many(misses).items():
+                topo = node_topology(node)
+                entry = (topo, plan_node(topo, backup_cap))
+                found[name] = entry
+                with self._lock:
+                    self._entries[(name, node.topology_version, backup_cap)] = entry
+                    while len(self._entries) > self._max:
+                        self._entries.popitem(last=False)
+        return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
+
+
+PLANS = PlanCache()
+
+
 def job_view(session: Session, job: m.Job, backup_cap: int | None) -> JobView:
-    names = {r.node for r in job.ranks}
-    nodes = NodeRepo(session).get_many(names)
-    topologies = {n: node_topology(nodes[n]) for n in names}
-    plans = {n: plan_node(t, backup_cap) for n, t in topologies.items()}
+    ranks = JobRepo(session).rank_tuples(job.job_id)
+    names = {node for _, node, _ in ranks}
+    topologies, plans = PLANS.get(session, names, backup_cap)
     faults = list(FaultRepo(session).open_on_nodes(names))
-    routes = route_ranks(
-        ((r.rank, r.node, r.gpu) for r in job.ranks), plans, topologies, failed_set(faults)
-    )
+    routes = route_ranks(ranks, plans, topologies, failed_set(faults))
     return JobView(topologies, plans, connectivity(routes), faults)
 
 
@@ -131,11 +176,12 @@ def decide_for_job(
     conn = view.conn
     touching = _faults_touching(view)
     affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
-    bw = bandwidth_left(conn.routes, view.topologies)
+    # Only the bandwidth model needs this, and it walks every rank.
+    bw = bandwidth_left(conn.routes, view.topologies) if job.comm_share is not None else None
     estimate = estimate_k(
         measured_k=job.slowdown_k,
         comm_share=job.comm_share,
-        bandwidth_left=bw if job.comm_share is not None else None,
+        bandwidth_left=bw,
         concurrent_faults=max(1, len(touching)),
         table=settings_k,
     )
@@ -148,7 +194,7 @@ def decide_for_job(
         timeout_s=job.timeout_s,
         k=estimate.k,
         k_source=estimate.source.value,
-        gpus=len(job.ranks),
+        gpus=len(conn.routes),
         path_available=conn.all_pairs_survive,
         affected=affected,
         dp_size=job.dp_size,
@@ -212,7 +258,9 @@ def inputs_record(result: engine.Decision, concurrent: int) -> dict[str, Any]:
     }
 
 
-def _plan(view: JobView, bw: float, k_detail: str, result: engine.Decision) -> dict[str, Any]:
+def _plan(
+    view: JobView, bw: float | None, k_detail: str, result: engine.Decision
+) -> dict[str, Any]:
     conn = view.conn
     moved = [
         {"rank": r.rank, "node": r.node, "gpu": r.gpu, "from": r.primary, "to": r.backup}
@@ -225,7 +273,7 @@ def _plan(view: JobView, bw: float, k_detail: str, result: engine.Decision) -> d
         "isolated_ranks": list(conn.isolated_ranks),
         "broken_pairs": conn.broken_pairs,
         "example_broken_pairs": [list(p) for p in conn.examples],
-        "bandwidth_left": round(bw, 4),
+        "bandwidth_left": None if bw is None else round(bw, 4),
         "k_detail": k_detail,
         "failed_components": [
             {"node": f.node, "device": f.device, "port": f.port or None, "kind": f.kind}

@@ -147,8 +147,9 @@ class Job(Base):
     mode: Mapped[str] = mapped_column(String(16), default="normal")
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
 
+    # Loaded only when asked for: the decision path reads rank tuples instead.
     ranks: Mapped[list[JobRank]] = relationship(
-        cascade="all, delete-orphan", order_by="JobRank.rank", lazy="selectin"
+        cascade="all, delete-orphan", order_by="JobRank.rank", lazy="select"
     )
 
 

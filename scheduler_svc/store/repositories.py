@@ -85,6 +85,13 @@ class NodeRepo:
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 
+    def versions(self, names: Iterable[str]) -> dict[str, int]:
+        """Topology version per node: a cheap read that tells whether cached plans still hold."""
+        rows = self.s.execute(
+            select(m.Node.name, m.Node.topology_version).where(m.Node.name.in_(list(names)))
+        )
+        return dict(rows.tuples().all())
+
     def replace_topology(
         self,
         name: str,
@@ -180,6 +187,15 @@ class JobRepo:
 
     def all(self) -> Sequence[m.Job]:
         return self.s.scalars(select(m.Job).order_by(m.Job.created_at)).all()
+
+    def rank_tuples(self, job_id: str) -> list[tuple[int, str, int]]:
+        """(rank, node, gpu) rows without building ORM objects: 1,024 of them per decision."""
+        rows = self.s.execute(
+            select(m.JobRank.rank, m.JobRank.node, m.JobRank.gpu)
+            .where(m.JobRank.job_id == job_id)
+            .order_by(m.JobRank.rank)
+        )
+        return list(rows.tuples().all())
 
     def job_ids_on_node(self, node: str) -> list[str]:
         return list(

@@ -112,3 +112,18 @@ def test_bad_events_change_nothing(http: httpx.Client) -> None:
     assert http.get("/v1/jobs/j1/decisions").json()["decisions"] == []
     # The good event was not stored by the refused requests: it is new now.
     assert http.post("/v1/events", json={"events": [good]}).json()["accepted"] == 1
+
+
+def test_k_from_bandwidth_model_and_defaults(http: httpx.Client) -> None:
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("modelled", ["n0", "n1"], slowdown_k=None, comm_share=0.4))
+    http.post("/v1/jobs", json=job_body("default", ["n0", "n1"], slowdown_k=None))
+    http.post("/v1/events", json={"events": [event("n0", after_s=3000)]})
+    modelled = http.get("/v1/jobs/modelled/decisions").json()["decisions"][0]
+    # The backup now carries two GPUs: half the bandwidth, communication 40 % of a step.
+    assert modelled["inputs"]["k_source"] == "model"
+    assert modelled["inputs"]["k"] == 0.6 + 0.4 / 0.5
+    assert modelled["plan"]["bandwidth_left"] == 0.5
+    default = http.get("/v1/jobs/default/decisions").json()["decisions"][0]
+    assert (default["inputs"]["k"], default["inputs"]["k_source"]) == (1.03, "default")
+    assert default["inputs"]["concurrent_faults"] == 1
