@@ -279,3 +279,85 @@ class CommandAck(Base):
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime]
+
+
+# --- Fleet notification (issue 6): subscriptions, outbox, deliveries, audit ---
+
+_BIG_ID = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Subscription(Base):
+    """A fleet-wide webhook: events matching its filters go to its URL, signed with its secret."""
+
+    __tablename__ = "subscriptions"
+
+    subscription_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    # Kept in the clear: the service must sign with it. Returned once, at creation.
+    secret: Mapped[str] = mapped_column(String(128))
+    event_types: Mapped[list[str]] = mapped_column(JSON, default=list)
+    job_id: Mapped[str | None] = mapped_column(String(128))
+    description: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(32))
+
+
+class OutboxEvent(Base):
+    """One CloudEvent, written in the transaction that caused it; `id` orders events."""
+
+    __tablename__ = "outbox_events"
+    __table_args__ = (Index("ix_outbox_events_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(36), unique=True)
+    type: Mapped[str] = mapped_column(String(96))
+    subject: Mapped[str] = mapped_column(String(253))
+    job_id: Mapped[str | None] = mapped_column(String(128))
+    data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class Delivery(Base):
+    """One event for one target. A lane (target + job) delivers strictly in `id` order."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        Index("ix_deliveries_state_due", "state", "next_attempt_at"),
+        Index("ix_deliveries_lane", "lane", "state", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    outbox_id: Mapped[int] = mapped_column(
+        _BIG_ID, ForeignKey("outbox_events.id", ondelete="CASCADE"), index=True
+    )
+    # "sub:<subscription_id>" or "job:<job_id>" (the job's own notify_url).
+    target: Mapped[str] = mapped_column(String(160))
+    lane: Mapped[str] = mapped_column(String(300))
+    url: Mapped[str] = mapped_column(String(2048))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_until: Mapped[datetime | None]
+    last_status: Mapped[int | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+    dead_at: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    """Who changed what, and when: one row per state-changing request."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_at", "at"),)
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    token_id: Mapped[str | None] = mapped_column(String(32))
+    role: Mapped[str | None] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    operation: Mapped[str | None] = mapped_column(String(96))
+    status: Mapped[int]
+    client: Mapped[str | None] = mapped_column(String(64))
