@@ -243,9 +243,11 @@ class Agent:
         while True:
             try:
                 await self._register_if_needed()
+                # Clear before looking, so an event spooled between the look
+                # and the wait still wakes us.
+                self._wake.clear()
                 batch = self.spool.peek(self.settings.batch_max)
                 if not batch:
-                    self._wake.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), timeout=5.0)
                     continue

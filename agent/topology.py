@@ -11,6 +11,7 @@ endpoint ``0000:19:00.0``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -86,12 +87,17 @@ class Topology:
             rnics.append(d)
         return {"gpus": [asdict(g) for g in self.gpus], "rnics": rnics}
 
-    def fingerprint(self) -> str:
+    @functools.cached_property
+    def fingerprint_value(self) -> str:
         """Changes when the hardware or cabling changes, not when a port flaps."""
         body = self.payload()
         for r in body["rnics"]:
             r.pop("state", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def fingerprint(self) -> str:
+        # Asked every poll; the topology it describes is immutable.
+        return self.fingerprint_value
 
     def rnic_ports(self) -> list[tuple[str, int]]:
         return [(r.name, r.port) for r in self.rnics]

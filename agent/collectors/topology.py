@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
-from agent.collectors.base import Collected, Collector, register
+import logging
+
+from agent.collectors.base import Collected, Collector, CollectorContext, register
+from agent.railmap import load_rail_map
 from agent.topology import discover
+
+log = logging.getLogger(__name__)
 
 
 @register
 class TopologyCollector(Collector):
     name = "topology"
 
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._rail_map_mtime = self._mtime()
+
     def interval_s(self) -> float:
         return self.ctx.settings.topology_interval_s
 
+    def _mtime(self) -> float | None:
+        path = self.ctx.settings.rail_map
+        try:
+            return path.stat().st_mtime if path is not None else None
+        except OSError:
+            return None
+
     def collect(self) -> Collected:
+        # The rail map is usually a mounted ConfigMap that Kubernetes updates
+        # in place; re-read it when it changes. A broken edit raises here, so
+        # the collector reports failure and the last good map stays in use.
+        mtime = self._mtime()
+        if mtime != self._rail_map_mtime:
+            self.ctx.rail_map = load_rail_map(self.ctx.settings.rail_map)
+            self._rail_map_mtime = mtime
+            log.info("rail map %s reloaded", self.ctx.settings.rail_map)
         # The agent compares fingerprints and re-registers when this changes.
         self.ctx.topology = discover(self.ctx.settings.sysfs_root, self.ctx.rail_map)
         return Collected()

@@ -275,3 +275,55 @@ def test_live_service_plan_fault_and_command_relay(
         for p in plugins:
             p.close()
         a.stop()
+
+
+def _token(service: Service, node: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILOVER_")}
+    r = subprocess.run(
+        [
+            str(RAILOVER),
+            "token",
+            "create",
+            "--role",
+            "agent",
+            "--node",
+            node,
+            "--db",
+            f"sqlite:///{service.db}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_wrong_token_keeps_events_until_the_right_one(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, service: Service
+) -> None:
+    good, other = _token(service, "n0"), _token(service, "n1")
+    service.start()
+    base = f"http://127.0.0.1:{service.port}"
+    # A token for another node: the service refuses it; nothing may be lost.
+    settings = settings_for(node_a.root, tmp_path / "agent", base, rail_map_a, token=other)
+    a = AgentThread(settings).start()
+    try:
+        set_port_state(node_a.root, "mlx5_2", 1, "DOWN")
+        assert wait_until(lambda: a.agent.spool.depth() == 1)
+        time.sleep(1.0)  # several refused attempts
+        assert a.agent.spool.depth() == 1
+        assert a.agent.registered is None
+        assert a.call(a.agent.spool.dead_letters) == []
+    finally:
+        a.stop()
+    settings = settings_for(node_a.root, tmp_path / "agent", base, rail_map_a, token=good)
+    a = AgentThread(settings).start()
+    try:
+        assert wait_until(lambda: a.agent.spool.depth() == 0, timeout=10)
+    finally:
+        a.stop()
+    with sqlite3.connect(service.db) as db:
+        rows = db.execute("SELECT kind, device FROM events WHERE node = 'n0'").fetchall()
+    assert rows == [("port_down", "mlx5_2")]

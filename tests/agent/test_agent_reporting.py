@@ -184,5 +184,24 @@ def test_reregisters_when_topology_changes(
         dev = (node_a.root / "class" / "infiniband" / "mlx5_9").resolve()
         shutil.rmtree(dev / "ports")
         assert standin.wait_for(lambda st: len(st.nodes["n0"]["rnics"]) == 9, timeout=5)
+        # The rail map is edited in place (a ConfigMap update): recabled rail 0.
+        rail_map = node_a.rail_map()
+        rail_map["mlx5_0/1"] = {"switch": "rail0-b", "rail": 0}
+        time.sleep(0.01)  # a distinct mtime
+        rails.write_text(json.dumps(rail_map))
+        assert standin.wait_for(
+            lambda st: any(r["switch"] == "rail0-b" for r in st.nodes["n0"]["rnics"]), timeout=5
+        )
+        # A broken edit keeps the last good map and marks the collector failed.
+        rails.write_text("{not json")
+        assert wait_until(
+            lambda: (
+                REGISTRY.get_sample_value(
+                    "railover_agent_collector_success", {"collector": "topology"}
+                )
+                == 0.0
+            ),
+            timeout=5,
+        )
     finally:
         a.stop()
