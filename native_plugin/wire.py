@@ -85,6 +85,7 @@ class CommandKind(IntEnum):
     REBALANCE = 1
     FAILBACK = 2
     ABORT = 3
+    FAILOVER = 4
 
 
 class SwitchReason(IntEnum):

@@ -58,7 +58,12 @@ enum railover_wire_command_kind {
   RAILOVER_CMD_REBALANCE = 1, /* disable disabled_channels of comm_id at ops_done */
   RAILOVER_CMD_FAILBACK = 2,  /* return comm_id to its primary paths at ops_done */
   RAILOVER_CMD_ABORT = 3,     /* the service decided to restart: abort comm_id */
+  RAILOVER_CMD_FAILOVER = 4,  /* move comm_id to its backup RNICs now, before this rank's
+                               * own retransmission timeout fires (the service inferred a
+                               * fault, e.g. a switch failure, that this rank has not seen) */
 };
+/* The newest kind this header knows; a plugin refuses kinds above it. */
+#define RAILOVER_CMD_LAST RAILOVER_CMD_FAILOVER
 
 /* Why a path switched (railover_wire_path_switch.reason). Only ever appended. */
 enum railover_wire_switch_reason {

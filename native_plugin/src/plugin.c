@@ -479,7 +479,7 @@ static uint32_t expected_payload(uint16_t type) {
 
 static void on_command(rv_plugin* p, const railover_wire_command* w) {
   bump(&p->commands_received, 1);
-  if (w->kind < RAILOVER_CMD_REBALANCE || w->kind > RAILOVER_CMD_ABORT) {
+  if (w->kind < RAILOVER_CMD_REBALANCE || w->kind > RAILOVER_CMD_LAST) {
     bump(&p->commands_unsupported, 1);
     plog(p, RAILOVER_LOG_WARN, "railover: command %llu has unknown kind %u; answered UNSUPPORTED",
          (unsigned long long)w->command_id, w->kind);

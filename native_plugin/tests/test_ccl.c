@@ -169,7 +169,7 @@ static void take_commands(void) {
   railover_command_t c;
   while (api->poll_command(handle, &c) == RAILOVER_OK) {
     CHECK(c.comm_id == 77 && c.ops_done == 1000 && c.disabled_channels == 0x5 &&
-              c.kind >= 1 && c.kind <= 3,
+              c.kind >= 1 && c.kind <= RAILOVER_CMD_LAST,
           "command fields %llu", (unsigned long long)c.command_id);
     CHECK(api->ack_command(handle, c.command_id, RAILOVER_ACK_APPLIED) == RAILOVER_OK, "ack");
     atomic_fetch_add(&commands_seen, 1);
