@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from scheduler_svc import metrics
-from scheduler_svc.api import commands, evaluate, events, health, jobs, nodes
+from scheduler_svc.api import commands, evaluate, events, health, jobs, nodes, status
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.errors import RailoverError
 from scheduler_svc.notify import CommandNotifier
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.state.settings = settings
     app.state.notifier = CommandNotifier()
     app.state.anonymous = False
-    for module in (nodes, jobs, events, evaluate, commands, health):
+    for module in (nodes, jobs, events, evaluate, commands, health, status):
         app.include_router(module.router)
 
     @app.exception_handler(RailoverError)

@@ -36,3 +36,47 @@ COMMAND_ACKS = Counter("railover_command_acks_total", "Command acknowledgements"
 
 OPEN_FAULTS = Gauge("railover_open_faults", "Faults currently open (refreshed on scrape)")
 JOBS = Gauge("railover_jobs", "Registered jobs by mode (refreshed on scrape)", ["mode"])
+
+# --- read from the store at scrape time (api/health.py calls services.status) -----------
+# Every replica reports the same values, so dashboards use max(), never sum().
+
+# node: registered node name; device/port: RNIC port; rail: the rail from the rail map.
+# Bounded by the fabric ports of registered nodes (one series per GPU-fabric RNIC port).
+RNIC_UP = Gauge(
+    "railover_rnic_up",
+    "1 if the RNIC port is ACTIVE with no open fault, as the service sees it",
+    ["node", "device", "port", "rail"],
+)
+# state: issued | delivered (commands no rank has acknowledged as applied or failed yet)
+COMMANDS_UNACKNOWLEDGED = Gauge(
+    "railover_commands_unacknowledged", "Commands waiting for acknowledgement", ["state"]
+)
+COMMAND_OLDEST_UNACKNOWLEDGED = Gauge(
+    "railover_command_oldest_unacknowledged_age_seconds",
+    "Age of the oldest command still waiting for acknowledgement (0 when none)",
+)
+# job_id: registered jobs only (a deleted job's series are removed), so bounded by live jobs.
+JOB_FAILED_OVER = Gauge(
+    "railover_job_failed_over_seconds",
+    "How long the job has run failed over (0 when it is not failed over)",
+    ["job_id"],
+)
+# estimate: measured (reported by the job) | predicted (model or paper-default k of its
+# newest decision)
+JOB_SLOWDOWN_K = Gauge(
+    "railover_job_slowdown_ratio",
+    "Slowdown factor k while failed over (step time failed over / normal step time)",
+    ["job_id", "estimate"],
+)
+GPU_SECONDS_SAVED = Gauge(
+    "railover_decisions_saved_gpu_seconds",
+    "Estimated GPU time the stored decisions saved against always restarting",
+)
+
+# Incremented by the correlation code (issue 5: several nodes losing RNICs cabled to one
+# switch within a short window). Defined here first because the alert rules and the
+# dashboards need the name now; the correlation code imports this object, not a second one.
+# switch: fabric switch name from the rail map (bounded by the fabric's switches).
+SWITCH_FAULTS = Counter(
+    "railover_switch_faults_total", "Switch failures inferred from correlated faults", ["switch"]
+)

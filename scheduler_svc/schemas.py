@@ -417,3 +417,72 @@ class Role(enum.StrEnum):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- status (the page at / and GET /v1/status) ---------------------------------
+
+
+class RailCellOut(BaseModel):
+    rail: int
+    device: str
+    port: int
+    switch: str | None
+    state: str = Field(description="Port state the agent last reported (ACTIVE, DOWN, ...)")
+    health: Literal["ok", "fault", "down"] = Field(
+        description="ok: ACTIVE and no open fault; fault: a fault is open; down: not ACTIVE"
+    )
+    fault_kind: str | None = None
+
+
+class NodeStatusOut(BaseModel):
+    name: str
+    updated_at: datetime
+    rails: list[RailCellOut] = Field(description="GPU-fabric RNIC ports by rail (no storage NICs)")
+
+
+class FaultOut(BaseModel):
+    id: int
+    node: str
+    device: str
+    port: int | None = Field(description="null when the whole RNIC failed")
+    kind: str
+    opened_at: datetime
+
+
+class DecisionBriefOut(BaseModel):
+    decision_id: str
+    action: Literal["failover", "restart", "restart_scaled", "none"]
+    reason: str
+    trigger: str
+    created_at: datetime
+    k: float | None
+    k_source: str | None
+    t_elapsed_s: float | None
+    threshold_s: float | None
+    costs_s: dict[str, float | None]
+    costs_gpu_s: dict[str, float | None]
+
+
+class JobStatusOut(BaseModel):
+    job_id: str
+    mode: JobMode
+    ranks: int
+    nodes: list[str]
+    last_checkpoint_at: datetime
+    slowdown_k: float | None = Field(description="k the job measured, if it reported one")
+    failed_over_since: datetime | None
+    latest_decision: DecisionBriefOut | None
+
+
+class StatusOut(BaseModel):
+    generated_at: datetime
+    rails: list[int] = Field(description="Every rail number seen on a registered node")
+    nodes: list[NodeStatusOut]
+    open_faults: list[FaultOut]
+    jobs: list[JobStatusOut]
+    decisions_by_action: dict[str, int]
+    saved_gpu_seconds: float = Field(
+        description="Estimated GPU time the stored decisions saved against always restarting"
+    )
+    commands_unacknowledged: dict[str, int]
+    oldest_unacknowledged_at: datetime | None

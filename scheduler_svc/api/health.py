@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from scheduler_svc import metrics
 from scheduler_svc.schemas import Health
-from scheduler_svc.store.repositories import FaultRepo, JobRepo
+from scheduler_svc.services import status
 
 router = APIRouter(tags=["health"])
 
@@ -43,12 +44,7 @@ def _refresh_gauges(request: Request) -> None:
     """Gauges of stored state are read at scrape time, so every replica reports the truth."""
     try:
         with request.app.state.sessionmaker() as session:
-            metrics.OPEN_FAULTS.set(len(FaultRepo(session).all(open_only=True)))
-            modes = {"normal": 0, "failed_over": 0, "restarting": 0}
-            for job in JobRepo(session).all():
-                modes[job.mode] = modes.get(job.mode, 0) + 1
-            for mode, n in modes.items():
-                metrics.JOBS.labels(mode=mode).set(n)
+            status.refresh_metrics(status.build_status(session, datetime.now(UTC)))
             session.rollback()
     except Exception:  # noqa: S110  a scrape must not fail because the store is down
         pass

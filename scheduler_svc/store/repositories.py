@@ -197,6 +197,20 @@ class JobRepo:
         )
         return list(rows.tuples().all())
 
+    def rank_counts(self) -> dict[str, tuple[int, list[str]]]:
+        """Per job: how many ranks and on which nodes, without loading rank rows."""
+        rows = self.s.execute(
+            select(m.JobRank.job_id, m.JobRank.node, func.count())
+            .group_by(m.JobRank.job_id, m.JobRank.node)
+            .order_by(m.JobRank.job_id, m.JobRank.node)
+        )
+        out: dict[str, tuple[int, list[str]]] = {}
+        for job_id, node, n in rows.tuples():
+            ranks, nodes = out.get(job_id, (0, []))
+            nodes.append(node)
+            out[job_id] = (ranks + n, nodes)
+        return out
+
     def job_ids_on_node(self, node: str) -> list[str]:
         return list(
             self.s.scalars(select(m.JobRank.job_id).where(m.JobRank.node == node).distinct()).all()
@@ -319,6 +333,24 @@ class DecisionRepo:
         rows = self.s.execute(select(m.Decision.action, func.count()).group_by(m.Decision.action))
         return dict(rows.tuples())
 
+    def latest_per_job(self, action: str | None = None) -> dict[str, m.Decision]:
+        """Each job's newest decision (of ``action``, when given), in one query."""
+        newest = select(m.Decision.job_id, func.max(m.Decision.seq).label("seq"))
+        if action is not None:
+            newest = newest.where(m.Decision.action == action)
+        sub = newest.group_by(m.Decision.job_id).subquery()
+        rows = self.s.scalars(
+            select(m.Decision).join(
+                sub, (m.Decision.job_id == sub.c.job_id) & (m.Decision.seq == sub.c.seq)
+            )
+        ).all()
+        return {d.job_id: d for d in rows}
+
+    def actions_and_gpu_costs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(action, costs_gpu_s) of every decision, without loading the rest of each row."""
+        rows = self.s.execute(select(m.Decision.action, m.Decision.costs_gpu_s))
+        return list(rows.tuples().all())
+
 
 class CommandRepo:
     def __init__(self, session: Session) -> None:
@@ -366,3 +398,12 @@ class CommandRepo:
 
     def delete_for_job(self, job_id: str) -> None:
         self.s.execute(delete(m.Command).where(m.Command.job_id == job_id))
+
+    def unacknowledged(self) -> tuple[dict[str, int], datetime | None]:
+        """Commands still waiting for an ack (issued, delivered) per state, and the oldest one."""
+        waiting = m.Command.state.in_(["issued", "delivered"])
+        counts = self.s.execute(
+            select(m.Command.state, func.count()).where(waiting).group_by(m.Command.state)
+        )
+        oldest = self.s.scalar(select(func.min(m.Command.created_at)).where(waiting))
+        return dict(counts.tuples().all()), oldest

@@ -1,0 +1,1 @@
+"""The status page: templates and their server-side rendering."""

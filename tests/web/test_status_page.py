@@ -1,0 +1,154 @@
+"""The status snapshot, page and store gauges against the real service on both stores."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_svc.config import Settings
+from scheduler_svc.local import local_service
+from scheduler_svc.services.status import saved_gpu_seconds
+from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
+from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.web.render import duration
+from tests.web.scenario import failed_over_cluster
+
+
+def samples(http: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = http.get("/metrics").text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_status_shows_grid_jobs_decisions_and_faults(http: httpx.Client) -> None:
+    failed_over_cluster(http)
+    r = http.get("/v1/status")
+    assert r.status_code == 200, r.text
+    s = r.json()
+    assert s["rails"] == list(range(8))
+    grid = {(n["name"], c["rail"]): c for n in s["nodes"] for c in n["rails"]}
+    assert len(grid) == 4 * 8
+    assert grid[("n3", 5)]["health"] == "fault"
+    assert grid[("n3", 5)]["fault_kind"]
+    assert grid[("n0", 0)]["health"] == "fault"
+    assert sum(c["health"] == "ok" for c in grid.values()) == 30
+    jobs = {j["job_id"]: j for j in s["jobs"]}
+    assert jobs["job-b"]["mode"] == "failed_over"
+    assert jobs["job-b"]["failed_over_since"] is not None
+    assert jobs["job-b"]["latest_decision"]["action"] == "failover"
+    assert jobs["job-b"]["latest_decision"]["reason"].startswith("fail over:")
+    assert jobs["job-a"]["mode"] == "restarting"
+    assert jobs["job-a"]["failed_over_since"] is None
+    assert jobs["job-a"]["ranks"] == 16
+    assert jobs["job-a"]["nodes"] == ["n0", "n1"]
+    assert {(f["node"], f["device"]) for f in s["open_faults"]} == {
+        ("n3", "mlx5_5"),
+        ("n0", "mlx5_0"),
+    }
+    assert s["decisions_by_action"] == {"failover": 1, "restart": 1}
+    # 16 GPUs x (restart 4230 s - failover 3780 s); the restart saved nothing.
+    assert s["saved_gpu_seconds"] == 16 * 450
+    assert sum(s["commands_unacknowledged"].values()) == 3  # one failover, two aborts
+
+    page = http.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'data-job="job-b" data-mode="failed_over"' in page.text
+    assert jobs["job-b"]["latest_decision"]["reason"] in page.text
+    assert 'data-health="fault"' in page.text
+    live = http.get("/status/live")
+    assert live.status_code == 200
+    assert "<html" not in live.text
+    assert 'data-node="n3"' in live.text
+
+
+def test_store_gauges_follow_the_store(http: httpx.Client) -> None:
+    failed_over_cluster(http)
+    m = samples(http)
+    assert (
+        m[
+            (
+                "railover_rnic_up",
+                frozenset({"node": "n3", "device": "mlx5_5", "port": "1", "rail": "5"}.items()),
+            )
+        ]
+        == 0
+    )
+    assert (
+        m[
+            (
+                "railover_rnic_up",
+                frozenset({"node": "n3", "device": "mlx5_4", "port": "1", "rail": "4"}.items()),
+            )
+        ]
+        == 1
+    )
+    assert m[("railover_job_failed_over_seconds", frozenset({"job_id": "job-b"}.items()))] >= 0
+    assert m[("railover_job_failed_over_seconds", frozenset({"job_id": "job-a"}.items()))] == 0
+    assert (
+        m[
+            (
+                "railover_job_slowdown_ratio",
+                frozenset({"job_id": "job-b", "estimate": "measured"}.items()),
+            )
+        ]
+        == 1.5
+    )
+    assert m[("railover_jobs", frozenset({"mode": "failed_over"}.items()))] == 1
+    assert m[("railover_commands_unacknowledged", frozenset({"state": "issued"}.items()))] == 3
+    assert m[("railover_decisions_saved_gpu_seconds", frozenset())] == 16 * 450
+    assert m[("railover_open_faults", frozenset())] == 2
+
+    # A deleted job's series go away instead of reporting it failed over forever.
+    assert http.delete("/v1/jobs/job-b").status_code == 204
+    m = samples(http)
+    assert ("railover_job_failed_over_seconds", frozenset({"job_id": "job-b"}.items())) not in m
+    assert ("railover_job_failed_over_seconds", frozenset({"job_id": "job-a"}.items())) in m
+
+
+def test_page_asks_for_a_token_when_the_service_has_tokens(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'railover.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with make_sessionmaker(engine)() as session:
+        _, viewer = TokenRepo(session).create(
+            role="viewer", node=None, description="", now=datetime.now(UTC)
+        )
+        session.commit()
+    engine.dispose()
+    with local_service(Settings(db_url=url, port=0)) as base, httpx.Client(base_url=base) as h:
+        page = h.get("/")
+        assert page.status_code == 200
+        assert 'id="token-prompt" ' in page.text and 'id="token-prompt" hidden' not in page.text
+        assert 'data-node="' not in page.text
+        assert h.get("/status/live").status_code == 401
+        assert h.get("/v1/status").status_code == 401
+        auth = {"Authorization": f"Bearer {viewer}"}
+        assert h.get("/status/live", headers=auth).status_code == 200
+        assert h.get("/v1/status", headers=auth).json()["jobs"] == []
+        assert 'id="token-prompt" hidden' in h.get("/", headers=auth).text
+
+
+def test_saved_gpu_seconds_counts_only_what_beat_a_restart() -> None:
+    assert saved_gpu_seconds([]) == 0
+    costs = {"failover": 100.0, "restart": 160.0, "restart_scaled": None, "none": None}
+    assert saved_gpu_seconds([("failover", costs), ("restart", costs)]) == 60
+    assert saved_gpu_seconds([("none", costs | {"none": 10.0})]) == 150
+    # A restart chosen because failover had no path saves nothing and costs nothing here.
+    assert saved_gpu_seconds([("restart", costs | {"failover": None})]) == 0
+
+
+def test_durations_read_like_a_person_would_say_them() -> None:
+    assert duration(None) == "-"
+    assert duration(45) == "45 s"
+    assert duration(1500) == "25 min"
+    assert duration(3780) == "1.05 h"
+    assert duration(4230) == "1.18 h"
+    assert duration(30 * 3600) == "30.0 h"
+    assert duration(3 * 86400) == "3.0 d"
