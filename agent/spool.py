@@ -16,8 +16,10 @@ so a restarted agent neither re-reports nor misses a change.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -53,6 +55,14 @@ CREATE TABLE IF NOT EXISTS state (
 class Spool:
     def __init__(self, directory: Path, max_events: int) -> None:
         directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # Two agents draining one spool would each send what the other is
+        # sending; the lock makes the second one refuse to start instead.
+        self._lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise RuntimeError(f"another agent is using the spool in {directory}") from None
         self.path = directory / "spool.sqlite3"
         self.max_events = max_events
         # isolation_level=None: we open transactions ourselves, one per call.
@@ -67,6 +77,7 @@ class Spool:
 
     def close(self) -> None:
         self._db.close()
+        os.close(self._lock)  # releases the flock
 
     def _count(self) -> int:
         row = self._db.execute("SELECT COUNT(*) FROM events").fetchone()

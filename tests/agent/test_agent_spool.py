@@ -84,3 +84,11 @@ def test_dead_letter(tmp_path: Path) -> None:
 def test_unknown_kind_is_a_bug() -> None:
     with pytest.raises(ValueError, match="unknown event kind"):
         new_event("n0", "bogus")
+
+
+def test_one_agent_per_spool(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    with pytest.raises(RuntimeError, match="another agent is using the spool"):
+        Spool(tmp_path, 100)
+    s.close()
+    Spool(tmp_path, 100).close()
