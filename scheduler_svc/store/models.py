@@ -146,6 +146,10 @@ class Job(Base):
     notify_url: Mapped[str | None] = mapped_column(String(2048))
     mode: Mapped[str] = mapped_column(String(16), default="normal")
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    # k the service measured from reported iteration times (trustworthy ones only).
+    measured_k: Mapped[float | None]
+    repair_estimate_s: Mapped[float | None]
+    failed_over_at: Mapped[datetime | None]
 
     # Loaded only when asked for: the decision path reads rank tuples instead.
     ranks: Mapped[list[JobRank]] = relationship(
@@ -218,6 +222,10 @@ class Fault(Base):
     cleared_at: Mapped[datetime | None]
     first_event_id: Mapped[str] = mapped_column(String(128))
     detail: Mapped[dict[str, Any]]
+    # The fabric switch the port is cabled to, when known (for correlation).
+    switch: Mapped[str | None] = mapped_column(String(128), index=True)
+    # Set once the jobs it moved have been failed back (or it was flagged).
+    resolved_at: Mapped[datetime | None]
 
 
 class Decision(Base):
@@ -265,6 +273,9 @@ class Command(Base):
     created_at: Mapped[datetime]
     delivered_at: Mapped[datetime | None]
     completed_at: Mapped[datetime | None]
+    # Retries are new commands (the agent de-duplicates by id); this counts them.
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    ack_deadline_at: Mapped[datetime | None]
 
 
 class CommandAck(Base):
@@ -361,3 +372,100 @@ class AuditEntry(Base):
     operation: Mapped[str | None] = mapped_column(String(96))
     status: Mapped[int]
     client: Mapped[str | None] = mapped_column(String(64))
+
+
+# --- Cluster-wide coordination (issue 5): communicators, progress, flags, switches ---
+
+
+class Communicator(Base):
+    """A CCL communicator of a job: its 64-bit id as the plugin reports it, and its channels."""
+
+    __tablename__ = "communicators"
+    __table_args__ = (Index("ix_communicators_comm_id", "comm_id"),)
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    comm_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    channels: Mapped[int] = mapped_column(Integer, default=8)
+    # Ranks of the job in this communicator; empty = all of them.
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # The DCR/fail-back epoch: bumped each time a new switch point is issued.
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    # Channels disabled by the plan in force (after its switch point was applied).
+    disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
+
+
+class RankProgress(Base):
+    """Newest ops_done per (job, communicator, rank), and where its rate was last measured."""
+
+    __tablename__ = "rank_progress"
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    comm_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ops_done: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime]
+    rate_ops_per_s: Mapped[float | None]
+
+
+class IterationSample(Base):
+    """Iteration times a job reports; `degraded` when it ran failed over."""
+
+    __tablename__ = "iteration_samples"
+    __table_args__ = (Index("ix_iteration_samples_job", "job_id", "degraded", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"))
+    at: Mapped[datetime]
+    seconds: Mapped[float]
+    degraded: Mapped[bool] = mapped_column(Boolean)
+
+
+class SwitchFault(Base):
+    """A fabric switch inferred failed from correlated port faults on several nodes."""
+
+    __tablename__ = "switch_faults"
+    __table_args__ = (
+        Index(
+            "uq_switch_faults_open",
+            "switch",
+            unique=True,
+            sqlite_where=text("cleared_at IS NULL"),
+            postgresql_where=text("cleared_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    switch: Mapped[str] = mapped_column(String(128))
+    opened_at: Mapped[datetime]
+    cleared_at: Mapped[datetime | None]
+    nodes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class MaintenanceFlag(Base):
+    """A port that flapped too often: kept on its backup until an operator clears it."""
+
+    __tablename__ = "maintenance_flags"
+    __table_args__ = (
+        Index(
+            "uq_maintenance_flags_open",
+            "node",
+            "device",
+            "port",
+            unique=True,
+            sqlite_where=text("cleared_at IS NULL"),
+            postgresql_where=text("cleared_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(253))
+    device: Mapped[str] = mapped_column(String(64))
+    port: Mapped[int]
+    flagged_at: Mapped[datetime]
+    cleared_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(Text)
