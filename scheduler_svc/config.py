@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DB_URL = "sqlite:///railover.db"
@@ -41,6 +41,29 @@ class Settings(BaseSettings):
     commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = 30.0
     max_events_per_request: Annotated[int, Field(ge=1)] = 1000
     log_level: str = "INFO"
+    # --- fleet notification (scheduler_svc.fleet) ---
+    # Signs deliveries to each job's notify_url (subscriptions carry their own secret);
+    # with none set, events are delivered to subscriptions only.
+    notify_secret: SecretStr | None = None
+    webhook_timeout_s: Annotated[float, Field(gt=0, le=60)] = 10.0
+    webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 12
+    webhook_backoff_base_s: Annotated[float, Field(gt=0)] = 1.0
+    webhook_backoff_max_s: Annotated[float, Field(gt=0)] = 600.0
+    # Idle re-read of the outbox: how soon other replicas' events and due retries go out.
+    delivery_poll_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    delivery_concurrency: Annotated[int, Field(ge=1, le=64)] = 4
+    delivery_worker: bool = True
+    k8s_enabled: bool = False
+    # Empty: in-cluster service account, else ~/.kube/config. Set for a plain API URL.
+    k8s_api_url: str | None = None
+    k8s_token_file: str | None = None
+    k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = "taint"
+    k8s_taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    k8s_event_namespace: str = "default"
+    slurm_enabled: bool = False
+    # Split like a shell line first, then each word is formatted: values never re-split.
+    slurm_drain_command: str = 'scontrol update NodeName={node} State=DRAIN Reason="{reason}"'
+    slurm_requeue_command: str = "scontrol requeue {job_id}"
 
     @field_validator("default_k")
     @classmethod

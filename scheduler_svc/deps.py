@@ -77,9 +77,12 @@ def get_principal(
             session.rollback()
         if found is None:
             raise Unauthorized("Authorization: token unknown or revoked")
+        request.state.principal = found  # for the audit log (fleet.service.audit_requests)
         return found
     if request.app.state.anonymous:
-        return Principal(None, Role.FLEET)
+        anonymous = Principal(None, Role.FLEET)
+        request.state.principal = anonymous
+        return anonymous
     raise Unauthorized("Authorization: bearer token required")
 
 

@@ -14,8 +14,10 @@ from fastapi.responses import JSONResponse
 
 from scheduler_svc import metrics
 from scheduler_svc.api import commands, evaluate, events, health, jobs, nodes, status
+from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.errors import RailoverError
+from scheduler_svc.fleet.service import Fleet, audit_requests
 from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
 from scheduler_svc.store.repositories import TokenRepo
@@ -44,9 +46,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
                 settings.host,
             )
         app.state.notifier.bind(asyncio.get_running_loop())
+        # Outbox delivery runs in every replica; claims keep them off each other's rows.
+        fleet = Fleet(app.state.sessionmaker, settings)
+        fleet.start()
         try:
             yield
         finally:
+            fleet.stop()
             engine.dispose()
 
     app = FastAPI(
@@ -60,6 +66,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.state.anonymous = False
     for module in (nodes, jobs, events, evaluate, commands, health, status):
         app.include_router(module.router)
+    app.include_router(fleet_api.router)
+    app.middleware("http")(audit_requests)
 
     @app.exception_handler(RailoverError)
     async def _domain_error(_: Request, exc: RailoverError) -> JSONResponse:

@@ -80,3 +80,18 @@ GPU_SECONDS_SAVED = Gauge(
 SWITCH_FAULTS = Counter(
     "railover_switch_faults_total", "Switch failures inferred from correlated faults", ["switch"]
 )
+
+# --- fleet notification (scheduler_svc.fleet) --------------------------------------------
+# target: webhook | k8s | slurm ; result: delivered | retry | dead
+DELIVERIES = Counter(
+    "railover_deliveries_total",
+    "Outbox delivery attempts by target kind and outcome",
+    ["target", "result"],
+)
+# target: webhook | k8s | slurm
+DELIVERY_LATENCY = Histogram(
+    "railover_delivery_latency_seconds",
+    "Time from an event being stored to its successful delivery, retries included",
+    ["target"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 600.0),
+)

@@ -31,6 +31,7 @@ from scheduler_svc.engine.paths import (
     route_ranks,
 )
 from scheduler_svc.engine.slowdown import estimate_k
+from scheduler_svc.fleet import emit_decision
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, FaultRepo, JobRepo, NodeRepo
 
@@ -233,6 +234,7 @@ def decide_for_job(
         job.mode = "restarting"
     _issue_commands(session, job, row, view)
     metrics.DECISIONS.labels(action=row.action).inc()
+    emit_decision(session, job, row)  # outbox row in this transaction
     return row
 
 

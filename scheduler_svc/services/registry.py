@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from scheduler_svc import metrics
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
+from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.schemas import AckIn, CheckpointIn, JobIn, NodeIn
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CommandRepo, JobRepo, NodeRepo
@@ -116,6 +117,7 @@ def take_commands(session: Session, node: str, now: datetime) -> list[m.Command]
         if c.state == "issued":
             c.state = "delivered"
             c.delivered_at = now
+            emit_command_change(session, c)
     return cmds
 
 
@@ -151,4 +153,5 @@ def ack_command(session: Session, command_id: int, body: AckIn, now: datetime) -
             cmd.state, cmd.completed_at = "applied", now
     elif cmd.state == "issued":
         cmd.state, cmd.delivered_at = "delivered", now
+    emit_command_change(session, cmd)  # only if the state changed above
     return cmd

@@ -1,0 +1,219 @@
+"""Every query of the fleet module: subscriptions, outbox, deliveries, audit log."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session, aliased
+
+from scheduler_svc.store import models as m
+
+PENDING, DELIVERED, DEAD, CANCELLED = "pending", "delivered", "dead", "cancelled"
+
+
+class SubscriptionRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def create(
+        self,
+        *,
+        url: str,
+        event_types: list[str],
+        job_id: str | None,
+        description: str,
+        secret: str | None,
+        created_by: str | None,
+        now: datetime,
+    ) -> m.Subscription:
+        row = m.Subscription(
+            subscription_id=f"sub_{secrets.token_hex(8)}",
+            url=url,
+            secret=secret or secrets.token_urlsafe(32),
+            event_types=sorted(set(event_types)),
+            job_id=job_id,
+            description=description,
+            created_at=now,
+            created_by=created_by,
+        )
+        self.s.add(row)
+        self.s.flush()
+        return row
+
+    def get(self, subscription_id: str) -> m.Subscription | None:
+        return self.s.get(m.Subscription, subscription_id)
+
+    def all(self) -> Sequence[m.Subscription]:
+        return self.s.scalars(select(m.Subscription).order_by(m.Subscription.created_at)).all()
+
+    def matching(self, event_type: str, job_id: str | None) -> list[m.Subscription]:
+        """Subscriptions that want this event: type filter empty or naming it, job unset or it."""
+        rows = self.s.scalars(
+            select(m.Subscription)
+            .where(or_(m.Subscription.job_id.is_(None), m.Subscription.job_id == job_id))
+            .order_by(m.Subscription.subscription_id)
+        ).all()
+        # The type filter is a JSON list: matched here rather than with backend-specific JSON SQL.
+        return [r for r in rows if not r.event_types or event_type in r.event_types]
+
+    def delete(self, row: m.Subscription) -> None:
+        self.s.execute(
+            update(m.Delivery)
+            .where(m.Delivery.target == f"sub:{row.subscription_id}", m.Delivery.state == PENDING)
+            .values(state=CANCELLED)
+        )
+        self.s.delete(row)
+        self.s.flush()
+
+
+class OutboxRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, event: m.OutboxEvent, deliveries: list[m.Delivery]) -> None:
+        self.s.add(event)
+        self.s.flush()  # assigns event.id, the order of events
+        for d in deliveries:
+            d.outbox_id = event.id
+        self.s.add_all(deliveries)
+        self.s.flush()
+
+    def decision_commands(self, decision_id: str) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command)
+            .where(m.Command.decision_id == decision_id)
+            .order_by(m.Command.command_id)
+        ).all()
+
+    def event(self, outbox_id: int) -> m.OutboxEvent | None:
+        return self.s.get(m.OutboxEvent, outbox_id)
+
+    def events(self, ids: Sequence[int]) -> dict[int, m.OutboxEvent]:
+        rows = self.s.scalars(select(m.OutboxEvent).where(m.OutboxEvent.id.in_(ids))).all()
+        return {r.id: r for r in rows}
+
+    def claim(self, *, worker: str, now: datetime, until: datetime, limit: int) -> list[m.Delivery]:
+        """Claim up to `limit` due deliveries, each the oldest pending one of its lane.
+
+        Only a lane's head is ever handed out, so a lane (one target, one job)
+        is delivered strictly in event order even with several replicas. On
+        PostgreSQL, FOR UPDATE SKIP LOCKED lets replicas claim side by side: a
+        head another replica is claiming right now is skipped, not waited for,
+        and the claim (claimed_by + a lease) is committed before any network
+        call, so no transaction stays open while a receiver is slow. A replica
+        that dies mid-delivery leaves a lease that simply expires. SQLite takes
+        its write lock at BEGIN (store/db.py), which serialises claims the same way.
+        """
+        d = m.Delivery
+        earlier = aliased(m.Delivery)
+        head = ~(
+            select(earlier.id)
+            .where(earlier.lane == d.lane, earlier.state == PENDING, earlier.id < d.id)
+            .exists()
+        )
+        query = (
+            select(d)
+            .where(
+                d.state == PENDING,
+                d.next_attempt_at <= now,
+                or_(d.claimed_until.is_(None), d.claimed_until < now),
+                head,
+            )
+            .order_by(d.id)
+            .limit(limit)
+        )
+        if self.s.get_bind().dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True, of=d)
+        rows = list(self.s.scalars(query).all())
+        for r in rows:
+            r.claimed_by, r.claimed_until = worker, until
+        self.s.flush()
+        return rows
+
+    def finish(self, delivery_id: int, worker: str, **values: object) -> bool:
+        """Record an attempt's outcome, only if this worker still holds the claim."""
+        result = self.s.execute(
+            update(m.Delivery)
+            .where(m.Delivery.id == delivery_id, m.Delivery.claimed_by == worker)
+            .values(claimed_by=None, claimed_until=None, **values)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    def release(self, worker: str) -> None:
+        """Hand back this worker's unfinished claims (on shutdown) so others need not wait."""
+        self.s.execute(
+            update(m.Delivery)
+            .where(m.Delivery.claimed_by == worker, m.Delivery.state == PENDING)
+            .values(claimed_by=None, claimed_until=None)
+            .execution_options(synchronize_session=False)
+        )
+
+    def get(self, delivery_id: int) -> m.Delivery | None:
+        return self.s.get(m.Delivery, delivery_id)
+
+    def list(
+        self,
+        *,
+        state: str | None,
+        target: str | None,
+        job_id: str | None,
+        event_type: str | None,
+        after_id: int,
+        limit: int,
+    ) -> list[tuple[m.Delivery, m.OutboxEvent]]:
+        d, e = m.Delivery, m.OutboxEvent
+        query = select(d, e).join(e, e.id == d.outbox_id).where(d.id > after_id)
+        if state is not None:
+            query = query.where(d.state == state)
+        if target is not None:
+            query = query.where(d.target == target)
+        if job_id is not None:
+            query = query.where(e.job_id == job_id)
+        if event_type is not None:
+            query = query.where(e.type == event_type)
+        rows = self.s.execute(query.order_by(d.id).limit(limit)).all()
+        return [(r[0], r[1]) for r in rows]
+
+    def replay(self, ids: Sequence[int] | None, target: str | None, now: datetime) -> int:
+        """Put dead deliveries back in their lanes, with a fresh attempt budget."""
+        conds = [m.Delivery.state == DEAD]
+        if ids is not None:
+            conds.append(m.Delivery.id.in_(ids))
+        if target is not None:
+            conds.append(m.Delivery.target == target)
+        result = self.s.execute(
+            update(m.Delivery)
+            .where(and_(*conds))
+            .values(
+                state=PENDING,
+                attempts=0,
+                next_attempt_at=now,
+                dead_at=None,
+                claimed_by=None,
+                claimed_until=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        return int(getattr(result, "rowcount", 0))
+
+
+class AuditRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, entry: m.AuditEntry) -> None:
+        self.s.add(entry)
+
+    def list(
+        self, *, before_id: int | None, token_id: str | None, limit: int
+    ) -> Sequence[m.AuditEntry]:
+        query = select(m.AuditEntry)
+        if before_id is not None:
+            query = query.where(m.AuditEntry.id < before_id)
+        if token_id is not None:
+            query = query.where(m.AuditEntry.token_id == token_id)
+        return self.s.scalars(query.order_by(m.AuditEntry.id.desc()).limit(limit)).all()

@@ -1,0 +1,78 @@
+"""Wiring the fleet module into the app: the worker in the lifespan, the audit middleware."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from fastapi import Request, Response
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from scheduler_svc.config import Settings
+from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
+from scheduler_svc.fleet.repositories import AuditRepo
+from scheduler_svc.fleet.worker import DeliveryWorker
+from scheduler_svc.store import models as m
+
+log = logging.getLogger("railover.fleet")
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class Fleet:
+    """What the lifespan starts and stops."""
+
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings) -> None:
+        targets = FleetTargets(
+            notify_signed=settings.notify_secret is not None,
+            k8s=settings.k8s_enabled,
+            slurm=settings.slurm_enabled,
+        )
+        # Every session of this app carries the targets, so `emit` knows them
+        # without a global (tests run several differently configured apps).
+        sessions.configure(info={CONFIG_KEY: targets})
+        self.worker = DeliveryWorker(sessions, settings) if settings.delivery_worker else None
+
+    def start(self) -> None:
+        if self.worker is not None:
+            self.worker.start()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+
+async def audit_requests(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """Record every state-changing /v1 call, refused ones included, after it ran.
+
+    Written in its own transaction so refused and failed calls are kept too; the
+    principal is the one deps.get_principal resolved for the request (none for
+    a call that never got past authentication).
+    """
+    response = await call_next(request)
+    if request.method in MUTATING and request.url.path.startswith("/v1/"):
+        principal = getattr(request.state, "principal", None)
+        route = request.scope.get("route")
+        entry = m.AuditEntry(
+            at=datetime.now(UTC),
+            token_id=getattr(principal, "token_id", None),
+            role=None if principal is None else str(principal.role.value),
+            method=request.method,
+            path=request.url.path[:512],
+            operation=getattr(route, "operation_id", None),
+            status=response.status_code,
+            client=None if request.client is None else request.client.host[:64],
+        )
+        try:
+            await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)
+        except Exception:  # an audit failure must not turn a done change into an error
+            log.exception("could not write the audit entry for %s %s", request.method, entry.path)
+    return response
+
+
+def _write_audit(sessions: sessionmaker[Session], entry: m.AuditEntry) -> None:
+    with sessions() as s, s.begin():
+        AuditRepo(s).add(entry)

@@ -1,0 +1,20 @@
+"""Event types: CloudEvents `type` values, reverse-DNS as the spec recommends."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventType(enum.StrEnum):
+    DECISION_CREATED = "io.railover.decision.created"
+    # io.railover.command.<state>: delivered | applied | failed | superseded
+    COMMAND_DELIVERED = "io.railover.command.delivered"
+    COMMAND_APPLIED = "io.railover.command.applied"
+    COMMAND_FAILED = "io.railover.command.failed"
+    COMMAND_SUPERSEDED = "io.railover.command.superseded"
+    SWITCH_FAULT = "io.railover.switch_fault.detected"
+    MAINTENANCE_FLAGGED = "io.railover.maintenance.flagged"
+
+
+def command_type(state: str) -> str:
+    return f"io.railover.command.{state}"

@@ -1,0 +1,241 @@
+"""The delivery worker: one per replica, safe to run in all of them at once.
+
+Each cycle claims due lane heads (fleet.repositories.OutboxRepo.claim), sends
+them in parallel (lanes are independent; within a lane there is only ever one
+in flight), and records each outcome in its own short transaction. It wakes at
+once when a request of this replica commits an event, and otherwise re-reads
+the outbox every `delivery_poll_s` for other replicas' events and due retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.fleet import actions, slurm
+from scheduler_svc.fleet.events import WROTE_KEY
+from scheduler_svc.fleet.repositories import DEAD, DELIVERED, OutboxRepo, SubscriptionRepo
+from scheduler_svc.fleet.types import EventType
+from scheduler_svc.fleet.webhooks import DeliveryFailed, post_event
+from scheduler_svc.store import models as m
+
+log = logging.getLogger("railover.fleet")
+# A claim outlives any single attempt (HTTP timeout, 30 s scontrol, k8s calls), so
+# two replicas never send the same head at once unless the first one died.
+MIN_LEASE_S = 120.0
+
+
+def backoff_s(attempt: int, base_s: float, cap_s: float, rnd: Callable[[], float]) -> float:
+    """Delay before retry number `attempt` (1-based): exponential, capped, equal jitter.
+
+    Half the delay is fixed so retries never bunch at zero; the other half is
+    random so receivers that came back are not hit by every sender at once.
+    """
+    delay: float = min(cap_s, base_s * 2 ** max(0, attempt - 1))
+    return delay / 2 + rnd() * delay / 2
+
+
+def target_kind(target: str) -> str:
+    """Bounded metric label: webhook | k8s | slurm."""
+    return "webhook" if target.startswith(("sub:", "job:")) else target
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    delivery_id: int
+    target: str
+    url: str
+    attempts: int
+    secret: str | None
+    event: m.OutboxEvent  # detached copy, read-only
+
+
+class DeliveryWorker:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        settings: Settings,
+        *,
+        k8s: Any = None,
+        rnd: Callable[[], float] = random.random,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.worker_id = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._rnd = rnd
+        self._k8s = k8s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(
+            settings.delivery_concurrency, thread_name_prefix="railover-delivery"
+        )
+        self._http = httpx.Client(timeout=settings.webhook_timeout_s)
+        self._lease = timedelta(seconds=max(MIN_LEASE_S, 3 * settings.webhook_timeout_s))
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        event.listen(self.sessions, "after_commit", self._after_commit)
+        self._thread = threading.Thread(target=self._run, name="railover-outbox", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Finish what is in flight, hand back unstarted claims, stop."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        event.remove(self.sessions, "after_commit", self._after_commit)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            with self.sessions() as s, s.begin():
+                OutboxRepo(s).release(self.worker_id)
+        except Exception:  # the store may already be gone; leases expire anyway
+            log.warning("could not release outbox claims on shutdown", exc_info=True)
+        self._http.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _after_commit(self, session: Session) -> None:
+        if session.info.pop(WROTE_KEY, False):
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                claimed = self.run_once()
+            except Exception:
+                log.exception("outbox delivery cycle failed; retrying")
+                claimed = 0
+            if not claimed:
+                self._wake.wait(self.settings.delivery_poll_s)
+                self._wake.clear()
+
+    # --- one cycle ---------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Claim, send and record one batch; returns how many deliveries it handled."""
+        work = self._claim()
+        if not work:
+            return 0
+        results = list(self._pool.map(self._attempt, work))
+        for item, outcome in zip(work, results, strict=True):
+            self._record(item, outcome)
+        return len(work)
+
+    def _claim(self) -> list[Work]:
+        now = datetime.now(UTC)
+        with self.sessions() as s, s.begin():
+            repo = OutboxRepo(s)
+            rows = repo.claim(
+                worker=self.worker_id,
+                now=now,
+                until=now + self._lease,
+                limit=self.settings.delivery_concurrency * 4,
+            )
+            if not rows:
+                return []
+            events = repo.events([r.outbox_id for r in rows])
+            subs = SubscriptionRepo(s)
+            work = []
+            for r in rows:
+                secret: str | None = None
+                if r.target.startswith("sub:"):
+                    sub = subs.get(r.target[4:])
+                    secret = None if sub is None else sub.secret
+                elif r.target.startswith("job:") and self.settings.notify_secret is not None:
+                    secret = self.settings.notify_secret.get_secret_value()
+                work.append(Work(r.id, r.target, r.url, r.attempts, secret, events[r.outbox_id]))
+            s.expunge_all()
+        return work
+
+    def _attempt(self, item: Work) -> DeliveryFailed | int:
+        try:
+            if item.target in ("k8s", "slurm"):
+                self._act(item)
+                return 0
+            if item.secret is None:
+                return DeliveryFailed("no signing secret for this target (deleted or unset)")
+            return post_event(self._http, item.url, item.secret, item.event)
+        except DeliveryFailed as exc:
+            return exc
+        except Exception as exc:  # a bug in one target must not stall the others
+            log.exception("delivery %s to %s crashed", item.delivery_id, item.target)
+            return DeliveryFailed(f"{type(exc).__name__}: {exc}")
+
+    def _act(self, item: Work) -> None:
+        ev = item.event
+        now = datetime.now(UTC)
+        if item.target == "k8s":
+            if self._k8s is None:
+                from scheduler_svc.fleet.kubernetes import KubernetesActions  # noqa: PLC0415
+
+                self._k8s = KubernetesActions(self.settings)
+            for flag in actions.node_flags(ev.type, ev.data):
+                self._k8s.flag_node(flag, event_id=ev.event_id, now=now)
+            return
+        if ev.type == EventType.MAINTENANCE_FLAGGED:
+            for flag in actions.node_flags(ev.type, ev.data):
+                reason = slurm.one_line(f"railover: {flag.reason}")
+                slurm.run(
+                    slurm.render(self.settings.slurm_drain_command, node=flag.node, reason=reason)
+                )
+        job = actions.requeue_job(ev.type, ev.data)
+        if job is not None:
+            slurm.run(slurm.render(self.settings.slurm_requeue_command, job_id=job))
+
+    def _record(self, item: Work, outcome: DeliveryFailed | int) -> None:
+        now = datetime.now(UTC)
+        kind = target_kind(item.target)
+        attempts = item.attempts + 1
+        values: dict[str, Any] = {"attempts": attempts}
+        if isinstance(outcome, int):
+            values.update(state=DELIVERED, delivered_at=now, last_status=outcome or None)
+            values["last_error"] = None
+            result = "delivered"
+        else:
+            values.update(last_status=outcome.status, last_error=str(outcome)[:2000])
+            if attempts >= self.settings.webhook_max_attempts:
+                values.update(state=DEAD, dead_at=now)
+                result = "dead"
+                log.warning(
+                    "delivery %s to %s dead after %d attempts: %s",
+                    item.delivery_id,
+                    item.target,
+                    attempts,
+                    outcome,
+                )
+            else:
+                delay = backoff_s(
+                    attempts,
+                    self.settings.webhook_backoff_base_s,
+                    self.settings.webhook_backoff_max_s,
+                    self._rnd,
+                )
+                values["next_attempt_at"] = now + timedelta(seconds=delay)
+                result = "retry"
+        with self.sessions() as s, s.begin():
+            if not OutboxRepo(s).finish(item.delivery_id, self.worker_id, **values):
+                return  # our lease lapsed and another replica took it over
+        metrics.DELIVERIES.labels(target=kind, result=result).inc()
+        if result == "delivered":
+            metrics.DELIVERY_LATENCY.labels(target=kind).observe(
+                (now - item.event.created_at).total_seconds()
+            )

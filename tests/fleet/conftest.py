@@ -1,0 +1,163 @@
+"""Loopback stand-ins for what the fleet module talks to: a webhook receiver and a k8s API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
+
+# The service fixtures (SQLite and PostgreSQL stores) are shared with the service tests.
+from tests.scheduler_svc.conftest import db_url, pg_url  # noqa: F401
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    status: int
+    at: float
+
+    @property
+    def event(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.body)
+        return parsed
+
+
+@dataclass
+class Receiver:
+    """Records every POST; answers 500 while `fail` says so (a callable of the event)."""
+
+    url: str = ""
+    requests: list[Received] = field(default_factory=list)
+    fail: Callable[[dict[str, Any]], bool] = lambda _e: False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def accepted(self) -> list[Received]:
+        with self.lock:
+            return [r for r in self.requests if r.status == 200]
+
+    def wait_for(self, n: int, timeout_s: float = 20.0) -> list[Received]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self.accepted()
+            if len({r.event["id"] for r in got}) >= n:
+                return got
+            time.sleep(0.02)
+        raise AssertionError(f"receiver got {len(self.accepted())} events, wanted {n}")
+
+    def verify_all(self, secret: str) -> None:
+        with self.lock:
+            for r in self.requests:
+                verify(secret, r.headers.get(SIGNATURE_HEADER.lower()), r.body)
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            event = json.loads(body)
+            status = 500 if rec.fail(event) else 200
+            with rec.lock:
+                rec.requests.append(
+                    Received(
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                        status,
+                        time.monotonic(),
+                    )
+                )
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server, rec.url = _serve(Handler)
+    yield rec
+    server.shutdown()
+
+
+@dataclass
+class ApiCall:
+    method: str
+    path: str
+    content_type: str | None
+    body: Any
+
+
+@dataclass
+class K8sStandIn:
+    """Answers the few calls Railover makes like an API server would, and records them."""
+
+    url: str = ""
+    calls: list[ApiCall] = field(default_factory=list)
+    taints: list[dict[str, Any]] = field(default_factory=list)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": "42"},
+            "spec": {"taints": self.taints},
+            "status": {},
+        }
+
+
+@pytest.fixture
+def k8s() -> Iterator[K8sStandIn]:
+    api = K8sStandIn(taints=[{"key": "gpu.example/maintenance", "effect": "PreferNoSchedule"}])
+
+    class Handler(BaseHTTPRequestHandler):
+        def _record(self) -> Any:
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length)) if length else None
+            api.calls.append(
+                ApiCall(self.command, self.path, self.headers.get("Content-Type"), body)
+            )
+            return body
+
+        def _answer(self, status: int, payload: Any) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._record()
+            self._answer(200, api.node(self.path.rsplit("/", 1)[-1]))
+
+        def do_PATCH(self) -> None:
+            self._record()
+            name = self.path.split("/")[4]
+            self._answer(200, api.node(name))
+
+        def do_POST(self) -> None:
+            body = self._record()
+            self._answer(201, body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server, api.url = _serve(Handler)
+    yield api
+    server.shutdown()

@@ -1,0 +1,161 @@
+"""Signed CloudEvents to a loopback receiver: order per job, retries, restart, dead letters."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler_svc.fleet.signing import SIGNATURE_HEADER, SignatureError, verify
+from scheduler_svc.local import local_service
+from tests.fleet.conftest import Received, Receiver
+from tests.fleet.helpers import SECRET, fast, fault, subscribe, take_and_apply, two_jobs
+
+
+def by_job(received: list[Received]) -> dict[str, list[dict[str, Any]]]:
+    """First accepted copy of each event, grouped by job, in arrival order."""
+    seen: set[str] = set()
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in received:
+        e = r.event
+        if e["id"] not in seen:
+            seen.add(e["id"])
+            out[e.get("partitionkey", "")].append(e)
+    return out
+
+
+def test_fault_sequence_arrives_signed_in_order_with_retries(
+    db_url: str, receiver: Receiver
+) -> None:
+    attempts: dict[str, int] = defaultdict(int)
+
+    def first_event_fails_three_times(e: dict[str, Any]) -> bool:
+        attempts[e["id"]] += 1
+        return e["sequence"] == first_seq[0] and attempts[e["id"]] <= 3
+
+    first_seq: list[str] = [""]
+    receiver.fail = first_event_fails_three_times
+    with local_service(fast(db_url)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        two_jobs(http)
+        sub = subscribe(http, receiver.url)
+        assert "secret" not in http.get(f"/v1/subscriptions/{sub['subscription_id']}").json()
+        # Script: a fault on each job, the agents apply the commands, a second fault on j1.
+        d1 = fault(http, "n0", "mlx5_0", 2000)
+        first_seq[0] = "1"
+        d2 = fault(http, "n2", "mlx5_0", 2000)
+        applied = take_and_apply(http, "n0") + take_and_apply(http, "n2")
+        d3 = fault(http, "n1", "mlx5_3", 2100)
+        assert len(d1) == len(d2) == len(d3) == 1 and applied == 2
+        # decision, delivered, applied (x2 jobs) + the second decision
+        got = receiver.wait_for(7)
+        receiver.verify_all(SECRET)
+    jobs = by_job(got)
+    types = [e["type"].rsplit(".", 2)[-2:] for e in jobs["j1"]]
+    assert types == [
+        ["decision", "created"],
+        ["command", "delivered"],
+        ["command", "applied"],
+        ["decision", "created"],
+    ]
+    assert [e["data"]["decision_id"] for e in jobs["j1"] if "decision" in e["type"]] == d1 + d3
+    assert jobs["j2"][0]["type"] == "io.railover.decision.created"
+    for events in jobs.values():
+        seqs = [int(e["sequence"]) for e in events]
+        assert seqs == sorted(seqs)
+    # The first event was refused three times, then taken; nothing of j1 overtook it.
+    first = [r for r in receiver.requests if r.event["sequence"] == "1"]
+    assert [r.status for r in first] == [500, 500, 500, 200]
+    j1_times = [r.at for r in receiver.accepted() if r.event.get("partitionkey") == "j1"]
+    assert j1_times == sorted(j1_times)
+    headers = got[0].headers
+    assert headers["content-type"] == "application/cloudevents+json"
+    assert got[0].event["specversion"] == "1.0"
+    assert got[0].event["source"] == "/railover/scheduler"
+
+
+def test_outbox_survives_restart_without_loss_or_reordering(
+    db_url: str, receiver: Receiver
+) -> None:
+    accepting = {"on": True}
+    taken: list[str] = []
+
+    def gate(e: dict[str, Any]) -> bool:
+        # Take the first two events, then refuse everything: the rest stay in the outbox.
+        if e["id"] in taken:
+            return False
+        if accepting["on"] and len(taken) < 2:
+            taken.append(e["id"])
+            return False
+        return True
+
+    receiver.fail = gate
+    settings = fast(db_url)
+    with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        two_jobs(http)
+        subscribe(http, receiver.url, job_id="j1")
+        decisions = [fault(http, "n0", f"mlx5_{d}", 2000 + d) for d in range(4)]
+        assert all(len(d) == 1 for d in decisions)
+        receiver.wait_for(2)
+        accepting["on"] = False
+    # Stopped with events still pending: a new instance on the same store carries on.
+    receiver.fail = lambda _e: False
+    with local_service(settings):
+        got = receiver.wait_for(4)
+    events = by_job(got)["j1"]
+    assert [e["data"]["decision_id"] for e in events] == [d[0] for d in decisions]
+    assert [int(e["sequence"]) for e in events] == sorted(int(e["sequence"]) for e in events)
+    receiver.verify_all(SECRET)
+
+
+def test_dead_letters_are_listed_and_replayed(db_url: str, receiver: Receiver) -> None:
+    receiver.fail = lambda _e: True
+    with (
+        local_service(fast(db_url, webhook_max_attempts=2)) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        two_jobs(http)
+        sub = subscribe(http, receiver.url, event_types=["io.railover.decision.created"])
+        fault(http, "n0", "mlx5_0", 2000)
+        fault(http, "n0", "mlx5_1", 2001)
+        deadline = time.monotonic() + 10
+        dead: list[dict[str, Any]] = []
+        while len(dead) < 2 and time.monotonic() < deadline:
+            dead = http.get("/v1/deliveries", params={"state": "dead"}).json()["deliveries"]
+            time.sleep(0.05)
+        assert len(dead) == 2
+        assert {d["attempts"] for d in dead} == {2}
+        assert dead[0]["last_status"] == 500 and dead[0]["target"] == (
+            f"sub:{sub['subscription_id']}"
+        )
+        receiver.fail = lambda _e: False
+        one = http.post(f"/v1/deliveries/{dead[0]['delivery_id']}/replay")
+        assert one.status_code == 200 and one.json()["state"] == "pending"
+        again = http.post(f"/v1/deliveries/{dead[0]['delivery_id']}/replay")
+        assert again.status_code in (200, 409)
+        rest = http.post("/v1/deliveries/replay", json={"target": dead[1]["target"]})
+        assert rest.status_code == 200
+        got = receiver.wait_for(2)
+        assert [r.event["id"] for r in got][:2] == [d["event_id"] for d in dead]
+        delivered = http.get("/v1/deliveries", params={"state": "delivered"}).json()
+        assert len(delivered["deliveries"]) == 2
+
+
+def test_signature_rejects_forgery_and_replay() -> None:
+    from scheduler_svc.fleet.signing import sign
+
+    body = b'{"id": "1"}'
+    header = sign(SECRET, body, timestamp=1_000_000)
+    assert verify(SECRET, header, body, now=1_000_100) == 1_000_000
+    for bad_header, bad_body, now in (
+        (header, b'{"id": "2"}', 1_000_100),  # body changed
+        (sign("another-secret-0123456789", body, 1_000_000), body, 1_000_100),  # forged
+        (header, body, 1_000_000 + 301),  # replayed too late
+        (None, body, 1_000_000),
+        ("t=x,v1=00", body, 1_000_000),
+    ):
+        with pytest.raises(SignatureError):
+            verify(SECRET, bad_header, bad_body, now=now)
+    assert SIGNATURE_HEADER == "Railover-Signature"
