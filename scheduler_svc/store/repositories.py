@@ -407,3 +407,231 @@ class CommandRepo:
         )
         oldest = self.s.scalar(select(func.min(m.Command.created_at)).where(waiting))
         return dict(counts.tuples().all()), oldest
+
+
+class CoordinationRepo:
+    """Communicators, progress, iteration samples, switch faults and maintenance flags."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    # -- communicators ----------------------------------------------------------------------
+    def communicators(self, job_id: str) -> Sequence[m.Communicator]:
+        return self.s.scalars(
+            select(m.Communicator)
+            .where(m.Communicator.job_id == job_id)
+            .order_by(m.Communicator.comm_id)
+        ).all()
+
+    def jobs_of_comm(self, comm_ids: Iterable[int]) -> dict[int, str]:
+        rows = self.s.execute(
+            select(m.Communicator.comm_id, m.Communicator.job_id).where(
+                m.Communicator.comm_id.in_(list(comm_ids))
+            )
+        )
+        return dict(rows.tuples().all())
+
+    def job_of_rank_on_node(self, node: str, rank: int) -> list[str]:
+        return list(
+            self.s.scalars(
+                select(m.JobRank.job_id).where(m.JobRank.node == node, m.JobRank.rank == rank)
+            ).all()
+        )
+
+    # -- progress -----------------------------------------------------------------------------
+    def progress(self, job_id: str, comm_id: int | None = None) -> Sequence[m.RankProgress]:
+        q = select(m.RankProgress).where(m.RankProgress.job_id == job_id)
+        if comm_id is not None:
+            q = q.where(m.RankProgress.comm_id == comm_id)
+        return self.s.scalars(q.order_by(m.RankProgress.rank)).all()
+
+    def record_progress(
+        self, job_id: str, comm_id: int, rank: int, ops_done: int, at: datetime
+    ) -> None:
+        """Keep the newest count; its rate comes from the previous sample (reports may reorder)."""
+        row = self.s.get(m.RankProgress, (job_id, comm_id, rank))
+        if row is None:
+            self.s.add(
+                m.RankProgress(job_id=job_id, comm_id=comm_id, rank=rank, ops_done=ops_done, at=at)
+            )
+            return
+        if at <= row.at or ops_done < row.ops_done:
+            return
+        dt = (at - row.at).total_seconds()
+        if dt > 0:
+            row.rate_ops_per_s = (ops_done - row.ops_done) / dt
+        row.ops_done, row.at = ops_done, at
+
+    # -- iteration times ----------------------------------------------------------------------
+    def add_samples(self, rows: list[m.IterationSample]) -> None:
+        self.s.add_all(rows)
+        self.s.flush()
+
+    def samples(self, job_id: str, degraded: bool, limit: int = 50) -> list[float]:
+        return list(
+            self.s.scalars(
+                select(m.IterationSample.seconds)
+                .where(m.IterationSample.job_id == job_id, m.IterationSample.degraded == degraded)
+                .order_by(m.IterationSample.id.desc())
+                .limit(limit)
+            ).all()
+        )
+
+    def clear_samples(self, job_id: str, degraded: bool) -> None:
+        self.s.execute(
+            delete(m.IterationSample).where(
+                m.IterationSample.job_id == job_id, m.IterationSample.degraded == degraded
+            )
+        )
+
+    # -- switches and flags -------------------------------------------------------------------
+    def open_switch_faults(self) -> Sequence[m.SwitchFault]:
+        return self.s.scalars(
+            select(m.SwitchFault)
+            .where(m.SwitchFault.cleared_at.is_(None))
+            .order_by(m.SwitchFault.id)
+        ).all()
+
+    def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
+        try:
+            with self.s.begin_nested():
+                self.s.add(row)
+                self.s.flush()
+        except IntegrityError:
+            return None
+        return row
+
+    def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
+        row = self.s.scalar(
+            select(m.SwitchFault).where(
+                m.SwitchFault.switch == switch, m.SwitchFault.cleared_at.is_(None)
+            )
+        )
+        if row is not None:
+            row.cleared_at = now
+        return row
+
+    def flag(self, row: m.MaintenanceFlag) -> m.MaintenanceFlag | None:
+        try:
+            with self.s.begin_nested():
+                self.s.add(row)
+                self.s.flush()
+        except IntegrityError:
+            return None
+        return row
+
+    def open_flags(self) -> Sequence[m.MaintenanceFlag]:
+        return self.s.scalars(
+            select(m.MaintenanceFlag)
+            .where(m.MaintenanceFlag.cleared_at.is_(None))
+            .order_by(m.MaintenanceFlag.id)
+        ).all()
+
+    def is_flagged(self, node: str, device: str, port: int) -> bool:
+        return (
+            self.s.scalar(
+                select(m.MaintenanceFlag.id).where(
+                    m.MaintenanceFlag.node == node,
+                    m.MaintenanceFlag.device == device,
+                    m.MaintenanceFlag.port == port,
+                    m.MaintenanceFlag.cleared_at.is_(None),
+                )
+            )
+            is not None
+        )
+
+    def clear_flag(self, flag_id: int, now: datetime) -> m.MaintenanceFlag | None:
+        row = self.s.get(m.MaintenanceFlag, flag_id)
+        if row is not None and row.cleared_at is None:
+            row.cleared_at = now
+            return row
+        return None
+
+    # -- topology and history for correlation and damping -------------------------------------
+    def switch_of(self, node: str, device: str, port: int) -> str | None:
+        q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)
+        if port:
+            q = q.where(m.Rnic.port == port)
+        return self.s.scalar(q.limit(1))
+
+    def ports_on_switch(self, switch: str) -> list[tuple[str, str, int]]:
+        rows = self.s.execute(
+            select(m.Rnic.node, m.Rnic.name, m.Rnic.port).where(m.Rnic.switch == switch)
+        )
+        return list(rows.tuples().all())
+
+    def fabric_ports(self, node: str) -> list[tuple[str, int]]:
+        rows = self.s.execute(
+            select(m.Rnic.name, m.Rnic.port).where(m.Rnic.node == node, m.Rnic.switch.is_not(None))
+        )
+        return list(rows.tuples().all())
+
+    def recent_switch_faults(self, switch: str, since: datetime) -> Sequence[m.Fault]:
+        return self.s.scalars(
+            select(m.Fault).where(
+                m.Fault.switch == switch, m.Fault.opened_at >= since, m.Fault.cleared_at.is_(None)
+            )
+        ).all()
+
+    def port_transitions(
+        self, node: str, device: str, port: int, since: datetime
+    ) -> list[tuple[datetime, bool]]:
+        """(time, up) of a port's down and up reports since `since`, oldest first."""
+        rows = self.s.execute(
+            select(m.Event.observed_at, m.Event.kind)
+            .where(
+                m.Event.node == node,
+                m.Event.device == device,
+                m.Event.kind.in_(["port_down", "port_up"]),
+                m.Event.observed_at >= since,
+                (m.Event.port == port) | m.Event.port.is_(None),
+            )
+            .order_by(m.Event.observed_at)
+        )
+        return [(at, kind == "port_up") for at, kind in rows.tuples()]
+
+    def cleared_unresolved_faults(self) -> Sequence[m.Fault]:
+        return self.s.scalars(
+            select(m.Fault)
+            .where(m.Fault.cleared_at.is_not(None), m.Fault.resolved_at.is_(None))
+            .order_by(m.Fault.id)
+        ).all()
+
+    def overdue_commands(self, now: datetime, limit: int = 200) -> Sequence[m.Command]:
+        q = (
+            select(m.Command)
+            .where(
+                m.Command.state.in_(["issued", "delivered"]),
+                m.Command.ack_deadline_at.is_not(None),
+                m.Command.ack_deadline_at < now,
+            )
+            .order_by(m.Command.command_id)
+            .limit(limit)
+        )
+        if self.s.get_bind().dialect.name == "postgresql":
+            # Several replicas sweep at once; each takes rows the others are not handling.
+            q = q.with_for_update(skip_locked=True)
+        return self.s.scalars(q).all()
+
+    def comm_commands(
+        self, job_id: str, comm_id: int, kinds: Sequence[str], states: Sequence[str]
+    ) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command).where(
+                m.Command.job_id == job_id,
+                m.Command.comm_id == comm_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
+            )
+        ).all()
+
+    def delivery_latency_s(self, limit: int = 100) -> float | None:
+        """Median time from issuing a command to its delivery, over recent deliveries."""
+        rows = self.s.execute(
+            select(m.Command.created_at, m.Command.delivered_at)
+            .where(m.Command.delivered_at.is_not(None))
+            .order_by(m.Command.command_id.desc())
+            .limit(limit)
+        ).tuples()
+        lat = sorted((d - c).total_seconds() for c, d in rows if d is not None)
+        return lat[len(lat) // 2] if lat else None
