@@ -60,28 +60,24 @@ class Agent:
         self.last_poll: float | None = None
         self._next_due: dict[str, float] = {}
         self.metrics_port: int | None = None
-        self._stop: asyncio.Event | None = None
-        self._wake: asyncio.Event | None = None
-        self._ready: asyncio.Event | None = None
+        # asyncio.Event binds to a loop only when first awaited, so these can
+        # be made here and stop() works even before run() has started.
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
         self.hub: PluginHub | None = None
         self._plugin_server: PluginServer | None = None
         self._health: HealthServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
+        self._stop.set()
 
     async def wait_ready(self) -> None:
         """Until the first poll and the plugin socket are done (for tests and the demo)."""
-        while self._ready is None:
-            await asyncio.sleep(0.01)
         await self._ready.wait()
 
     async def run(self) -> None:
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._ready = asyncio.Event()
         s = self.settings
         self._health = HealthServer(s.metrics_host, s.metrics_port, self.health)
         self.metrics_port = self._health.port
@@ -108,7 +104,6 @@ class Agent:
             await self._shutdown()
 
     async def _until_stopped(self) -> None:
-        assert self._stop is not None
         await self._stop.wait()
         raise _Stop
 
@@ -138,7 +133,7 @@ class Agent:
         if not events and not state:
             return
         self.spool.put(events, state)
-        if events and self._wake is not None:
+        if events:
             self._wake.set()
 
     def _run_due(self, due: list[Collector]) -> Collected:
@@ -170,7 +165,7 @@ class Agent:
             self.hub.deliver_pending()  # expires commands nobody took
         self._spool_events(got.events, got.state)
         topo = self.ctx.topology
-        if topo is not None and topo.fingerprint() != self.registered and self._wake:
+        if topo is not None and topo.fingerprint() != self.registered:
             self._wake.set()
         self.last_poll = time.monotonic()
 
@@ -238,7 +233,6 @@ class Agent:
         log.debug("sent %d events (%d new, %d duplicates)", len(batch), accepted, duplicates)
 
     async def _report_loop(self) -> None:
-        assert self._wake is not None
         backoff = Backoff(0.2, self.settings.retry_max_backoff_s)
         while True:
             try:
