@@ -17,8 +17,7 @@ from agent.runner import Agent
 log = logging.getLogger("agent")
 
 
-async def _serve(settings: AgentSettings) -> None:
-    agent = Agent(settings)
+async def _serve(agent: Agent) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
@@ -36,10 +35,14 @@ def main() -> None:
         print(f"railover-agent: refusing to start:\n{describe_errors(exc)}", file=sys.stderr)
         sys.exit(2)
     try:
-        asyncio.run(_serve(settings))
-    except RailMapError as exc:
+        agent = Agent(settings)
+    except (RailMapError, RuntimeError, OSError) as exc:
+        # A broken rail map, an unwritable spool, a second agent on the same
+        # spool: nothing a restart loop would fix, so say so plainly.
         print(f"railover-agent: refusing to start: {exc}", file=sys.stderr)
         sys.exit(2)
+    try:
+        asyncio.run(_serve(agent))
     except Exception:
         log.exception("railover-agent stopped on a fatal error")
         sys.exit(1)

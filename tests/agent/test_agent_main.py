@@ -86,6 +86,28 @@ def test_console_script_refuses_bad_settings() -> None:
     assert "RAILOVER_AGENT_SYSFS_ROOT" in r.stderr
 
 
+def test_console_script_refuses_a_broken_rail_map(tmp_path: Path, node_a: FixtureNode) -> None:
+    if not AGENT.exists():
+        pytest.skip("railover-agent console script not installed")
+    rails = tmp_path / "rails.yaml"
+    rails.write_text("mlx5_0: {switch: a, rail: 0}\n")
+    r = subprocess.run(
+        [str(AGENT)],
+        check=False,
+        env=_env(
+            sysfs_root=str(node_a.root),
+            rail_map=str(rails),
+            spool_dir=str(tmp_path / "spool"),
+            metrics_port="0",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "refusing to start" in r.stderr and "bad key 'mlx5_0'" in r.stderr
+
+
 def test_console_script_runs_and_stops_cleanly(
     node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, standin: StandInService
 ) -> None:
