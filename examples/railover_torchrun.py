@@ -1,0 +1,135 @@
+"""Railover launcher hook for `torchrun` jobs.
+
+Each rank calls `RailoverHook.from_env()` after `init_process_group`. The ranks
+exchange where they run (node name, local GPU) over the process group, rank 0
+registers the whole job with the service, and from then on rank 0 reports
+checkpoints and iteration times. Reporting never stops training: a service
+that is down costs a warning, not the job.
+
+Environment (beside torchrun's RANK, WORLD_SIZE, LOCAL_RANK):
+    RAILOVER_URL              service base URL (required)
+    RAILOVER_TOKEN            fleet token (optional on an open loopback service)
+    RAILOVER_JOB_ID           job id; default SLURM_JOB_ID, else TORCHELASTIC_RUN_ID
+    RAILOVER_NODE_NAME        this node's name as its agent registered it; default hostname
+    RAILOVER_CHECKPOINT_INTERVAL_S, RAILOVER_RELOAD_S   the job's checkpoint economics
+    RAILOVER_NOTIFY_URL       where the service should POST this job's events (optional)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import torch.distributed as dist
+
+from scheduler_svc.client import RailoverClient
+from scheduler_svc.schemas import JobIn
+
+log = logging.getLogger("railover.torchrun")
+
+
+def job_id_from_env() -> str:
+    for var in ("RAILOVER_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(var)
+        if value:
+            return value
+    raise RuntimeError("set RAILOVER_JOB_ID (or run under Slurm or torchrun)")
+
+
+def this_rank() -> dict[str, Any]:
+    """Where this process runs: global rank, node name and the GPU index it drives."""
+    return {
+        "rank": int(os.environ["RANK"]),
+        "node": os.environ.get("RAILOVER_NODE_NAME") or socket.gethostname(),
+        "gpu": int(os.environ.get("LOCAL_RANK", "0")),
+    }
+
+
+class RailoverHook:
+    def __init__(self, client: RailoverClient, job_id: str, rank: int) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.rank = rank
+
+    @classmethod
+    def from_env(cls, *, replace: bool = True) -> RailoverHook:
+        """Collective: every rank must call it. Registers the job from rank 0."""
+        job_id = job_id_from_env()
+        me = this_rank()
+        placement: list[dict[str, Any] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(placement, me)
+        client = RailoverClient(os.environ["RAILOVER_URL"], os.environ.get("RAILOVER_TOKEN"))
+        hook = cls(client, job_id, me["rank"])
+        if hook.rank == 0:
+            body: dict[str, Any] = {
+                "job_id": job_id,
+                "ranks": sorted((p for p in placement if p), key=lambda p: p["rank"]),
+                "checkpoint_interval_s": float(
+                    os.environ.get("RAILOVER_CHECKPOINT_INTERVAL_S", "3600")
+                ),
+                "reload_s": float(os.environ.get("RAILOVER_RELOAD_S", "600")),
+                "timeout_s": float(os.environ.get("RAILOVER_TIMEOUT_S", "30")),
+                "last_checkpoint_at": datetime.now(UTC),
+                "dp_size": dist.get_world_size(),
+            }
+            if os.environ.get("RAILOVER_NOTIFY_URL"):
+                body["notify_url"] = os.environ["RAILOVER_NOTIFY_URL"]
+            client.register_job(JobIn.model_validate(body), replace=replace)
+        # Nobody reports before the job exists.
+        dist.barrier()
+        return hook
+
+    def checkpoint_saved(self, iteration: int) -> None:
+        if self.rank == 0:
+            self._quietly(self.client.report_checkpoint, self.job_id, iteration=iteration)
+
+    def iteration_done(self, seconds: float) -> None:
+        if self.rank == 0:
+            self._quietly(self.client.report_iteration_time, self.job_id, seconds)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _quietly(self, call: Any, *args: Any, **kw: Any) -> None:
+        try:
+            call(*args, **kw)
+        except Exception as exc:  # the job goes on without the report
+            log.warning("railover: %s failed: %s", getattr(call, "__name__", call), exc)
+
+
+def _demo_training(steps: int, checkpoint_every: int) -> None:
+    """A tiny data-parallel loop on gloo: what the hook looks like in a real script."""
+    import torch  # noqa: PLC0415
+
+    dist.init_process_group("gloo")
+    hook = RailoverHook.from_env()
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        loss = model(torch.randn(16, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        opt.step()
+        hook.iteration_done(time.perf_counter() - started)
+        if step % checkpoint_every == 0:
+            hook.checkpoint_saved(step)
+    dist.barrier()
+    hook.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    _demo_training(
+        steps=int(os.environ.get("DEMO_STEPS", "20")),
+        checkpoint_every=int(os.environ.get("DEMO_CHECKPOINT_EVERY", "10")),
+    )

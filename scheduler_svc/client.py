@@ -1,0 +1,225 @@
+"""Typed client for training launchers: register the job, report progress, learn decisions.
+
+    from scheduler_svc.client import RailoverClient
+
+    with RailoverClient("http://railover:8080", token=os.environ["RAILOVER_TOKEN"]) as rv:
+        rv.register_job(JobIn(...), replace=True)
+        rv.report_checkpoint("job-42", iteration=1000)
+        decision = rv.wait_for_decision("job-42", timeout_s=60)
+
+Every call has a timeout; connection errors and 5xx answers are retried with
+exponential backoff (the service is idempotent for all of them: a job
+registration that was stored before the connection dropped answers 409, which
+`register_job(replace=False)` treats as done when the stored job is the same).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from scheduler_svc.fleet.schemas import SubscriptionCreated, SubscriptionIn
+from scheduler_svc.schemas import (
+    CheckpointIn,
+    CheckpointOut,
+    DecisionList,
+    DecisionOut,
+    JobIn,
+    JobOut,
+)
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class RailoverError(Exception):
+    """The service refused a call; `status` and `body` say why."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class RailoverClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 4,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
+        self._retries = retries
+        self._backoff_s = backoff_s
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- calls -------------------------------------------------------------------
+
+    def register_job(self, job: JobIn, *, replace: bool = False) -> JobOut:
+        """Register the job; with replace=True an existing job of that id is replaced."""
+        body = job.model_dump(mode="json", exclude_none=True)
+        try:
+            return self._call("POST", "/v1/jobs", JobOut, json=body)
+        except RailoverError as exc:
+            if exc.status != 409:
+                raise
+        if not replace:
+            return self.get_job(job.job_id)
+        self.delete_job(job.job_id)
+        return self._call("POST", "/v1/jobs", JobOut, json=body)
+
+    def get_job(self, job_id: str) -> JobOut:
+        return self._call("GET", f"/v1/jobs/{job_id}", JobOut)
+
+    def delete_job(self, job_id: str) -> None:
+        self._request("DELETE", f"/v1/jobs/{job_id}", ok=(204, 404))
+
+    def report_checkpoint(
+        self,
+        job_id: str,
+        *,
+        iteration: int | None = None,
+        at: datetime | None = None,
+        kind: str = "full",
+    ) -> CheckpointOut:
+        """A usable checkpoint exists now (or at `at`): restart would resume from here."""
+        body = CheckpointIn.model_validate(
+            {"at": at or datetime.now(UTC), "iteration": iteration, "kind": kind}
+        )
+        return self._call(
+            "POST",
+            f"/v1/jobs/{job_id}/checkpoints",
+            CheckpointOut,
+            json=body.model_dump(mode="json", exclude_none=True),
+        )
+
+    def report_iteration_time(
+        self, job_id: str, seconds: float, *, at: datetime | None = None
+    ) -> dict[str, Any]:
+        """One iteration's wall time; the service derives the measured slowdown k from these."""
+        body = {"seconds": seconds, "at": (at or datetime.now(UTC)).isoformat()}
+        answer: dict[str, Any] = self._request(
+            "POST", f"/v1/jobs/{job_id}/iterations", json=body
+        ).json()
+        return answer
+
+    def decisions(self, job_id: str, limit: int = 100) -> list[DecisionOut]:
+        """The job's decisions, newest first."""
+        got = self._call(
+            "GET", f"/v1/jobs/{job_id}/decisions", DecisionList, params={"limit": limit}
+        )
+        return got.decisions
+
+    def wait_for_decision(
+        self,
+        job_id: str,
+        *,
+        after: DecisionOut | None = None,
+        timeout_s: float = 60.0,
+        poll_s: float = 1.0,
+    ) -> DecisionOut | None:
+        """The oldest decision made after `after` (any decision, if None); None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            newer = [
+                d
+                for d in self.decisions(job_id)
+                if after is None
+                or (d.created_at, d.decision_id) > (after.created_at, after.decision_id)
+            ]
+            if newer:
+                return min(newer, key=lambda d: (d.created_at, d.decision_id))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def follow_decisions(
+        self, job_id: str, *, poll_s: float = 1.0, stop: Callable[[], bool] = lambda: False
+    ) -> Iterator[DecisionOut]:
+        """Yield each decision made from now on (polling); for push, use `subscribe`."""
+        after = next(iter(self.decisions(job_id, limit=1)), None)
+        while not stop():
+            d = self.wait_for_decision(job_id, after=after, timeout_s=poll_s * 5, poll_s=poll_s)
+            if d is not None:
+                after = d
+                yield d
+
+    def subscribe(
+        self,
+        url: str,
+        *,
+        job_id: str | None = None,
+        event_types: list[str] | None = None,
+        secret: str | None = None,
+        description: str = "",
+    ) -> SubscriptionCreated:
+        """Push: signed CloudEvents to `url` (needs a fleet token). Keep the returned secret."""
+        body = SubscriptionIn.model_validate(
+            {
+                "url": url,
+                "job_id": job_id,
+                "event_types": event_types or [],
+                "secret": secret,
+                "description": description,
+            }
+        )
+        return self._call(
+            "POST",
+            "/v1/subscriptions",
+            SubscriptionCreated,
+            json=body.model_dump(mode="json", exclude_none=True),
+        )
+
+    # --- plumbing ----------------------------------------------------------------
+
+    def _call(self, method: str, path: str, model: type[T], **kw: Any) -> T:
+        return model.model_validate(self._request(method, path, **kw).json())
+
+    def _request(
+        self, method: str, path: str, *, ok: tuple[int, ...] = (), **kw: Any
+    ) -> httpx.Response:
+        delay = self._backoff_s
+        for attempt in range(self._retries + 1):
+            last = attempt == self._retries
+            try:
+                response = self._http.request(method, path, **kw)
+            except httpx.TransportError:
+                if last:
+                    raise
+            else:
+                if response.is_success or response.status_code in ok:
+                    return response
+                if response.status_code < 500 or last:
+                    try:
+                        detail: Any = response.json()
+                    except ValueError:
+                        detail = response.text
+                    raise RailoverError(response.status_code, detail)
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover

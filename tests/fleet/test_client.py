@@ -1,0 +1,91 @@
+"""The launcher client against the live service, and the torchrun hook in a real 2-process job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from scheduler_svc.client import RailoverClient, RailoverError
+from scheduler_svc.config import Settings
+from scheduler_svc.local import local_service
+from scheduler_svc.schemas import JobIn
+from tests.fleet.helpers import fault
+from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+    with local_service(settings) as url, RailoverClient(url) as rv:
+        register_nodes(rv._http, ["n0", "n1"])
+        job = JobIn.model_validate(job_body("j1", ["n0", "n1"]))
+        assert rv.register_job(job).job_id == "j1"
+        assert rv.register_job(job).job_id == "j1"  # 409 answered with the stored job
+        assert len(rv.register_job(job, replace=True).ranks) == 16
+        cp = rv.report_checkpoint("j1", iteration=500, at=CHECKPOINT + timedelta(seconds=60))
+        assert cp.current and rv.get_job("j1").last_checkpoint_iteration == 500
+        assert rv.wait_for_decision("j1", timeout_s=0.1, poll_s=0.05) is None
+        # A fault arrives while the launcher waits for the decision.
+        threading.Timer(0.3, lambda: fault(rv._http, "n0", "mlx5_0", 2000)).start()
+        started = time.monotonic()
+        decision = rv.wait_for_decision("j1", timeout_s=10, poll_s=0.05)
+        assert decision is not None and decision.action == "failover"
+        assert time.monotonic() - started < 5
+        assert rv.wait_for_decision("j1", after=decision, timeout_s=0.1, poll_s=0.05) is None
+        with pytest.raises(RailoverError) as err:
+            rv.get_job("nope")
+        assert err.value.status == 404
+        sub = rv.subscribe("http://127.0.0.1:9/hook", job_id="j1")
+        assert sub.secret and sub.job_id == "j1"
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.fail("torchrun missing: `pip install -e '.[dev]'` installs torch==2.13.0 (CPU)")
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+    with local_service(settings) as url, RailoverClient(url) as rv:
+        register_nodes(rv._http, ["trainer-0"])
+        env = {
+            **os.environ,
+            "RAILOVER_URL": url,
+            "RAILOVER_JOB_ID": "torchrun-job",
+            "RAILOVER_NODE_NAME": "trainer-0",
+            "RAILOVER_CHECKPOINT_INTERVAL_S": "1800",
+            "DEMO_STEPS": "20",
+            "DEMO_CHECKPOINT_EVERY": "10",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+        }
+        done = subprocess.run(
+            [
+                str(torchrun),
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(REPO / "examples" / "railover_torchrun.py"),
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        job = rv.get_job("torchrun-job")
+    assert [(r.rank, r.node, r.gpu) for r in job.ranks] == [
+        (0, "trainer-0", 0),
+        (1, "trainer-0", 1),
+    ]
+    assert job.checkpoint_interval_s == 1800 and job.dp_size == 2
+    assert job.last_checkpoint_iteration == 20  # both checkpoints reported, the newest counts
