@@ -53,3 +53,77 @@ def test_two_replicas_same_faults_one_decision_each(pg_url: str) -> None:
                 triggers = [d["trigger"] for d in decisions]
                 assert len(triggers) == len(set(triggers)) == 16  # one per fault on its nodes
                 assert sorted(d["inputs"]["gpus"] for d in decisions) == [16] * 16
+
+
+@pytest.mark.postgres
+def test_two_replicas_200_faults_exactly_one_decision_and_event_each(pg_url: str) -> None:
+    """The same 200 faults, sent by four agents' retries to two replicas at once.
+
+    Why it holds: ingest takes each touched job's row lock (SELECT ... FOR
+    UPDATE, in job-id order so two batches never deadlock) before deciding, so
+    the second replica to reach a (job, fault) waits, then sees the first
+    one's decision and stops; UNIQUE (job_id, trigger) backs that up. A row lock
+    rather than an advisory lock because it ends with the transaction on every
+    path (no lock left on a pooled connection), and the job row is updated by
+    the decision anyway. The decision's outbox event is written in the same
+    transaction, so events follow decisions one to one.
+    """
+    from sqlalchemy import func, select
+
+    from scheduler_svc.cluster_shapes import hgx_node
+    from scheduler_svc.fleet import EventType
+    from scheduler_svc.store.db import make_engine
+    from scheduler_svc.store.models import OutboxEvent
+    from tests.scheduler_svc.conftest import _truncate_pg
+
+    _truncate_pg(pg_url)
+    nodes = [f"h{i:02d}" for i in range(25)]
+    jobs = {f"job{j}": nodes[j * 5 : j * 5 + 5] for j in range(5)}
+    settings = Settings(db_url=pg_url, port=0)
+    with local_service(settings) as a, local_service(settings) as b:
+        with httpx.Client(base_url=a, timeout=60) as http:
+            for n in nodes:
+                # One switch per node and rail: no two faults look like one switch failing.
+                body = hgx_node(switch_name=f"{n}-rail{{rail}}")
+                assert http.put(f"/v1/nodes/{n}", json=body).status_code == 200
+            for j, members in jobs.items():
+                assert http.post("/v1/jobs", json=job_body(j, members)).status_code == 201
+        faults = [
+            event(n, device=f"mlx5_{d}", after_s=2000, event_id=str(uuid.uuid4()))
+            for n in nodes
+            for d in range(8)
+        ]
+        assert len(faults) == 200
+        start = threading.Barrier(4)
+
+        def send(url: str, order: int) -> list[int]:
+            start.wait()
+            batch = faults if order % 2 == 0 else list(reversed(faults))
+            with httpx.Client(base_url=url, timeout=120) as c:
+                return [
+                    c.post("/v1/events", json={"events": batch[i : i + 10]}).status_code
+                    for i in range(0, len(batch), 10)
+                ]
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(send, [a, b, a, b], range(4)))
+        assert all(code == 202 for codes in results for code in codes)
+        decided: list[str] = []
+        with httpx.Client(base_url=b, timeout=30) as http:
+            for job in jobs:
+                decisions = http.get(f"/v1/jobs/{job}/decisions", params={"limit": 1000}).json()[
+                    "decisions"
+                ]
+                triggers = [d["trigger"] for d in decisions]
+                assert len(triggers) == len(set(triggers)) == 40  # 5 nodes x 8 ports
+                decided += [d["decision_id"] for d in decisions]
+    engine = make_engine(pg_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(OutboxEvent.subject, func.count())
+            .where(OutboxEvent.type == EventType.DECISION_CREATED)
+            .group_by(OutboxEvent.subject)
+        ).all()
+    engine.dispose()
+    assert sorted(s for s, _ in rows) == sorted(f"decision/{d}" for d in decided)
+    assert {n for _, n in rows} == {1}
