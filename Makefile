@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYSRC := scheduler_svc agent native_plugin
 
-.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean
+.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
 
 all: venv plugin
 
@@ -30,9 +30,28 @@ typecheck: venv
 test-plugin:
 	$(MAKE) -C native_plugin test
 
-test-python: venv plugin
+# Programs the deploy and status-page tests drive, from Debian: promtool and prometheus
+# (package prometheus), chromium (driven by Playwright, which never downloads a browser).
+# kubectl with its built-in kustomize comes with the machine; Debian's is too old.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+tools:
+	@missing=""; \
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="prometheus"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing from Debian"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v kubectl >/dev/null || { echo "kubectl 1.27+ (with kustomize) is needed for tests/deploy" >&2; exit 1; }
+
+# Manifests, alert rules, dashboards and the status page in Chromium (also part of `make test`).
+deploy-check: venv tools
+	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q tests/deploy tests/web
+
+test-python: venv plugin tools
 	bash scripts/ensure-postgres.sh
-	$(BIN)/pytest -q
+	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q
 
 test: lint typecheck test-plugin test-python
 
