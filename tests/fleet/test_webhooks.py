@@ -159,3 +159,38 @@ def test_signature_rejects_forgery_and_replay() -> None:
         with pytest.raises(SignatureError):
             verify(SECRET, bad_header, bad_body, now=now)
     assert SIGNATURE_HEADER == "Railover-Signature"
+
+
+def test_notify_url_filters_and_metrics(tmp_path: Any, receiver: Receiver) -> None:
+    from tests.scheduler_svc.helpers import job_body, register_nodes
+
+    notify_secret = "notify-secret-0123456789abcdef"
+    settings = fast(f"sqlite:///{tmp_path / 'r.db'}", notify_secret=notify_secret)
+    with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        register_nodes(http, ["n0", "n1", "n2", "n3"])
+        body = job_body("j1", ["n0", "n1"], notify_url=f"{receiver.url}/j1")
+        assert http.post("/v1/jobs", json=body).status_code == 201
+        assert http.post("/v1/jobs", json=job_body("j2", ["n2", "n3"])).status_code == 201
+        # Only j2's command events: j1's decision must not reach this one.
+        subscribe(
+            http,
+            f"{receiver.url}/j2-commands",
+            job_id="j2",
+            event_types=["io.railover.command.delivered"],
+        )
+        fault(http, "n0", "mlx5_0", 2000)
+        fault(http, "n2", "mlx5_0", 2000)
+        take_and_apply(http, "n2")
+        got = receiver.wait_for(2)
+        time.sleep(0.3)  # nothing else may follow
+        scrape = http.get("/metrics").text
+    events = [(r.event["type"], r.event.get("partitionkey")) for r in receiver.accepted()]
+    assert sorted(events) == [
+        ("io.railover.command.delivered", "j2"),
+        ("io.railover.decision.created", "j1"),
+    ]
+    for r in got:
+        secret = notify_secret if r.event.get("partitionkey") == "j1" else SECRET
+        verify(secret, r.headers["railover-signature"], r.body)
+    assert 'railover_deliveries_total{result="delivered",target="webhook"}' in scrape
+    assert 'railover_delivery_latency_seconds_count{target="webhook"}' in scrape
