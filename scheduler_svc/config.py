@@ -41,6 +41,36 @@ class Settings(BaseSettings):
     commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = 30.0
     max_events_per_request: Annotated[int, Field(ge=1)] = 1000
     log_level: str = "INFO"
+
+    # --- cluster-wide coordination ---
+    # A command not acknowledged by this deadline is re-issued (a new id, so
+    # the agent hands it on again), and after the last attempt marked failed.
+    command_ack_timeout_s: Annotated[float, Field(gt=0)] = 15.0
+    command_max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    # DCR / fail-back switch point: highest ops_done + max(min, rate x latency x safety).
+    switch_min_offset_ops: Annotated[int, Field(ge=1)] = 20
+    switch_safety: Annotated[float, Field(ge=1)] = 2.0
+    # Used until commands have been delivered and their latency measured.
+    delivery_latency_default_s: Annotated[float, Field(gt=0)] = 0.5
+    # Fail over at once; fail back only after this long up and quiet.
+    failback_damping_s: Annotated[float, Field(ge=0)] = 120.0
+    # More than this many downs in the window keeps the port on its backup, flagged.
+    flap_max: Annotated[int, Field(ge=1)] = 4
+    flap_window_s: Annotated[float, Field(gt=0)] = 600.0
+    # Port faults on one fabric switch from this many nodes within the window: the switch.
+    correlation_window_s: Annotated[float, Field(gt=0)] = 2.0
+    correlation_min_nodes: Annotated[int, Field(ge=2)] = 3
+    # Repair time assumed for a failed RNIC/link when deciding at a checkpoint.
+    default_repair_s: Annotated[float, Field(gt=0)] = 86400.0
+    # Iteration-time samples needed on each side before a measured k is trusted.
+    measured_k_min_samples: Annotated[int, Field(ge=2)] = 5
+    # A measured k this far from the one used (relative) re-decides.
+    measured_k_tolerance: Annotated[float, Field(gt=0)] = 0.02
+    # NVL transit costs GPU memory per channel; the job's cap on it.
+    nvl_mb_per_channel: Annotated[float, Field(gt=0)] = 40.0
+    nvl_cap_mb: Annotated[float, Field(ge=0)] = 512.0
+    coordinator_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    coordinator: bool = True
     # --- fleet notification (scheduler_svc.fleet) ---
     # Signs deliveries to each job's notify_url (subscriptions carry their own secret);
     # with none set, events are delivered to subscriptions only.

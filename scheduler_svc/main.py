@@ -13,12 +13,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from scheduler_svc import metrics
-from scheduler_svc.api import commands, evaluate, events, health, jobs, nodes, status
+from scheduler_svc.api import commands, evaluate, events, fabric, health, jobs, nodes, status
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.errors import RailoverError
 from scheduler_svc.fleet.service import Fleet, audit_requests
 from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
 from scheduler_svc.store.repositories import TokenRepo
 
@@ -49,9 +50,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         # Outbox delivery runs in every replica; claims keep them off each other's rows.
         fleet = Fleet(app.state.sessionmaker, settings)
         fleet.start()
+        # Command retries and fail-back after damping; safe in every replica.
+        coordinator = Coordinator(app.state.sessionmaker, settings, app.state.notifier)
+        coordinator.start()
         try:
             yield
         finally:
+            coordinator.stop()
             fleet.stop()
             engine.dispose()
 
@@ -64,7 +69,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.state.settings = settings
     app.state.notifier = CommandNotifier()
     app.state.anonymous = False
-    for module in (nodes, jobs, events, evaluate, commands, health, status):
+    for module in (nodes, jobs, events, evaluate, commands, fabric, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
     app.middleware("http")(audit_requests)

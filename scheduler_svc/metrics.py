@@ -95,3 +95,19 @@ DELIVERY_LATENCY = Histogram(
     ["target"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 600.0),
 )
+
+# --- cluster-wide coordination ---
+MAINTENANCE_FLAGS = Counter(
+    "railover_maintenance_flags_total", "Ports flagged for maintenance after repeated flaps"
+)
+RETRIGGERS = Counter(
+    "railover_switch_point_retriggers_total",
+    "Switch points re-issued under a new epoch because a rank was already past them",
+)
+COMMAND_RETRIES = Counter(
+    "railover_command_retries_total", "Commands re-issued after their acknowledgement deadline"
+)
+# kind: failover | rebalance | failback | abort
+COMMANDS_FAILED = Counter(
+    "railover_commands_failed_total", "Commands given up after the last attempt", ["kind"]
+)

@@ -107,6 +107,14 @@ class RankIn(Strict):
     gpu: Annotated[int, Field(ge=0)]
 
 
+class CommunicatorIn(Strict):
+    comm_id: Annotated[int, Field(gt=0, lt=2**64, description="The CCL's 64-bit communicator id")]
+    channels: Annotated[int, Field(ge=1, le=64)] = 8
+    ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Job ranks in this communicator; empty = all"
+    )
+
+
 class JobIn(Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
     ranks: Annotated[list[RankIn], Field(min_length=1, max_length=131072)]
@@ -135,6 +143,13 @@ class JobIn(Strict):
     spare_nodes: bool = Field(default=True, description="A healthy spare node is ready for restart")
     node_replace_s: Annotated[float, Field(ge=0)] = 0.0
     notify_url: HttpUrl | None = None
+    communicators: Annotated[list[CommunicatorIn], Field(max_length=1024)] = Field(
+        default_factory=list,
+        description="CCL communicators whose progress the agents report, for switch points",
+    )
+    repair_estimate_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="How long a failed RNIC/link takes to repair here"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> JobIn:
@@ -146,6 +161,13 @@ class JobIn(Strict):
             raise ValueError("ranks: two ranks are placed on the same node and GPU")
         if self.timeout_s is None and (self.ib_timeout is None or self.ib_retry_cnt is None):
             raise ValueError("timeout_s: give timeout_s, or both ib_timeout and ib_retry_cnt")
+        comm_ids = [c.comm_id for c in self.communicators]
+        if len(set(comm_ids)) != len(comm_ids):
+            raise ValueError("communicators: every comm_id must appear once")
+        n = len(self.ranks)
+        for i, c in enumerate(self.communicators):
+            if any(r >= n for r in c.ranks):
+                raise ValueError(f"communicators[{i}].ranks: ranks must be below {n}")
         return self
 
 
@@ -176,6 +198,10 @@ class JobOut(BaseModel):
     notify_url: str | None
     mode: JobMode
     created_at: datetime
+    communicators: list[CommunicatorIn] = Field(default_factory=list)
+    repair_estimate_s: float | None = None
+    measured_k: float | None = Field(default=None, description="k measured from iteration times")
+    failed_over_at: datetime | None = None
 
 
 class CheckpointIn(Strict):
@@ -261,6 +287,47 @@ class EventsAccepted(BaseModel):
 # --- decisions --------------------------------------------------------------
 
 
+class IterationsIn(Strict):
+    iteration_time_s: Annotated[
+        list[Annotated[float, Field(gt=0)]], Field(min_length=1, max_length=1000)
+    ]
+
+
+class IterationsOut(BaseModel):
+    job_id: str
+    samples: int
+    degraded: bool = Field(description="True when these were taken while failed over")
+    measured_k: float | None
+    trustworthy: bool
+    detail: str
+    decision_id: str | None = Field(description="The re-decision this triggered, if any")
+
+
+class SwitchFaultOut(BaseModel):
+    id: int
+    switch: str
+    nodes: list[str]
+    reason: str
+    opened_at: datetime
+    cleared_at: datetime | None
+
+
+class MaintenanceFlagOut(BaseModel):
+    id: int
+    node: str
+    device: str
+    port: int
+    reason: str
+    flagged_at: datetime
+    cleared_at: datetime | None
+
+
+class FabricState(BaseModel):
+    faults: list[FaultOut]
+    switch_faults: list[SwitchFaultOut]
+    maintenance_flags: list[MaintenanceFlagOut]
+
+
 class DecisionInputsOut(BaseModel):
     t_elapsed_s: float
     checkpoint_interval_s: float
@@ -282,7 +349,7 @@ class DecisionInputsOut(BaseModel):
 class DecisionOut(BaseModel):
     decision_id: str
     job_id: str
-    action: Literal["failover", "restart", "restart_scaled", "none"]
+    action: Literal["failover", "restart", "restart_scaled", "none", "failback"]
     reason: str
     inputs: DecisionInputsOut
     costs_s: dict[str, float | None]
@@ -447,11 +514,13 @@ class FaultOut(BaseModel):
     port: int | None = Field(description="null when the whole RNIC failed")
     kind: str
     opened_at: datetime
+    switch: str | None = Field(default=None, description="Fabric switch the port is cabled to")
+    cleared_at: datetime | None = None
 
 
 class DecisionBriefOut(BaseModel):
     decision_id: str
-    action: Literal["failover", "restart", "restart_scaled", "none"]
+    action: Literal["failover", "restart", "restart_scaled", "none", "failback"]
     reason: str
     trigger: str
     created_at: datetime
@@ -486,3 +555,6 @@ class StatusOut(BaseModel):
     )
     commands_unacknowledged: dict[str, int]
     oldest_unacknowledged_at: datetime | None
+
+
+FabricState.model_rebuild()

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc.api.jobs import command_out
-from scheduler_svc.deps import AgentAuth, SessionDep
+from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -63,7 +63,9 @@ def _take(sessionmaker: sessionmaker[Session], node: str) -> list[CommandOut]:
     operation_id="ack_command",
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
-def ack_command(command_id: int, body: AckIn, session: SessionDep, who: AgentAuth) -> CommandOut:
+def ack_command(
+    command_id: int, body: AckIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
+) -> CommandOut:
     """Acknowledge a command for one rank (or the whole node): delivered, applied or failed."""
     who.require_node(body.node)
-    return command_out(registry.ack_command(session, command_id, body, datetime.now(UTC)))
+    return command_out(registry.ack_command(session, command_id, body, datetime.now(UTC), settings))

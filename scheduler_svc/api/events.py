@@ -51,8 +51,7 @@ def post_events(
         session,
         body.events,
         now=datetime.now(UTC),
-        settings_k=settings.default_k,
-        backup_cap=settings.backup_cap_per_switch,
+        settings=settings,
     )
     if result.decisions:
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)

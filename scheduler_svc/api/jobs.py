@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query, Response
+from sqlalchemy.orm import Session
 
 from scheduler_svc.deps import FleetAuth, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
@@ -21,8 +22,11 @@ from scheduler_svc.schemas import (
     CheckpointOut,
     CommandList,
     CommandOut,
+    CommunicatorIn,
     DecisionList,
     DecisionOut,
+    IterationsIn,
+    IterationsOut,
     JobIn,
     JobMode,
     JobOut,
@@ -30,15 +34,20 @@ from scheduler_svc.schemas import (
     RankIn,
     RankPathOut,
 )
-from scheduler_svc.services import registry
+from scheduler_svc.services import redecide, registry
 from scheduler_svc.services.decisions import job_view
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, JobRepo
+from scheduler_svc.store.repositories import (
+    CommandRepo,
+    CoordinationRepo,
+    DecisionRepo,
+    JobRepo,
+)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def job_out(job: m.Job) -> JobOut:
+def job_out(session: Session, job: m.Job) -> JobOut:
     return JobOut(
         job_id=job.job_id,
         ranks=[RankIn(rank=r.rank, node=r.node, gpu=r.gpu) for r in job.ranks],
@@ -60,6 +69,13 @@ def job_out(job: m.Job) -> JobOut:
         notify_url=job.notify_url,
         mode=JobMode(job.mode),
         created_at=job.created_at,
+        communicators=[
+            CommunicatorIn(comm_id=c.comm_id, channels=c.channels, ranks=c.ranks)
+            for c in CoordinationRepo(session).communicators(job.job_id)
+        ],
+        repair_estimate_s=job.repair_estimate_s,
+        measured_k=job.measured_k,
+        failed_over_at=job.failed_over_at,
     )
 
 
@@ -79,19 +95,19 @@ def command_out(c: m.Command) -> CommandOut:
 )
 def create_job(body: JobIn, session: SessionDep, _: FleetAuth) -> JobOut:
     """Register a job: rank placement, checkpoint settings and where to notify."""
-    return job_out(registry.create_job(session, body, datetime.now(UTC)))
+    return job_out(session, registry.create_job(session, body, datetime.now(UTC)))
 
 
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))
 def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
     """All registered jobs."""
-    return [job_out(j) for j in JobRepo(session).all()]
+    return [job_out(session, j) for j in JobRepo(session).all()]
 
 
 @router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
 def get_job(job_id: str, session: SessionDep, _: Reader) -> JobOut:
     """One job, with its current mode and newest checkpoint."""
-    return job_out(registry.get_job(session, job_id))
+    return job_out(session, registry.get_job(session, job_id))
 
 
 @router.delete(
@@ -113,10 +129,10 @@ def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_checkpoint(
-    job_id: str, body: CheckpointIn, session: SessionDep, _: FleetAuth
+    job_id: str, body: CheckpointIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
 ) -> CheckpointOut:
     """Report a checkpoint; the newest one sets t_elapsed for later decisions."""
-    current = registry.add_checkpoint(session, job_id, body, datetime.now(UTC))
+    current = registry.add_checkpoint(session, job_id, body, datetime.now(UTC), settings)
     return CheckpointOut(
         job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, current=current
     )
@@ -185,3 +201,30 @@ def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandLis
     """Every command issued for the job and its delivery state."""
     registry.get_job(session, job_id)
     return CommandList(commands=[command_out(c) for c in CommandRepo(session).for_job(job_id)])
+
+
+@router.post(
+    "/{job_id}/iterations",
+    operation_id="report_iterations",
+    responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
+)
+def report_iterations(
+    job_id: str, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+) -> IterationsOut:
+    """Report iteration times; once steady, the measured k replaces the estimate and re-decides."""
+    registry.get_job(session, job_id)
+    job = JobRepo(session).lock(job_id)
+    assert job is not None  # just read; deletes take the same lock
+    degraded = job.mode == "failed_over"
+    measured, decision = redecide.on_iterations(
+        session, job, body.iteration_time_s, datetime.now(UTC), settings
+    )
+    return IterationsOut(
+        job_id=job_id,
+        samples=len(body.iteration_time_s),
+        degraded=degraded,
+        measured_k=measured.k,
+        trustworthy=measured.trustworthy,
+        detail=measured.reason,
+        decision_id=None if decision is None else decision.decision_id,
+    )

@@ -11,12 +11,13 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.config import Settings
 from scheduler_svc.engine import decision as engine
 from scheduler_svc.engine.paths import (
     Connectivity,
@@ -32,11 +33,18 @@ from scheduler_svc.engine.paths import (
 )
 from scheduler_svc.engine.slowdown import estimate_k
 from scheduler_svc.fleet import emit_decision
+from scheduler_svc.services import coordination
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CommandRepo, DecisionRepo, FaultRepo, JobRepo, NodeRepo
+from scheduler_svc.store.repositories import (
+    CommandRepo,
+    CoordinationRepo,
+    DecisionRepo,
+    FaultRepo,
+    JobRepo,
+    NodeRepo,
+)
 
-# A fault with port 0 takes the whole RNIC (device fatal); otherwise one port.
-WHOLE_DEVICE = 0
+WHOLE_DEVICE = m.WHOLE_DEVICE_PORT
 
 
 def node_topology(node: m.Node) -> NodeTopology:
@@ -63,14 +71,20 @@ def node_topology(node: m.Node) -> NodeTopology:
     )
 
 
-def failed_set(faults: Iterable[m.Fault]) -> FailedSet:
+def failed_set(
+    faults: Iterable[m.Fault],
+    switches: Iterable[str] = (),
+    dead_nodes: Iterable[NodeTopology] = (),
+) -> FailedSet:
     rnics, links = set(), set()
     for f in faults:
         if f.port == WHOLE_DEVICE:
             rnics.add((f.node, f.device))
         else:
             links.add((f.node, f.device, f.port))
-    return FailedSet(rnics=frozenset(rnics), links=frozenset(links))
+    for topo in dead_nodes:
+        rnics.update((topo.name, r.name) for r in topo.rnics)
+    return FailedSet(rnics=frozenset(rnics), links=frozenset(links), switches=frozenset(switches))
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class JobView:
     plans: dict[str, NodePlan]
     conn: Connectivity
     faults: list[m.Fault]
+    switches: list[str]
 
     @property
     def warnings(self) -> list[str]:
@@ -133,13 +148,25 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def job_view(session: Session, job: m.Job, backup_cap: int | None) -> JobView:
+def job_view(
+    session: Session,
+    job: m.Job,
+    backup_cap: int | None,
+    unreachable: frozenset[str] = frozenset(),
+) -> JobView:
+    """The job's routes under every open fault and inferred switch failure.
+
+    `unreachable` nodes count as having lost every RNIC (commands to them
+    went unacknowledged, so their ranks cannot be moved).
+    """
     ranks = JobRepo(session).rank_tuples(job.job_id)
     names = {node for _, node, _ in ranks}
     topologies, plans = PLANS.get(session, names, backup_cap)
     faults = list(FaultRepo(session).open_on_nodes(names))
-    routes = route_ranks(ranks, plans, topologies, failed_set(faults))
-    return JobView(topologies, plans, connectivity(routes), faults)
+    switches = sorted({sf.switch for sf in CoordinationRepo(session).open_switch_faults()})
+    failed = failed_set(faults, switches, (topologies[n] for n in sorted(unreachable & names)))
+    routes = route_ranks(ranks, plans, topologies, failed)
+    return JobView(topologies, plans, connectivity(routes), faults, switches)
 
 
 def _faults_touching(view: JobView) -> list[m.Fault]:
@@ -163,28 +190,31 @@ def decide_for_job(
     fault: m.Fault | None,
     at: datetime,
     now: datetime,
-    settings_k: tuple[float, ...],
-    backup_cap: int | None,
+    settings: Settings,
+    note: str | None = None,
+    unreachable: frozenset[str] = frozenset(),
 ) -> m.Decision | None:
-    """Decide for one job, store the decision and its commands; None if already decided.
+    """Decide for one job over everything still failed; store it with its commands.
 
-    `at` is when the fault happened (it sets t_elapsed); `now` stamps the decision.
+    `at` is when the triggering change happened (it sets t_elapsed); `now`
+    stamps the decision; `note` says why a re-decision happened. Returns None
+    when this trigger was already decided (by this or another replica).
     """
     decisions = DecisionRepo(session)
     if decisions.exists(job.job_id, trigger):
         return None
-    view = job_view(session, job, backup_cap)
+    view = job_view(session, job, settings.backup_cap_per_switch, unreachable)
     conn = view.conn
     touching = _faults_touching(view)
     affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
     # Only the bandwidth model needs this, and it walks every rank.
     bw = bandwidth_left(conn.routes, view.topologies) if job.comm_share is not None else None
     estimate = estimate_k(
-        measured_k=job.slowdown_k,
+        measured_k=job.measured_k if job.measured_k is not None else job.slowdown_k,
         comm_share=job.comm_share,
         bandwidth_left=bw,
-        concurrent_faults=max(1, len(touching)),
-        table=settings_k,
+        concurrent_faults=max(1, len(touching) + len(view.switches)),
+        table=settings.default_k,
     )
     elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
     inputs = engine.DecisionInputs(
@@ -204,38 +234,118 @@ def decide_for_job(
         node_replace_s=job.node_replace_s,
     )
     result = engine.decide(inputs)
-    reason = result.reason
+    reasons = [result.reason]
     if not conn.all_pairs_survive:
-        reason = (
+        reasons.insert(
+            0,
             f"{conn.broken_pairs} rank pair(s) across nodes have no path left "
-            f"({len(conn.isolated_ranks)} rank(s) lost both RNICs): {reason}"
+            f"({len(conn.isolated_ranks)} rank(s) lost both RNICs)",
         )
+    dead = coordination.node_failure_note(session, {r.node for r in conn.routes}, view)
+    if dead:
+        reasons.insert(0, dead)
+    if note:
+        reasons.insert(0, note)
     plan = _plan(view, bw, estimate.detail, result)
+    comm_plans: list[coordination.CommPlan] = []
+    if result.action == engine.Action.FAILOVER:
+        comm_plans = coordination.plan_mitigations(session, job, view, settings)
+        plan.update(coordination.describe(comm_plans))
+        if comm_plans:
+            plan["mitigation"] = comm_plans[0].plan.chosen.mitigation.value
+    row = record_decision(
+        session,
+        job,
+        trigger=trigger,
+        fault=fault,
+        action=result.action.value,
+        reason=": ".join(reasons),
+        inputs=inputs_record(result, len(touching) + len(view.switches)),
+        costs_s=dict(result.costs_s),
+        costs_gpu_s=dict(result.costs_gpu_s),
+        plan=plan,
+        now=now,
+    )
+    if row is None:
+        return None
+    if result.action == engine.Action.FAILOVER:
+        if job.mode != "failed_over":
+            job.failed_over_at = now
+        job.mode = "failed_over"
+    elif result.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
+        job.mode = "restarting"
+    issue_commands(session, job, row, view, timedelta(seconds=settings.command_ack_timeout_s))
+    rank_nodes = {r.rank: r.node for r in conn.routes}
+    for cp in comm_plans:
+        if cp.disabled_channels:
+            coordination.issue_switch_point(
+                session,
+                job,
+                comm_id=cp.comm_id,
+                ranks=cp.ranks,
+                rank_nodes=rank_nodes,
+                kind="rebalance",
+                disabled_channels=cp.disabled_channels,
+                decision_id=row.decision_id,
+                now=now,
+                settings=settings,
+            )
+    return row
+
+
+def record_decision(
+    session: Session,
+    job: m.Job,
+    *,
+    trigger: str,
+    fault: m.Fault | None,
+    action: str,
+    reason: str,
+    inputs: dict[str, Any],
+    costs_s: dict[str, float | None],
+    costs_gpu_s: dict[str, float | None],
+    plan: dict[str, Any],
+    now: datetime,
+) -> m.Decision | None:
+    """Store one entry of the job's decision history and announce it; None if a duplicate."""
     row = m.Decision(
         decision_id=str(uuid.uuid4()),
         job_id=job.job_id,
         seq=job.decision_count + 1,
         trigger=trigger,
         fault_id=None if fault is None else fault.id,
-        action=result.action.value,
+        action=action,
         reason=reason,
-        inputs=inputs_record(result, len(touching)),
-        costs_s=dict(result.costs_s),
-        costs_gpu_s=dict(result.costs_gpu_s),
+        inputs=inputs,
+        costs_s=costs_s,
+        costs_gpu_s=costs_gpu_s,
         plan=plan,
         created_at=now,
     )
-    if decisions.add(row) is None:
+    if DecisionRepo(session).add(row) is None:
         return None
     job.decision_count += 1
-    if result.action == engine.Action.FAILOVER:
-        job.mode = "failed_over"
-    elif result.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
-        job.mode = "restarting"
-    _issue_commands(session, job, row, view)
-    metrics.DECISIONS.labels(action=row.action).inc()
+    metrics.DECISIONS.labels(action=action).inc()
     emit_decision(session, job, row)  # outbox row in this transaction
     return row
+
+
+def inputs_now(session: Session, job: m.Job, now: datetime, settings: Settings) -> dict[str, Any]:
+    """The inputs record of a decision the cost model did not make (fail-back, checkpoint)."""
+    k = job.measured_k if job.measured_k is not None else job.slowdown_k
+    return {
+        "t_elapsed_s": max(0.0, (now - job.last_checkpoint_at).total_seconds()),
+        "checkpoint_interval_s": job.checkpoint_interval_s,
+        "k": k if k is not None else settings.default_k[0],
+        "k_source": "measured" if k is not None else "default",
+        "detect_s": job.detect_s,
+        "reload_s": job.reload_s,
+        "timeout_s": job.timeout_s,
+        "threshold_s": engine.failover_threshold_s(
+            job.checkpoint_interval_s, job.detect_s, k if k is not None else settings.default_k[0]
+        ),
+        "gpus": len(JobRepo(session).rank_tuples(job.job_id)),
+    }
 
 
 def inputs_record(result: engine.Decision, concurrent: int) -> dict[str, Any]:
@@ -286,7 +396,9 @@ def _plan(
     }
 
 
-def _issue_commands(session: Session, job: m.Job, decision: m.Decision, view: JobView) -> None:
+def issue_commands(
+    session: Session, job: m.Job, decision: m.Decision, view: JobView, ack_timeout: timedelta
+) -> None:
     """Tell the nodes: ranks that must move now, or every process to abort for a restart."""
     commands = CommandRepo(session)
     by_node: dict[str, list[int]] = {}
@@ -315,6 +427,7 @@ def _issue_commands(session: Session, job: m.Job, decision: m.Decision, view: Jo
                 ranks=sorted(ranks),
                 disabled_channels=[],
                 created_at=decision.created_at,
+                ack_deadline_at=decision.created_at + ack_timeout,
             )
             for node, ranks in sorted(by_node.items())
         ]

@@ -9,10 +9,18 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.config import Settings
 from scheduler_svc.schemas import EventIn, EventKind
+from scheduler_svc.services import coordination
 from scheduler_svc.services.decisions import WHOLE_DEVICE, decide_for_job
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import EventRepo, FaultRepo, JobRepo, NodeRepo
+from scheduler_svc.store.repositories import (
+    CoordinationRepo,
+    EventRepo,
+    FaultRepo,
+    JobRepo,
+    NodeRepo,
+)
 
 # ibv_wc_status values that mean the path itself is gone (the RNIC gave up
 # retransmitting), as opposed to WR_FLUSH_ERR (5) and friends, which follow
@@ -72,12 +80,7 @@ def _recovers(e: EventIn) -> bool:
 
 
 def ingest(
-    session: Session,
-    events: list[EventIn],
-    *,
-    now: datetime,
-    settings_k: tuple[float, ...],
-    backup_cap: int | None,
+    session: Session, events: list[EventIn], *, now: datetime, settings: Settings
 ) -> IngestResult:
     """Store new events, apply the new ones in order of observation, decide for touched jobs."""
     result = IngestResult()
@@ -94,8 +97,10 @@ def ingest(
     new_events = sorted(
         (e for e in first.values() if e.event_id in inserted), key=lambda e: e.observed_at
     )
+    coordination.record_progress(session, new_events)
     faults = FaultRepo(session)
     nodes = NodeRepo(session)
+    coord = CoordinationRepo(session)
     for e in new_events:
         device = e.device or ""
         kind = _fault_kind(e)
@@ -110,44 +115,84 @@ def ingest(
                     opened_at=e.observed_at,
                     first_event_id=e.event_id,
                     detail={"wc_status": e.wc_status} if e.wc_status is not None else {},
+                    switch=coord.switch_of(e.node, device, port),
                 )
             )
-            if fault is not None:
-                metrics.FAULTS_OPENED.labels(kind=fault_kind).inc()
-                nodes.set_port_state(e.node, device, port or None, "DOWN")
-                EventRepo(session).set_fault([e.event_id], fault.id)
-                result.faults_opened.append(fault)
+            if fault is None:
+                continue
+            metrics.FAULTS_OPENED.labels(kind=fault_kind).inc()
+            nodes.set_port_state(e.node, device, port or None, "DOWN")
+            EventRepo(session).set_fault([e.event_id], fault.id)
+            result.faults_opened.append(fault)
+            coordination.flag_if_flapping(session, fault, settings)
+            switch_fault = coordination.infer_switch(session, fault, settings)
+            if switch_fault is not None:
+                # Every node cabled to the switch, including those that have not
+                # noticed yet: their ranks move before their own timeout fires.
+                affected = coordination.nodes_on_switch(session, switch_fault.switch)
+                note = (
+                    f"switch {switch_fault.switch} inferred failed ({switch_fault.reason}); "
+                    "all its links count as failed"
+                )
                 result.decisions.extend(
-                    _decide_jobs_on_node(session, fault, now, settings_k, backup_cap)
+                    _decide_jobs(
+                        session,
+                        affected,
+                        f"switch:{switch_fault.id}",
+                        fault=fault,
+                        now=now,
+                        settings=settings,
+                        note=note,
+                    )
+                )
+            else:
+                result.decisions.extend(
+                    _decide_jobs(
+                        session,
+                        [fault.node],
+                        f"fault:{fault.id}",
+                        fault=fault,
+                        now=now,
+                        settings=settings,
+                    )
                 )
         elif _recovers(e):
-            for cleared in faults.clear(e.node, device, e.port or 1, e.observed_at):
-                nodes.set_port_state(cleared.node, cleared.device, e.port or 1, "ACTIVE")
+            port = e.port or 1
+            for cleared in faults.clear(e.node, device, port, e.observed_at):
+                nodes.set_port_state(cleared.node, cleared.device, port, "ACTIVE")
+            # A link on the switch came back up: the switch itself works again.
+            switch = coord.switch_of(e.node, device, port)
+            if switch is not None:
+                coord.clear_switch_fault(switch, e.observed_at)
     return result
 
 
-def _decide_jobs_on_node(
+def _decide_jobs(
     session: Session,
+    nodes: list[str],
+    trigger: str,
+    *,
     fault: m.Fault,
     now: datetime,
-    settings_k: tuple[float, ...],
-    backup_cap: int | None,
+    settings: Settings,
+    note: str | None = None,
 ) -> list[m.Decision]:
     jobs = JobRepo(session)
+    job_ids = sorted({j for n in nodes for j in jobs.job_ids_on_node(n)})
     made = []
-    for job_id in sorted(jobs.job_ids_on_node(fault.node)):  # sorted: one lock order everywhere
+    for job_id in job_ids:  # sorted: one lock order everywhere
         job = jobs.lock(job_id)
         if job is None:
             continue
         d = decide_for_job(
             session,
             job,
-            trigger=f"fault:{fault.id}",
+            trigger=trigger,
             fault=fault,
             at=fault.opened_at,
             now=now,
-            settings_k=settings_k,
-            backup_cap=backup_cap,
+            settings=settings,
+            note=note,
         )
         if d is not None:
             made.append(d)

@@ -7,12 +7,14 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.config import Settings
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.schemas import AckIn, CheckpointIn, JobIn, NodeIn
+from scheduler_svc.services import redecide
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CommandRepo, JobRepo, NodeRepo
+from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo, NodeRepo
 
 
 def register_node(session: Session, name: str, body: NodeIn, now: datetime) -> m.Node:
@@ -79,7 +81,18 @@ def create_job(session: Session, body: JobIn, now: datetime) -> m.Job:
     job.ranks = [
         m.JobRank(job_id=body.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
     ]
+    job.repair_estimate_s = body.repair_estimate_s
+    taken = CoordinationRepo(session).jobs_of_comm(c.comm_id for c in body.communicators)
+    if taken:
+        comm_id, other = next(iter(taken.items()))
+        raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
     jobs.add(job)
+    session.add_all(
+        m.Communicator(
+            job_id=body.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
+        )
+        for c in body.communicators
+    )
     return job
 
 
@@ -94,19 +107,29 @@ def delete_job(session: Session, job_id: str) -> None:
     JobRepo(session).delete(get_job(session, job_id))
 
 
-def add_checkpoint(session: Session, job_id: str, body: CheckpointIn, now: datetime) -> bool:
-    """Record a checkpoint; it becomes the newest usable one unless an older report arrives late."""
-    job = get_job(session, job_id)
-    JobRepo(session).add_checkpoint(
-        m.Checkpoint(
-            job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, received_at=now
-        )
+def add_checkpoint(
+    session: Session, job_id: str, body: CheckpointIn, now: datetime, settings: Settings
+) -> bool:
+    """Record a checkpoint; it becomes the newest usable one unless an older report arrives late.
+
+    A failed-over job that checkpoints is re-decided: a clean restart now may
+    beat running degraded until the repair.
+    """
+    if JobRepo(session).get(job_id) is None:
+        raise NotFound(f"job {job_id!r} does not exist")
+    job = JobRepo(session).lock(job_id)
+    assert job is not None  # checked above, and deletes take the same lock
+    cp = m.Checkpoint(
+        job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, received_at=now
     )
+    JobRepo(session).add_checkpoint(cp)
     if body.at <= job.last_checkpoint_at:
         return False
     job.last_checkpoint_at = body.at
     job.last_checkpoint_iteration = body.iteration
     job.last_checkpoint_kind = body.kind
+    if job.mode == "failed_over":
+        redecide.on_checkpoint(session, job, cp, now, settings)
     return True
 
 
@@ -121,7 +144,9 @@ def take_commands(session: Session, node: str, now: datetime) -> list[m.Command]
     return cmds
 
 
-def ack_command(session: Session, command_id: int, body: AckIn, now: datetime) -> m.Command:
+def ack_command(
+    session: Session, command_id: int, body: AckIn, now: datetime, settings: Settings
+) -> m.Command:
     repo = CommandRepo(session)
     cmd = repo.get(command_id)
     if cmd is None:
@@ -147,7 +172,10 @@ def ack_command(session: Session, command_id: int, body: AckIn, now: datetime) -
         return cmd
     if body.status == "failed":
         cmd.state, cmd.completed_at = "failed", now
-    elif body.status == "applied":
+        emit_command_change(session, cmd)
+        redecide.after_failed_ack(session, cmd, body.detail, now, settings)
+        return cmd
+    if body.status == "applied":
         applied = {a.rank for a in repo.acks(command_id) if a.status == "applied"}
         if body.rank is None or None in applied or set(cmd.ranks) <= applied:
             cmd.state, cmd.completed_at = "applied", now

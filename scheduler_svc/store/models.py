@@ -197,6 +197,10 @@ class Event(Base):
     fault_id: Mapped[int | None]
 
 
+# Fault.port of a fault that takes the whole RNIC (device fatal) rather than one port.
+WHOLE_DEVICE_PORT = 0
+
+
 class Fault(Base):
     """A broken component. At most one open fault per (node, device, port)."""
 

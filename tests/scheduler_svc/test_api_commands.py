@@ -29,11 +29,17 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
     http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
     waiter.join(timeout=30)
     cmds = got["body"]["commands"]  # type: ignore[index]
-    assert len(cmds) == 1
+    assert [c["kind"] for c in cmds] == ["failover", "rebalance"]
     cmd = cmds[0]
     assert (cmd["kind"], cmd["ranks"], cmd["state"]) == ("failover", [14], "delivered")
+    # The channels that left through the lost rail are disabled at one op count everywhere.
+    rebalance = cmds[1]
+    assert rebalance["ranks"] == list(range(8, 16))
+    assert rebalance["disabled_channels"] == [6]
+    assert rebalance["ops_done"] == 20  # no progress reported yet: the minimum offset
     assert got["waited"] < 20  # type: ignore[operator]  # woke on the commit, not the timeout
-    assert http.get("/v1/nodes/n0/commands").json() == {"commands": []}
+    on_n0 = http.get("/v1/nodes/n0/commands").json()["commands"]
+    assert [(c["kind"], c["ops_done"], c["epoch"]) for c in on_n0] == [("rebalance", 20, 1)]
 
     # Redelivered until applied (at-least-once), then gone.
     assert (
@@ -44,7 +50,9 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
         json={"node": "n1", "rank": 14, "status": "applied"},
     )
     assert r.status_code == 200 and r.json()["state"] == "applied"
-    assert http.get("/v1/nodes/n1/commands").json() == {"commands": []}
+    assert [c["kind"] for c in http.get("/v1/nodes/n1/commands").json()["commands"]] == [
+        "rebalance"
+    ]
 
     bad = http.post(
         f"/v1/commands/{cmd['command_id']}/acks", json={"node": "n0", "status": "applied"}

@@ -25,10 +25,13 @@ def test_two_replicas_same_faults_one_decision_each(pg_url: str) -> None:
             register_nodes(http, ["n0", "n1", "n2", "n3"])
             for j, nodes in (("j1", ["n0", "n1"]), ("j2", ["n2", "n3"])):
                 assert http.post("/v1/jobs", json=job_body(j, nodes)).status_code == 201
-        # 40 distinct faults (a port each), each sent by two agents' retries to both replicas.
+        # 32 distinct faults (a port each), 10 s apart so none correlate into a switch
+        # failure, each sent by two agents' retries to both replicas.
         faults = [
-            event(n, device=f"mlx5_{d}", after_s=2000, event_id=str(uuid.uuid4()))
-            for n in ("n0", "n1", "n2", "n3")
+            event(
+                n, device=f"mlx5_{d}", after_s=2000 + 10 * (i * 8 + d), event_id=str(uuid.uuid4())
+            )
+            for i, n in enumerate(("n0", "n1", "n2", "n3"))
             for d in range(8)
         ]
         start = threading.Barrier(4)
