@@ -26,7 +26,7 @@ class NodeFlag:
 
 
 def node_flags(event_type: str, data: dict[str, Any]) -> list[NodeFlag]:
-    if event_type == EventType.MAINTENANCE_FLAGGED:
+    if event_type == EventType.MAINTENANCE_FLAG:
         node = data.get("node")
         if not isinstance(node, str) or not node:
             return []
@@ -58,5 +58,5 @@ def wants_k8s(event_type: str, data: dict[str, Any]) -> bool:
 
 
 def wants_slurm(event_type: str, data: dict[str, Any]) -> bool:
-    drains = event_type == EventType.MAINTENANCE_FLAGGED and bool(node_flags(event_type, data))
+    drains = event_type == EventType.MAINTENANCE_FLAG and bool(node_flags(event_type, data))
     return drains or requeue_job(event_type, data) is not None

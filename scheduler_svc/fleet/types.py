@@ -13,8 +13,7 @@ class EventType(enum.StrEnum):
     COMMAND_FAILED = "io.railover.command.failed"
     COMMAND_SUPERSEDED = "io.railover.command.superseded"
     SWITCH_FAULT = "io.railover.switch_fault.detected"
-    MAINTENANCE_FLAGGED = "io.railover.maintenance.flagged"
-    MAINTENANCE_FLAG = "io.railover.maintenance.flagged"  # alias of MAINTENANCE_FLAGGED
+    MAINTENANCE_FLAG = "io.railover.maintenance.flagged"
 
 
 def command_type(state: str) -> str:

@@ -191,7 +191,7 @@ class DeliveryWorker:
             for flag in actions.node_flags(ev.type, ev.data):
                 self._k8s.flag_node(flag, event_id=ev.event_id, now=now)
             return
-        if ev.type == EventType.MAINTENANCE_FLAGGED:
+        if ev.type == EventType.MAINTENANCE_FLAG:
             for flag in actions.node_flags(ev.type, ev.data):
                 reason = slurm.one_line(f"railover: {flag.reason}")
                 slurm.run(

@@ -116,7 +116,7 @@ def test_action_table() -> None:
     restart = {"action": "restart", "job_id": "j1", "fault": {"node": "n0", "device": "mlx5_0"}}
     failover = {**restart, "action": "failover"}
     flagged = {"node": "n3", "device": "mlx5_1", "port": 1, "reason": "flapping"}
-    dc, mf = EventType.DECISION_CREATED, EventType.MAINTENANCE_FLAGGED
+    dc, mf = EventType.DECISION_CREATED, EventType.MAINTENANCE_FLAG
     assert [f.node for f in node_flags(dc, restart)] == ["n0"]
     assert node_flags(dc, failover) == [] and requeue_job(dc, failover) is None
     assert requeue_job(dc, restart) == "j1" and requeue_job(mf, flagged) is None
@@ -152,7 +152,7 @@ def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
         with sessions(info={CONFIG_KEY: FleetTargets(k8s=True, slurm=True)}) as s, s.begin():
             emit(
                 s,
-                EventType.MAINTENANCE_FLAGGED,
+                EventType.MAINTENANCE_FLAG,
                 job_id=None,
                 subject="node/n3/mlx5_1/1",
                 data={"node": "n3", "device": "mlx5_1", "port": 1, "reason": "port flapped 5x"},
