@@ -1,0 +1,274 @@
+"""Cluster-wide coordination over the real API: correlation, flaps, fail-back, re-decisions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler_svc.config import Settings
+from scheduler_svc.local import local_service
+from tests.scheduler_svc.helpers import job_body, register_nodes
+
+FAST = {
+    "failback_damping_s": 1.0,
+    "coordinator_interval_s": 0.1,
+    "command_ack_timeout_s": 30.0,
+}
+
+
+@pytest.fixture
+def make_service(db_url: str) -> Iterator[Callable[..., httpx.Client]]:
+    """Start the service with coordination settings tuned for tests; yields a client factory."""
+    stack: list[Any] = []
+
+    def start(**overrides: Any) -> httpx.Client:
+        ctx = local_service(Settings(db_url=db_url, port=0, **(FAST | overrides)))
+        url = ctx.__enter__()
+        stack.append(ctx)
+        client = httpx.Client(base_url=url, timeout=30)
+        stack.append(client)
+        return client
+
+    yield start
+    for item in reversed(stack):
+        if isinstance(item, httpx.Client):
+            item.close()
+        else:
+            item.__exit__(None, None, None)
+
+
+def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:
+    return {
+        "event_id": str(uuid.uuid4()),
+        "node": node,
+        "kind": kind,
+        "device": device,
+        "port": 1,
+        "observed_at": at.isoformat(),
+        **extra,
+    }
+
+
+def post(http: httpx.Client, *events: dict[str, Any]) -> dict[str, Any]:
+    r = http.post("/v1/events", json={"events": list(events)})
+    assert r.status_code == 202, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = http.get(f"/v1/jobs/{job}/decisions").json()["decisions"]
+    return out
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def fresh_job(http: httpx.Client, job: str, nodes: list[str], elapsed_s: float, **kw: Any) -> None:
+    checkpoint = datetime.now(UTC) - timedelta(seconds=elapsed_s)
+    body = job_body(job, nodes, last_checkpoint_at=checkpoint.isoformat(), **kw)
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+
+
+def test_switch_inferred_and_silent_node_moved_first(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    http = make_service()
+    nodes = ["n0", "n1", "n2", "n3"]
+    register_nodes(http, nodes)
+    fresh_job(http, "big", nodes, elapsed_s=3000)
+    t0 = datetime.now(UTC)
+    post(http, ev("n0", "port_down", t0))
+    post(http, ev("n1", "port_down", t0 + timedelta(seconds=0.6)))
+    third = post(http, ev("n2", "port_down", t0 + timedelta(seconds=1.2)))
+    assert len(third["decisions"]) == 1
+    fabric = http.get("/v1/fabric").json()
+    assert [(s["switch"], s["nodes"]) for s in fabric["switch_faults"]] == [
+        ("rail3-leaf", ["n0", "n1", "n2"])
+    ]
+    latest = decisions(http, "big")[0]
+    assert latest["trigger"].startswith("switch:")
+    assert "switch rail3-leaf inferred failed" in latest["reason"]
+    assert latest["action"] == "failover"
+    moved = {(m["node"], m["rank"]) for m in latest["plan"]["failed_over"]}
+    assert moved == {("n0", 3), ("n1", 11), ("n2", 19), ("n3", 27)}
+    # n3 has reported nothing, yet its rank 27 is told to move now.
+    n3 = http.get("/v1/nodes/n3/commands").json()["commands"]
+    assert ("failover", [27]) in [(c["kind"], c["ranks"]) for c in n3]
+    # n3's own report arrives later: no second switch fault.
+    post(http, ev("n3", "port_down", t0 + timedelta(seconds=4)))
+    assert len(http.get("/v1/fabric").json()["switch_faults"]) == 1
+
+
+def test_single_short_flap_fails_over_and_back(make_service: Callable[..., httpx.Client]) -> None:
+    http = make_service()
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000)
+    t0 = datetime.now(UTC) - timedelta(seconds=5)
+    post(http, ev("n0", "port_down", t0))
+    assert decisions(http, "j")[0]["action"] == "failover"
+    post(http, ev("n0", "port_up", t0 + timedelta(seconds=3)))  # a 3-second flap
+    wait_for(lambda: decisions(http, "j")[0]["action"] == "failback")
+    back = decisions(http, "j")[0]
+    assert back["plan"]["returning"] == [{"rank": 3, "node": "n0", "gpu": 3, "to": "mlx5_3/1"}]
+    assert http.get("/v1/jobs/j").json()["mode"] == "normal"
+    failbacks = [
+        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "failback"
+    ]
+    assert {c["node"] for c in failbacks} == {"n0", "n1"}
+    assert len({(c["ops_done"], c["epoch"]) for c in failbacks}) == 1  # one switch point
+
+
+def test_flapping_port_stays_on_backup_and_is_flagged(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    http = make_service()
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000)
+    t0 = datetime.now(UTC) - timedelta(seconds=400)
+    for i in range(5):  # five downs within ten minutes
+        post(http, ev("n0", "port_down", t0 + timedelta(seconds=60 * i)))
+        post(http, ev("n0", "port_up", t0 + timedelta(seconds=60 * i + 5)))
+    flags = http.get("/v1/fabric").json()["maintenance_flags"]
+    assert [(f["node"], f["device"], f["port"]) for f in flags] == [("n0", "mlx5_3", 1)]
+    assert "5 downs" in flags[0]["reason"]
+    time.sleep(1.5)  # longer than damping plus a few sweeps
+    assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
+    history = [d["action"] for d in decisions(http, "j")]
+    # The first flaps healed and failed back; after the fifth down it stays on its backup.
+    assert history[0] == "failover"
+    assert history.count("failover") == 5
+    # The operator repairs it and clears the flag.
+    r = http.delete(f"/v1/maintenance-flags/{flags[0]['id']}")
+    assert r.status_code == 200 and r.json()["cleared_at"] is not None
+    assert http.delete(f"/v1/maintenance-flags/{flags[0]['id']}").status_code == 404
+
+
+def test_measured_k_turns_failover_into_restart(make_service: Callable[..., httpx.Client]) -> None:
+    http = make_service()
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=1500, slowdown_k=None)
+    baseline = http.post("/v1/jobs/j/iterations", json={"iteration_time_s": [1.0] * 5}).json()
+    assert baseline["degraded"] is False
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    first = decisions(http, "j")[0]
+    assert (first["action"], first["inputs"]["k"], first["inputs"]["k_source"]) == (
+        "failover",
+        1.03,
+        "default",
+    )
+    few = http.post("/v1/jobs/j/iterations", json={"iteration_time_s": [2.5] * 3}).json()
+    assert few["trustworthy"] is False and few["decision_id"] is None
+    r = http.post("/v1/jobs/j/iterations", json={"iteration_time_s": [2.5] * 3}).json()
+    assert r["trustworthy"] is True and r["measured_k"] == 2.5
+    latest = decisions(http, "j")[0]
+    assert latest["decision_id"] == r["decision_id"]
+    assert latest["action"] == "restart"
+    assert latest["inputs"]["k"] == 2.5 and latest["inputs"]["k_source"] == "measured"
+    assert "measured k 2.500" in latest["reason"]
+    assert http.get("/v1/jobs/j").json()["mode"] == "restarting"
+
+
+def test_second_fault_replans_with_higher_k(make_service: Callable[..., httpx.Client]) -> None:
+    http = make_service()
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000, slowdown_k=None)
+    now = datetime.now(UTC)
+    post(http, ev("n0", "port_down", now, device="mlx5_0"))
+    post(http, ev("n1", "port_down", now + timedelta(seconds=30), device="mlx5_5"))
+    chain = decisions(http, "j")
+    assert [(d["action"], d["inputs"]["k"], d["inputs"]["concurrent_faults"]) for d in chain] == [
+        ("failover", 1.2, 2),
+        ("failover", 1.03, 1),
+    ]
+    assert {m["rank"] for m in chain[0]["plan"]["failed_over"]} == {0, 13}
+
+
+def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.Client]) -> None:
+    http = make_service(delivery_latency_default_s=0.5)
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(
+        http, "j", ["n0", "n1"], elapsed_s=3000, communicators=[{"comm_id": 77, "channels": 16}]
+    )
+    t = datetime.now(UTC) - timedelta(seconds=2)
+    for ops, dt in ((1000, 0), (1100, 1)):
+        post(
+            http,
+            *[
+                ev(
+                    n,
+                    "progress",
+                    t + timedelta(seconds=dt),
+                    device=None,
+                    comm_id=77,
+                    rank=r,
+                    ops_done=ops,
+                )
+                for n, ranks in (("n0", range(8)), ("n1", range(8, 16)))
+                for r in ranks
+            ],
+        )
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    cmds = [
+        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "rebalance"
+    ]
+    # 100 ops/s x 0.5 s delivery x safety 2 = 100 ops past the highest count.
+    assert {(c["node"], c["ops_done"], c["epoch"]) for c in cmds} == {
+        ("n0", 1200, 1),
+        ("n1", 1200, 1),
+    }
+    assert cmds[0]["disabled_channels"] == [3, 11]
+    late = {"node": "n1", "rank": 9, "status": "failed", "detail": "too_late (pid 42)"}
+    r = http.post(f"/v1/commands/{cmds[1]['command_id']}/acks", json=late)
+    assert r.json()["state"] == "failed"
+    again = {"node": "n0", "rank": 2, "status": "failed", "detail": "too_late (pid 7)"}
+    http.post(f"/v1/commands/{cmds[0]['command_id']}/acks", json=again)
+    after = [
+        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "rebalance"
+    ]
+    epochs = sorted({(c["epoch"], c["state"]) for c in after if c["state"] != "failed"})
+    assert epochs == [(1, "superseded"), (2, "issued")]
+    assert {c["ops_done"] for c in after if c["epoch"] == 2} == {1200}
+
+
+def test_unacknowledged_command_is_retried_then_failed(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    http = make_service(command_ack_timeout_s=0.3, command_max_attempts=2)
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000)
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    wait_for(lambda: decisions(http, "j")[0]["action"] == "restart")
+    latest = decisions(http, "j")[0]
+    assert latest["trigger"].endswith(":failed")
+    assert "not acknowledged after 2 attempts" in latest["reason"]
+    cmds = http.get("/v1/jobs/j/commands").json()["commands"]
+    failover = [c for c in cmds if c["kind"] == "failover"]
+    assert [c["state"] for c in failover] == ["superseded", "failed"]
+
+
+def test_checkpoint_while_failed_over_redecides(make_service: Callable[..., httpx.Client]) -> None:
+    http = make_service()
+    register_nodes(http, ["n0", "n1", "n2", "n3"])
+    fresh_job(http, "long-repair", ["n0", "n1"], elapsed_s=3000, repair_estimate_s=86400)
+    fresh_job(http, "quick-repair", ["n2", "n3"], elapsed_s=3000, repair_estimate_s=1200)
+    now = datetime.now(UTC)
+    post(http, ev("n0", "port_down", now), ev("n2", "port_down", now))
+    for job in ("long-repair", "quick-repair"):
+        http.post(f"/v1/jobs/{job}/checkpoints", json={"at": datetime.now(UTC).isoformat()})
+    long_ = decisions(http, "long-repair")[0]
+    assert long_["action"] == "restart" and long_["reason"].startswith("restart at this checkpoint")
+    quick = decisions(http, "quick-repair")[0]
+    assert quick["action"] == "none" and quick["reason"].startswith("keep running degraded")
+    assert http.get("/v1/jobs/quick-repair").json()["mode"] == "failed_over"
