@@ -43,7 +43,9 @@ def make_service(db_url: str) -> Iterator[Callable[..., httpx.Client]]:
             item.__exit__(None, None, None)
 
 
-def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:
+def ev(
+    node: str, kind: str, at: datetime, device: str | None = "mlx5_3", **extra: Any
+) -> dict[str, Any]:
     return {
         "event_id": str(uuid.uuid4()),
         "node": node,
