@@ -50,10 +50,14 @@ def this_rank() -> dict[str, Any]:
 
 
 class RailoverHook:
-    def __init__(self, client: RailoverClient, job_id: str, rank: int) -> None:
+    def __init__(
+        self, client: RailoverClient, job_id: str, rank: int, report_every: int = 10
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.rank = rank
+        self.report_every = report_every
+        self._times: list[float] = []
 
     @classmethod
     def from_env(cls, *, replace: bool = True) -> RailoverHook:
@@ -88,10 +92,20 @@ class RailoverHook:
             self._quietly(self.client.report_checkpoint, self.job_id, iteration=iteration)
 
     def iteration_done(self, seconds: float) -> None:
-        if self.rank == 0:
-            self._quietly(self.client.report_iteration_time, self.job_id, seconds)
+        """Batched: one request per `report_every` iterations, not one per step."""
+        if self.rank != 0:
+            return
+        self._times.append(seconds)
+        if len(self._times) >= self.report_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._times:
+            times, self._times = self._times, []
+            self._quietly(self.client.report_iteration_times, self.job_id, times)
 
     def close(self) -> None:
+        self.flush()
         self.client.close()
 
     def _quietly(self, call: Any, *args: Any, **kw: Any) -> None:

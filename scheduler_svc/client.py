@@ -16,7 +16,7 @@ registration that was stored before the connection dropped answers 409, which
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -30,6 +30,8 @@ from scheduler_svc.schemas import (
     CheckpointOut,
     DecisionList,
     DecisionOut,
+    IterationsIn,
+    IterationsOut,
     JobIn,
     JobOut,
 )
@@ -118,15 +120,12 @@ class RailoverClient:
             json=body.model_dump(mode="json", exclude_none=True),
         )
 
-    def report_iteration_time(
-        self, job_id: str, seconds: float, *, at: datetime | None = None
-    ) -> dict[str, Any]:
-        """One iteration's wall time; the service derives the measured slowdown k from these."""
-        body = {"seconds": seconds, "at": (at or datetime.now(UTC)).isoformat()}
-        answer: dict[str, Any] = self._request(
-            "POST", f"/v1/jobs/{job_id}/iterations", json=body
-        ).json()
-        return answer
+    def report_iteration_times(self, job_id: str, seconds: Sequence[float]) -> IterationsOut:
+        """Iteration wall times (a batch); the service derives the measured slowdown k."""
+        body = IterationsIn.model_validate({"iteration_time_s": list(seconds)})
+        return self._call(
+            "POST", f"/v1/jobs/{job_id}/iterations", IterationsOut, json=body.model_dump()
+        )
 
     def decisions(self, job_id: str, limit: int = 100) -> list[DecisionOut]:
         """The job's decisions, newest first."""

@@ -32,6 +32,7 @@ def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
         assert len(rv.register_job(job, replace=True).ranks) == 16
         cp = rv.report_checkpoint("j1", iteration=500, at=CHECKPOINT + timedelta(seconds=60))
         assert cp.current and rv.get_job("j1").last_checkpoint_iteration == 500
+        assert rv.report_iteration_times("j1", [1.0, 1.01, 0.99]).samples == 3
         assert rv.wait_for_decision("j1", timeout_s=0.1, poll_s=0.05) is None
         # A fault arrives while the launcher waits for the decision.
         threading.Timer(0.3, lambda: fault(rv._http, "n0", "mlx5_0", 2000)).start()
@@ -82,6 +83,8 @@ def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, done.stderr[-3000:]
+        # Every report (registration, checkpoints, iteration batches) was taken.
+        assert "WARNING:railover.torchrun" not in done.stderr, done.stderr[-3000:]
         job = rv.get_job("torchrun-job")
     assert [(r.rank, r.node, r.gpu) for r in job.ranks] == [
         (0, "trainer-0", 0),
