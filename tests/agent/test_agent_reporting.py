@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 from prometheus_client import REGISTRY
