@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from agent.plugin import to_wire_command
 from agent.sysfs_fixture import FixtureNode
 from agent.testing import AgentThread, StandInService, settings_for, wait_until
 from native_plugin import wire
@@ -286,3 +287,43 @@ def test_stale_socket_is_replaced_but_a_live_one_is_not(
         _connect(a).close()
     finally:
         a.stop()
+
+
+@pytest.mark.parametrize("kind", ["rebalance", "failback", "abort", "failover"])
+def test_every_service_command_kind_has_a_frame(kind: str) -> None:
+    frame = to_wire_command(
+        {
+            "command_id": 1,
+            "kind": kind,
+            "comm_id": 9,
+            "ops_done": 0,
+            "epoch": 1,
+            "disabled_channels": [0, 63, 64],
+        }
+    )
+    assert frame is not None
+    assert frame.kind == wire.CommandKind[kind.upper()]
+    # Channels past the 64-bit mask cannot be named on the wire; 0 and 63 can.
+    assert frame.disabled_channels == (1 | 1 << 63)
+
+
+def test_unknown_command_kind_is_acked_failed(
+    running: AgentThread, standin: StandInService
+) -> None:
+    standin.add_command(
+        {
+            "command_id": 31,
+            "job_id": "j",
+            "kind": "teleport",
+            "epoch": 1,
+            "comm_id": 1,
+            "ops_done": 0,
+            "disabled_channels": [],
+            "ranks": [],
+        }
+    )
+    assert standin.wait_for(
+        lambda st: any(cid == 31 and b["status"] == "failed" for cid, b in st.acks)
+    )
+    (body,) = [b for cid, b in standin.state.acks if cid == 31]
+    assert "no wire encoding" in body["detail"]
