@@ -104,9 +104,11 @@ def emit(
 
 
 def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.OutboxEvent:
-    """io.railover.decision.created for a stored decision, with the commands it issued."""
-    session.flush()  # command ids exist only once flushed
-    commands = OutboxRepo(session).decision_commands(decision.decision_id)
+    """io.railover.decision.created for a stored decision.
+
+    The commands it leads to are announced by their own io.railover.command.*
+    events (data.decision_id links them), which follow this one in the job's order.
+    """
     fault = None if decision.fault_id is None else session.get(m.Fault, decision.fault_id)
     data: dict[str, Any] = {
         "decision_id": decision.decision_id,
@@ -122,7 +124,6 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.Outbo
         "fault": None
         if fault is None
         else {"node": fault.node, "device": fault.device, "port": fault.port, "kind": fault.kind},
-        "commands": [_command_data(c) for c in commands],
     }
     return emit(
         session,

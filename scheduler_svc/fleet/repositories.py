@@ -81,13 +81,6 @@ class OutboxRepo:
         self.s.add_all(deliveries)
         self.s.flush()
 
-    def decision_commands(self, decision_id: str) -> Sequence[m.Command]:
-        return self.s.scalars(
-            select(m.Command)
-            .where(m.Command.decision_id == decision_id)
-            .order_by(m.Command.command_id)
-        ).all()
-
     def event(self, outbox_id: int) -> m.OutboxEvent | None:
         return self.s.get(m.OutboxEvent, outbox_id)
 

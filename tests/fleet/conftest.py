@@ -20,6 +20,7 @@ from tests.scheduler_svc.conftest import db_url, pg_url  # noqa: F401
 
 @dataclass
 class Received:
+    path: str
     headers: dict[str, str]
     body: bytes
     status: int
@@ -77,6 +78,7 @@ def receiver() -> Iterator[Receiver]:
             with rec.lock:
                 rec.requests.append(
                     Received(
+                        self.path,
                         {k.lower(): v for k, v in self.headers.items()},
                         body,
                         status,
