@@ -168,7 +168,13 @@ class JobRepo:
         Decisions for one job are serialised on this lock (SELECT ... FOR UPDATE
         on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises every
         writer), so two replicas handling faults of one job decide one after
-        the other and the second sees the first's decision.
+        the other and the second sees the first's decision. A row lock rather
+        than pg_advisory_xact_lock: the job row is written by the decision
+        anyway, the lock ends with the transaction on every path (commit,
+        rollback, a dropped connection), and SQLite needs no second mechanism.
+        UNIQUE (job_id, trigger) on decisions is the backstop for any path
+        that forgets to lock. Events for the outbox are emitted under this lock
+        too, which is what makes their ids follow the job's decision order.
         """
         return self.s.scalar(
             select(m.Job)
