@@ -204,3 +204,30 @@ def test_notify_url_filters_and_metrics(tmp_path: Any, receiver: Receiver) -> No
         verify(secret, r.headers["railover-signature"], r.body)
     assert 'railover_deliveries_total{result="delivered",target="webhook"}' in scrape
     assert 'railover_delivery_latency_seconds_count{target="webhook"}' in scrape
+
+
+def test_example_receiver_verifies_and_deduplicates() -> None:
+    from datetime import UTC, datetime
+
+    from examples.webhook_receiver import Deduplicator, handle
+    from scheduler_svc.fleet.events import to_cloudevent
+    from scheduler_svc.fleet.signing import sign
+    from scheduler_svc.store.models import OutboxEvent
+
+    row = OutboxEvent(
+        id=7,
+        event_id="e-7",
+        type="io.railover.decision.created",
+        subject="decision/d",
+        job_id="j1",
+        data={"action": "failover", "reason": "cheaper"},
+        created_at=datetime.now(UTC),
+    )
+    headers, body = to_cloudevent(row)
+    headers[SIGNATURE_HEADER] = sign(SECRET, body)
+    seen = Deduplicator()
+    status, event = handle(headers, body, SECRET, seen)
+    assert status == 200 and event is not None
+    assert (event["job"], event["sequence"], event["data"]["action"]) == ("j1", "7", "failover")
+    assert handle(headers, body, SECRET, seen) == (200, None)  # a redelivery
+    assert handle(headers, body + b" ", SECRET, seen)[0] == 401
