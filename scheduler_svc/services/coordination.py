@@ -178,15 +178,21 @@ def issue_switch_point(
     decision_id: str | None,
     now: datetime,
     settings: Settings,
+    passed_ops: int = 0,
 ) -> list[m.Command]:
-    """One trigger for every rank of a communicator, under a new epoch, superseding older ones."""
+    """One trigger for every rank of a communicator, under a new epoch, superseding older ones.
+
+    `passed_ops` is an op count some rank is known to have passed (a trigger it
+    reported too late for): the new trigger counts from it even when the stored
+    progress, a poll or two old, is still below it.
+    """
     repo = CoordinationRepo(session)
     comm = session.get(m.Communicator, (job.job_id, comm_id))
     epoch = (comm.epoch if comm is not None else _max_epoch(session, job, comm_id)) + 1
     if comm is not None:
         comm.epoch = epoch
     progress = [p for p in repo.progress(job.job_id, comm_id) if p.rank in set(ranks)]
-    max_ops = max((p.ops_done for p in progress), default=0)
+    max_ops = max([passed_ops, *(p.ops_done for p in progress)])
     rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
     rate = rates[-1] if rates else None
     latency = repo.delivery_latency_s() or settings.delivery_latency_default_s
@@ -394,4 +400,5 @@ def on_failed_ack(
         decision_id=cmd.decision_id,
         now=now,
         settings=settings,
+        passed_ops=cmd.ops_done,
     )
