@@ -157,6 +157,13 @@ def ack_command(
         )
     if body.rank is not None and cmd.ranks and body.rank not in cmd.ranks:
         raise Unprocessable(f"rank: rank {body.rank} is not addressed by command {command_id}")
+    if body.status == "failed":
+        # A failed ack may re-trigger or re-decide under the job's row lock, and a
+        # re-trigger holding that lock supersedes the job's commands; touching this
+        # command first and the job second deadlocks two acks on PostgreSQL. Lock in
+        # the re-trigger's order, then re-read what the lock holder may have changed.
+        JobRepo(session).lock(cmd.job_id)
+        session.refresh(cmd)
     repo.add_ack(
         m.CommandAck(
             command_id=command_id,
