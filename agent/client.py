@@ -170,13 +170,18 @@ class ServiceClient:
         data = resp.json()
         return int(data.get("accepted", 0)), int(data.get("duplicates", 0))
 
-    async def fetch_commands(self, wait_s: float) -> list[dict[str, Any]]:
+    async def fetch_commands(
+        self, wait_s: float, include_unacked: bool = False
+    ) -> list[dict[str, Any]]:
         # The long poll legitimately takes wait_s; the timeout allows for that.
+        params: dict[str, Any] = {"wait_s": wait_s}
+        if include_unacked:
+            params["include_unacked"] = "true"
         resp = await self._call(
             "commands",
             "GET",
             f"/v1/nodes/{self.node}/commands",
-            params={"wait_s": wait_s},
+            params=params,
             timeout=wait_s + self.settings.request_timeout_s,
         )
         commands: list[dict[str, Any]] = resp.json().get("commands", [])

@@ -257,9 +257,15 @@ class Agent:
         hub = self.hub
         assert hub is not None
         backoff = Backoff(0.5, self.settings.retry_max_backoff_s)
+        # The service hands each command out once; after a restart this agent
+        # asks once for those delivered to its predecessor but never acknowledged.
+        first = True
         while True:
             try:
-                cmds = await self.client.fetch_commands(self.settings.command_wait_s)
+                cmds = await self.client.fetch_commands(
+                    self.settings.command_wait_s, include_unacked=first
+                )
+                first = False
             except (Unavailable, Rejected) as exc:
                 delay = backoff.next()
                 log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)

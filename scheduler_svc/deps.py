@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -16,15 +16,28 @@ from scheduler_svc.schemas import Role
 from scheduler_svc.store.repositories import TokenRepo
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """One session per request; the only place that commits (or rolls back on error)."""
-    session: Session = request.app.state.sessionmaker()
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """One session per request, the scope of its transaction: committed on success,
+    rolled back on error.
+
+    GET and HEAD requests read through the read-only sessionmaker, so on SQLite
+    they never queue behind (or hold up) writers. Sync routes commit in their
+    own worker thread (api/routing.py explains why); anything still open here
+    is committed on the event loop, which needs no worker thread to do it.
+    """
+    factory = (
+        request.app.state.read_sessionmaker
+        if request.method in ("GET", "HEAD")
+        else request.app.state.sessionmaker
+    )
+    session: Session = factory()
     try:
         yield session
-        session.commit()
+        if session.in_transaction():
+            session.commit()
         notify = session.info.get("notify_nodes")
         if notify:
-            request.app.state.notifier.notify_threadsafe(notify)
+            request.app.state.notifier.notify(notify)
     except BaseException:
         session.rollback()
         raise
@@ -69,7 +82,7 @@ def get_principal(
             raise Unauthorized("Authorization: expected 'Bearer <token>'")
         # Its own short read, not the request's session: a long-poll must not
         # hold a transaction (and SQLite's write lock) open while it waits.
-        with request.app.state.sessionmaker() as session:
+        with request.app.state.read_sessionmaker() as session:
             token = TokenRepo(session).by_plain(creds.credentials)
             found = (
                 None if token is None else Principal(token.token_id, Role(token.role), token.node)

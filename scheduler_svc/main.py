@@ -20,7 +20,12 @@ from scheduler_svc.errors import RailoverError
 from scheduler_svc.fleet.service import Fleet, audit_requests
 from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.services.sweeps import Coordinator
-from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
+from scheduler_svc.store.db import (
+    make_engine,
+    make_read_sessionmaker,
+    make_sessionmaker,
+    upgrade,
+)
 from scheduler_svc.store.repositories import TokenRepo
 
 log = logging.getLogger("railover")
@@ -37,6 +42,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
             upgrade(settings.sqlalchemy_url)
         engine = make_engine(settings.sqlalchemy_url)
         app.state.sessionmaker = make_sessionmaker(engine)
+        app.state.read_sessionmaker = make_read_sessionmaker(engine)
         with app.state.sessionmaker() as session:
             tokens = TokenRepo(session).count_active()
         app.state.anonymous = settings.allow_anonymous_loopback and tokens == 0

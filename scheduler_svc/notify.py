@@ -30,6 +30,10 @@ class CommandNotifier:
         finally:
             event.clear()
 
+    def notify(self, nodes: Iterable[str]) -> None:
+        """Call from the event loop's own thread."""
+        self._notify(list(nodes))
+
     def notify_threadsafe(self, nodes: Iterable[str]) -> None:
         """Callable from the worker threads that run sync routes."""
         if self._loop is None or self._loop.is_closed():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from scheduler_svc.api import routing
 from scheduler_svc.api.jobs import command_out
 from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
 from scheduler_svc.errors import (
@@ -22,7 +23,7 @@ from scheduler_svc.errors import (
 from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Name
 from scheduler_svc.services import registry
 
-router = APIRouter(prefix="/v1", tags=["commands"])
+router = routing.router(prefix="/v1", tags=["commands"])
 
 # How often a waiting poll re-reads the store, to see commands another replica issued.
 RECHECK_S = 1.0
@@ -38,24 +39,36 @@ async def poll_commands(
     request: Request,
     who: AgentAuth,
     wait_s: float = Query(0.0, ge=0, le=120, description="Long-poll: wait up to this long"),
+    include_unacked: bool = Query(
+        False, description="Also commands delivered before but not acknowledged (agent start)"
+    ),
 ) -> CommandList:
-    """Unacknowledged commands for this node; waits up to wait_s for one to appear."""
+    """Commands not yet delivered to this node; waits up to wait_s for one to appear."""
     who.require_node(node)
     app = request.app
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
     while True:
         # A short transaction per look, never one held open across the wait.
-        cmds = await run_in_threadpool(_take, app.state.sessionmaker, node)
+        cmds = await run_in_threadpool(
+            _take, app.state.read_sessionmaker, app.state.sessionmaker, node, include_unacked
+        )
         remaining = deadline - loop.time()
         if cmds or remaining <= 0:
             return CommandList(commands=cmds)
         await app.state.notifier.wait(node, min(RECHECK_S, remaining))
 
 
-def _take(sessionmaker: sessionmaker[Session], node: str) -> list[CommandOut]:
-    with sessionmaker() as session, session.begin():
-        return [command_out(c) for c in registry.take_commands(session, node, datetime.now(UTC))]
+def _take(
+    reads: sessionmaker[Session], writes: sessionmaker[Session], node: str, include_unacked: bool
+) -> list[CommandOut]:
+    # Most looks find nothing: look without the write lock, take it only to mark delivery.
+    with reads() as session:
+        if not registry.has_pending_commands(session, node, include_unacked):
+            return []
+    with writes() as session, session.begin():
+        cmds = registry.take_commands(session, node, datetime.now(UTC), include_unacked)
+        return [command_out(c) for c in cmds]
 
 
 @router.post(

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
+from scheduler_svc.api import routing
 from scheduler_svc.deps import Reader, SettingsDep
 from scheduler_svc.engine.decision import DecisionInputs, decide, ib_timeout_s
 from scheduler_svc.engine.slowdown import estimate_k
@@ -11,7 +10,7 @@ from scheduler_svc.errors import VALIDATION, Unauthorized, responses
 from scheduler_svc.schemas import DecisionInputsOut, EvaluateIn, EvaluateOut
 from scheduler_svc.services.decisions import inputs_record
 
-router = APIRouter(prefix="/v1", tags=["decisions"])
+router = routing.router(prefix="/v1", tags=["decisions"])
 
 
 @router.post("/evaluate", operation_id="evaluate", responses=responses(Unauthorized) | VALIDATION)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from fastapi import APIRouter
-
 from scheduler_svc import metrics
+from scheduler_svc.api import routing
 from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
@@ -21,7 +20,7 @@ from scheduler_svc.schemas import EventBatch, EventsAccepted
 from scheduler_svc.services.ingest import ingest
 from scheduler_svc.store.repositories import NodeRepo
 
-router = APIRouter(prefix="/v1", tags=["events"])
+router = routing.router(prefix="/v1", tags=["events"])
 
 
 @router.post(

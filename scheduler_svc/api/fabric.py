@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
+from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, Reader, SessionDep
 from scheduler_svc.errors import Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.schemas import FabricState, FaultOut, MaintenanceFlagOut, SwitchFaultOut
 from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo
 
-router = APIRouter(prefix="/v1", tags=["fabric"])
+router = routing.router(prefix="/v1", tags=["fabric"])
 
 
 @router.get("/fabric", operation_id="get_fabric", responses=responses(Unauthorized))

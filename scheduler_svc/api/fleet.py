@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
+from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, SessionDep
 from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.fleet import admin
@@ -26,7 +27,7 @@ from scheduler_svc.fleet.schemas import (
 )
 from scheduler_svc.fleet.types import EventType
 
-router = APIRouter(prefix="/v1", tags=["fleet"])
+router = routing.router(prefix="/v1", tags=["fleet"])
 AUTH = responses(Unauthorized, Forbidden)
 Limit = Annotated[int, Query(ge=1, le=1000)]
 

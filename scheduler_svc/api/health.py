@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from scheduler_svc.api import routing
 from scheduler_svc.schemas import Health
 from scheduler_svc.services import status
 
-router = APIRouter(tags=["health"])
+router = routing.router(tags=["health"])
 
 
 @router.get("/healthz", operation_id="healthz")
@@ -25,7 +26,7 @@ def healthz() -> Health:
 def readyz(request: Request, response: Response) -> Health:
     """The store answers; the service can take traffic."""
     try:
-        with request.app.state.sessionmaker() as session:
+        with request.app.state.read_sessionmaker() as session:
             session.execute(text("SELECT 1"))
             session.rollback()
     except Exception as exc:  # any store failure means not ready
@@ -43,7 +44,7 @@ async def prometheus_metrics(request: Request) -> Response:
 def _refresh_gauges(request: Request) -> None:
     """Gauges of stored state are read at scrape time, so every replica reports the truth."""
     try:
-        with request.app.state.sessionmaker() as session:
+        with request.app.state.read_sessionmaker() as session:
             status.refresh_metrics(status.build_status(session, datetime.now(UTC)))
             session.rollback()
     except Exception:  # noqa: S110  a scrape must not fail because the store is down

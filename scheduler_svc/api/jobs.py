@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
+from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
@@ -44,7 +45,7 @@ from scheduler_svc.store.repositories import (
     JobRepo,
 )
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = routing.router(prefix="/v1/jobs", tags=["jobs"])
 
 
 def job_out(session: Session, job: m.Job) -> JobOut:

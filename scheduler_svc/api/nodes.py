@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter
-
+from scheduler_svc.api import routing
 from scheduler_svc.deps import AgentAuth, Reader, SessionDep, SettingsDep
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
@@ -14,7 +13,7 @@ from scheduler_svc.services import registry
 from scheduler_svc.services.decisions import node_topology
 from scheduler_svc.store import models as m
 
-router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+router = routing.router(prefix="/v1/nodes", tags=["nodes"])
 
 
 def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:

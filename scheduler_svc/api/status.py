@@ -11,17 +11,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from scheduler_svc.api import routing
 from scheduler_svc.deps import Reader, SessionDep, get_principal
 from scheduler_svc.errors import Forbidden, Unauthorized, responses
 from scheduler_svc.schemas import StatusOut
 from scheduler_svc.services.status import build_status
 from scheduler_svc.web.render import render_live, render_page
 
-router = APIRouter(tags=["status"])
+router = routing.router(tags=["status"])
 
 # How often the page re-fetches its live part; shown on the page too.
 REFRESH_S = 3

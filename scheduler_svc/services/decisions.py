@@ -227,6 +227,8 @@ def decide_for_job(
         k_source=estimate.source.value,
         gpus=len(conn.routes),
         path_available=conn.all_pairs_survive,
+        # The port came back before anyone decided (a flap reported with its recovery).
+        healed=fault is not None and fault.cleared_at is not None and not affected,
         affected=affected,
         dp_size=job.dp_size,
         allow_scaling=job.allow_scaling,

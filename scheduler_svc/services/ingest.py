@@ -101,6 +101,8 @@ def ingest(
     faults = FaultRepo(session)
     nodes = NodeRepo(session)
     coord = CoordinationRepo(session)
+    opened: list[m.Fault] = []
+    new_switches: list[m.SwitchFault] = []
     for e in new_events:
         device = e.device or ""
         kind = _fault_kind(e)
@@ -123,39 +125,11 @@ def ingest(
             metrics.FAULTS_OPENED.labels(kind=fault_kind).inc()
             nodes.set_port_state(e.node, device, port or None, "DOWN")
             EventRepo(session).set_fault([e.event_id], fault.id)
-            result.faults_opened.append(fault)
+            opened.append(fault)
             coordination.flag_if_flapping(session, fault, settings)
             switch_fault = coordination.infer_switch(session, fault, settings)
             if switch_fault is not None:
-                # Every node cabled to the switch, including those that have not
-                # noticed yet: their ranks move before their own timeout fires.
-                affected = coordination.nodes_on_switch(session, switch_fault.switch)
-                note = (
-                    f"switch {switch_fault.switch} inferred failed ({switch_fault.reason}); "
-                    "all its links count as failed"
-                )
-                result.decisions.extend(
-                    _decide_jobs(
-                        session,
-                        affected,
-                        f"switch:{switch_fault.id}",
-                        fault=fault,
-                        now=now,
-                        settings=settings,
-                        note=note,
-                    )
-                )
-            else:
-                result.decisions.extend(
-                    _decide_jobs(
-                        session,
-                        [fault.node],
-                        f"fault:{fault.id}",
-                        fault=fault,
-                        now=now,
-                        settings=settings,
-                    )
-                )
+                new_switches.append(switch_fault)
         elif _recovers(e):
             port = e.port or 1
             for cleared in faults.clear(e.node, device, port, e.observed_at):
@@ -164,23 +138,44 @@ def ingest(
             switch = coord.switch_of(e.node, device, port)
             if switch is not None:
                 coord.clear_switch_fault(switch, e.observed_at)
+    result.faults_opened = opened
+    result.decisions = _decide_batch(session, opened, new_switches, now, settings)
     return result
 
 
-def _decide_jobs(
+def _decide_batch(
     session: Session,
-    nodes: list[str],
-    trigger: str,
-    *,
-    fault: m.Fault,
+    opened: list[m.Fault],
+    new_switches: list[m.SwitchFault],
     now: datetime,
     settings: Settings,
-    note: str | None = None,
 ) -> list[m.Decision]:
+    """One decision per touched job for the whole batch, over everything then failed.
+
+    A switch inferred failed in this batch touches every job on every node
+    cabled to it, including nodes that have reported nothing yet. A fault on a
+    switch already known to have failed changes nothing: its jobs were moved
+    when the switch fault opened. Otherwise each job is decided once, triggered
+    by its earliest new fault (which sets t_elapsed).
+    """
     jobs = JobRepo(session)
-    job_ids = sorted({j for n in nodes for j in jobs.job_ids_on_node(n)})
+    fresh = {sw.switch for sw in new_switches}
+    failed_before = {sf.switch for sf in CoordinationRepo(session).open_switch_faults()} - fresh
+    todo: dict[str, tuple[str, m.Fault, str | None]] = {}
+    for sw in new_switches:
+        first = next(f for f in opened if f.switch == sw.switch)
+        why = f"switch {sw.switch} inferred failed ({sw.reason}); all its links count as failed"
+        for node in coordination.nodes_on_switch(session, sw.switch):
+            for job_id in jobs.job_ids_on_node(node):
+                todo.setdefault(job_id, (f"switch:{sw.id}", first, why))
+    for f in opened:
+        if f.switch in failed_before:
+            continue
+        for job_id in jobs.job_ids_on_node(f.node):
+            todo.setdefault(job_id, (f"fault:{f.id}", f, None))
     made = []
-    for job_id in job_ids:  # sorted: one lock order everywhere
+    for job_id in sorted(todo):  # sorted: one lock order everywhere
+        trigger, fault, note = todo[job_id]
         job = jobs.lock(job_id)
         if job is None:
             continue

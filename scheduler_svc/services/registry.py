@@ -133,9 +133,21 @@ def add_checkpoint(
     return True
 
 
-def take_commands(session: Session, node: str, now: datetime) -> list[m.Command]:
-    """Unacknowledged commands for a node, marking new ones delivered (at-least-once)."""
-    cmds = list(CommandRepo(session).pending_for_node(node))
+def has_pending_commands(session: Session, node: str, include_unacked: bool) -> bool:
+    return CommandRepo(session).has_pending(node, include_unacked)
+
+
+def take_commands(
+    session: Session, node: str, now: datetime, include_unacked: bool = False
+) -> list[m.Command]:
+    """Commands not yet delivered to the node (with `include_unacked`, also delivered ones
+    still waiting for an acknowledgement), marking new ones delivered.
+
+    Delivery is at least once: an agent that lost a delivered command asks again
+    with `include_unacked` when it starts, and a command nobody acknowledges by
+    its deadline is re-issued under a new id (see services.sweeps).
+    """
+    cmds = list(CommandRepo(session).pending_for_node(node, include_unacked))
     for c in cmds:
         if c.state == "issued":
             c.state = "delivered"

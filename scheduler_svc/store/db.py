@@ -17,15 +17,19 @@ log = logging.getLogger(__name__)
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine tuned per backend. Built in the app's lifespan, never at import."""
+    # Sized to the request thread pool (40) plus the background loops, so a burst
+    # of requests queues on the database, not on the pool.
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=10,
+            max_overflow=40,
             **kwargs,
         )
         _sqlite_immediate_transactions(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=35, **kwargs)
 
 
 def _sqlite_immediate_transactions(engine: Engine) -> None:
@@ -48,11 +52,26 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only sessions (see make_read_sessionmaker) need no write lock:
+        # in WAL mode their plain BEGIN never waits for, or blocks, a writer.
+        if conn.get_execution_options().get(READ_ONLY_OPTION):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+READ_ONLY_OPTION = "railover_read_only"
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=True)
+
+
+def make_read_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for reads only (auth, GETs, polls that find nothing): no SQLite write lock."""
+    return sessionmaker(
+        engine.execution_options(**{READ_ONLY_OPTION: True}), expire_on_commit=False
+    )
 
 
 def alembic_config(url: str) -> Config:

@@ -369,11 +369,12 @@ class CommandRepo:
     def get(self, command_id: int) -> m.Command | None:
         return self.s.get(m.Command, command_id)
 
-    def pending_for_node(self, node: str) -> Sequence[m.Command]:
-        """Commands the node has not acknowledged yet (issued or delivered)."""
+    def pending_for_node(self, node: str, include_delivered: bool = True) -> Sequence[m.Command]:
+        """Commands for the node not acknowledged yet (issued, and delivered if asked)."""
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
         return self.s.scalars(
             select(m.Command)
-            .where(m.Command.node == node, m.Command.state.in_(["issued", "delivered"]))
+            .where(m.Command.node == node, m.Command.state.in_(states))
             .order_by(m.Command.command_id)
         ).all()
 
@@ -381,6 +382,17 @@ class CommandRepo:
         return self.s.scalars(
             select(m.Command).where(m.Command.job_id == job_id).order_by(m.Command.command_id)
         ).all()
+
+    def has_pending(self, node: str, include_delivered: bool) -> bool:
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
+        return (
+            self.s.scalar(
+                select(m.Command.command_id)
+                .where(m.Command.node == node, m.Command.state.in_(states))
+                .limit(1)
+            )
+            is not None
+        )
 
     def supersede_pending(self, job_id: str, kinds: Sequence[str]) -> None:
         self.s.execute(

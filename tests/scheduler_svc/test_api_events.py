@@ -51,11 +51,30 @@ def test_primary_and_backup_lost_is_restart(http: httpx.Client) -> None:
     ]
     r = http.post("/v1/events", json={"events": batch})
     assert r.json()["faults_opened"] == 2
-    decisions = http.get("/v1/jobs/j1/decisions").json()["decisions"]
-    assert decisions[0]["action"] == "restart"
-    assert "no usable path" in decisions[0]["reason"]
-    assert decisions[0]["inputs"]["path_available"] is False
-    assert decisions[1]["action"] == "failover"  # the first fault alone was survivable
+    # One batch, one decision per job over everything it reported.
+    (decision,) = http.get("/v1/jobs/j1/decisions").json()["decisions"]
+    assert decision["action"] == "restart"
+    assert "no usable path" in decision["reason"]
+    assert decision["inputs"]["path_available"] is False
+    # Reported one at a time, the first fault alone is survivable.
+    register_nodes(http, ["n2", "n3"])
+    http.post("/v1/jobs", json=job_body("j2", ["n2", "n3"]))
+    for e in (
+        event("n2", "device_fatal", "mlx5_0", after_s=3000),
+        event("n2", "port_down", "mlx5_1", after_s=3001),
+    ):
+        http.post("/v1/events", json={"events": [e]})
+    history = http.get("/v1/jobs/j2/decisions").json()["decisions"]
+    assert [d["action"] for d in history] == ["restart", "failover"]
+
+
+def test_flap_reported_with_its_recovery_needs_nothing(http: httpx.Client) -> None:
+    _setup(http)
+    batch = [event("n0", "port_down", after_s=2000), event("n0", "port_up", after_s=2001)]
+    http.post("/v1/events", json={"events": batch})
+    (decision,) = http.get("/v1/jobs/j1/decisions").json()["decisions"]
+    assert decision["action"] == "none"
+    assert "healed" in decision["reason"]
 
 
 def test_same_event_twice_is_one_fault_one_decision(http: httpx.Client) -> None:
