@@ -192,9 +192,14 @@ def issue_switch_point(
     if comm is not None:
         comm.epoch = epoch
     progress = [p for p in repo.progress(job.job_id, comm_id) if p.rank in set(ranks)]
-    max_ops = max([passed_ops, *(p.ops_done for p in progress)])
     rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
     rate = rates[-1] if rates else None
+    # A progress sample is an agent poll and a POST old by now: the ranks have
+    # run on at their rate since, so count from where they are projected to be.
+    projected = [
+        p.ops_done + int((rate or 0.0) * max(0.0, (now - p.at).total_seconds())) for p in progress
+    ]
+    max_ops = max([passed_ops, *projected])
     latency = repo.delivery_latency_s() or settings.delivery_latency_default_s
     point = coord.switch_point(
         max_ops_done=max_ops,
