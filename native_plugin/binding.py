@@ -20,7 +20,6 @@ import ctypes
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -212,9 +211,13 @@ def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV1:
         return table
 
 
-# Plugins still open at interpreter exit are finalized first: their sender thread may
-# otherwise call a Python log callback while the interpreter is being torn down.
-_open_plugins: weakref.WeakSet[Plugin] = weakref.WeakSet()
+# Every initialised plugin, held strongly until finalize. The C sender thread calls
+# the handle's ctypes log callback, which lives on the Plugin object: if a Plugin
+# nobody references any more were collected while its handle still ran, the
+# thread would call freed memory (seen as a segfault when a simulated job was
+# dropped without stop()). Holding it here keeps the callback alive; it is also
+# how plugins still open at interpreter exit are finalized before teardown.
+_open_plugins: set[Plugin] = set()
 
 
 @atexit.register

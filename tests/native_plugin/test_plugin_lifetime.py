@@ -1,0 +1,33 @@
+"""A plugin dropped without finalize must not leave its C thread calling freed callbacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def test_dropped_plugin_keeps_its_log_callback_alive(plugin_lib: Path, tmp_path: Path) -> None:
+    # In a child process: a crash there is a failed assertion here, not a dead test run.
+    script = textwrap.dedent(
+        f"""
+        import gc, time
+        from native_plugin.binding import Plugin
+        seen = []
+        p = Plugin(socket_path={str(tmp_path / "none.sock")!r}, reconnect_min_ms=1,
+                   reconnect_max_ms=5, log_interval_ms=1, log=lambda lvl, msg: seen.append(msg))
+        p.init()
+        for _ in range(1000):
+            p.report_progress(1, 0, 1)  # dropped: no agent; the sender logs that
+        del p
+        gc.collect()
+        time.sleep(0.5)  # the sender thread keeps retrying and logging meanwhile
+        print("alive", len(seen) > 0)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "alive True"
