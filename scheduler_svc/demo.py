@@ -1,121 +1,355 @@
-"""`railover demo`: the service on SQLite, a small cluster, two faults and what was decided.
+"""`railover demo`: the whole control plane on one machine, playing a script of faults.
 
-Job A loses an RNIC 1000 s after its checkpoint, before the failover threshold
-(1200 s at k = 1.5, T_detect = 0), so restarting is cheaper. Job B loses one
-1500 s in, past the threshold, so it fails over to its backup RNIC.
+Everything is real except the hardware: the service on SQLite, four node
+agents reading generated sysfs trees (8 GPUs, 8 RNICs on 8 rails each), and
+two training jobs whose 16 ranks each are threads using the real native
+plugin to report progress and obey commands. Faults are injected the way they
+arise, by flipping port state files the agents watch:
+
+1. a 3-second link flap on job A: fail over at once, fail back after damping;
+2. an RNIC death early in job B's checkpoint interval; B is communication-bound
+   (high k), so restarting from the checkpoint is cheaper;
+3. a rail switch failure: three nodes report within a second, the service
+   infers the switch, moves every node on it (including the one that has not
+   noticed) and rebalances job A's channels at one op count.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
+import threading
 import time
-import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from scheduler_svc.cluster_shapes import hgx_node
+from agent.sysfs_fixture import FixtureNode, build_cluster, set_port_state
+from agent.testing import AgentThread, settings_for
+from native_plugin.simjob import SimulatedJob
 from scheduler_svc.config import Settings
 from scheduler_svc.local import local_service
 
-INTERVAL_S = 3600.0
+NODES = ("n0", "n1", "n2", "n3")
+CHANNELS = 16
+# Each job has four GPUs on every node: job-a GPUs 0-3 (rails 0-3), job-b 4-7.
+JOBS = {
+    # job id: (GPUs on each node, communicator id)
+    "job-a": ((0, 1, 2, 3), 101),
+    "job-b": ((4, 5, 6, 7), 202),
+}
+# Tuned so the whole script plays in well under two minutes on two cores.
+SERVICE: dict[str, Any] = {
+    "failback_damping_s": 5.0,
+    "coordinator_interval_s": 0.2,
+    "switch_min_offset_ops": 250,
+    "delivery_latency_default_s": 0.5,
+}
 
 
-def _job(job_id: str, nodes: list[str], checkpoint: datetime) -> dict[str, Any]:
-    ranks = [
-        {"rank": i * 8 + g, "node": n, "gpu": g} for i, n in enumerate(nodes) for g in range(8)
-    ]
-    return {
-        "job_id": job_id,
-        "ranks": ranks,
-        "checkpoint_interval_s": INTERVAL_S,
-        "reload_s": 600,
-        "detect_s": 0,
-        "timeout_s": 30,
-        "last_checkpoint_at": checkpoint.isoformat(),
-        "slowdown_k": 1.5,
-        "dp_size": len(ranks),
-    }
+class DemoError(RuntimeError):
+    """A step of the script did not happen in time; the message says which."""
 
 
-def _fault(node: str, device: str, at: datetime) -> dict[str, Any]:
-    return {
-        "events": [
-            {
-                "event_id": str(uuid.uuid4()),
-                "node": node,
-                "kind": "port_down",
-                "device": device,
-                "port": 1,
-                "observed_at": at.isoformat(),
-            }
+@dataclass
+class Demo:
+    console: Console
+    http: httpx.Client
+    url: str
+    nodes: dict[str, FixtureNode]
+    agents: dict[str, AgentThread]
+    sims: dict[str, SimulatedJob] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    # Decisions of job registrations that were replaced (a restarted job is re-registered).
+    history: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    # --- narration ---------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        self.log.append(f"[{time.monotonic() - self.started:5.1f}s] {message}")
+        del self.log[:-12]
+
+    def render(self) -> Group:
+        table = Table(title="Jobs", expand=True)
+        for col in ("job", "mode", "ops done", "latest decision", "reason"):
+            table.add_column(col, overflow="fold")
+        for job_id in JOBS:
+            try:
+                job = self.http.get(f"/v1/jobs/{job_id}").json()
+                decisions = self.http.get(f"/v1/jobs/{job_id}/decisions").json()["decisions"]
+            except (httpx.HTTPError, KeyError, ValueError):
+                continue
+            sim = self.sims.get(job_id)
+            latest = decisions[0] if decisions else None
+            table.add_row(
+                job_id,
+                str(job.get("mode", "?")),
+                str(sim.ops_done) if sim else "-",
+                latest["action"] if latest else "-",
+                latest["reason"] if latest else "",
+            )
+        return Group(table, Text("\n".join(self.log), style="dim"))
+
+    # --- helpers -----------------------------------------------------------------------------
+    def decisions(self, job_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.http.get(f"/v1/jobs/{job_id}/decisions").json()[
+            "decisions"
         ]
-    }
+        return out
+
+    def wait(self, what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise DemoError(f"timed out after {timeout_s:g} s waiting for {what}")
+            time.sleep(0.1)
+
+    def wait_decision(self, job_id: str, action: str, after: int) -> dict[str, Any]:
+        self.wait(
+            f"{job_id} to decide {action}",
+            lambda: (
+                len(self.decisions(job_id)) > after
+                and self.decisions(job_id)[0]["action"] == action
+            ),
+        )
+        return self.decisions(job_id)[0]
+
+    def register(self, job_id: str, *, checkpoint_age_s: float, **extra: Any) -> None:
+        comm = JOBS[job_id][1]
+        body = {
+            "job_id": job_id,
+            "ranks": [{"rank": r, "node": n, "gpu": g} for r, n, g in placement(job_id)],
+            "checkpoint_interval_s": 3600,
+            "reload_s": 600,
+            "detect_s": 0,
+            "timeout_s": 30,
+            "last_checkpoint_at": (
+                datetime.now(UTC) - timedelta(seconds=checkpoint_age_s)
+            ).isoformat(),
+            "dp_size": len(NODES),
+            "communicators": [{"comm_id": comm, "channels": CHANNELS}],
+            **extra,
+        }
+        r = self.http.post("/v1/jobs", json=body)
+        if r.status_code != 201:
+            raise DemoError(f"registering {job_id} failed: {r.status_code} {r.text}")
+
+    def start_job(self, job_id: str) -> SimulatedJob:
+        sockets = {n: self.agents[n].settings.socket for n in NODES}
+        sim = SimulatedJob(
+            job_id,
+            JOBS[job_id][1],
+            placement(job_id),
+            sockets,
+            channels=CHANNELS,
+            op_interval_s=0.008,
+            progress_every=10,
+            max_runtime_s=600,
+        ).start()
+        self.sims[job_id] = sim
+        return sim
+
+    def port(self, node: str, device: str, up: bool) -> None:
+        state = "ACTIVE" if up else "DOWN"
+        set_port_state(self.nodes[node].root, device, 1, state)
+
+
+def placement(job_id: str) -> list[tuple[int, str, int]]:
+    """(rank, node, GPU) of a job: its GPUs on every node, ranks numbered node by node."""
+    gpus = JOBS[job_id][0]
+    return [
+        (i * len(gpus) + j, node, gpu) for i, node in enumerate(NODES) for j, gpu in enumerate(gpus)
+    ]
+
+
+@contextmanager
+def _cluster(console: Console, tmp: Path) -> Iterator[Demo]:
+    built = build_cluster(tmp / "nodes", NODES)
+    settings = Settings(db_url=f"sqlite:///{tmp / 'railover.db'}", port=0, **SERVICE)
+    with ExitStack() as stack:
+        url = stack.enter_context(local_service(settings))
+        http = stack.enter_context(httpx.Client(base_url=url, timeout=10))
+        agents: dict[str, AgentThread] = {}
+        for name, (node, rail_map) in built.items():
+            agent_settings = settings_for(
+                node.root,
+                tmp / "agents" / name,
+                url,
+                rail_map,
+                node_name=name,
+                poll_interval_s=0.2,
+                command_wait_s=0.5,
+                command_hold_s=5.0,
+            )
+            agents[name] = AgentThread(agent_settings).start()
+            stack.callback(agents[name].stop)
+        demo = Demo(console, http, url, {n: b[0] for n, b in built.items()}, agents)
+
+        def stop_jobs() -> None:
+            for sim in demo.sims.values():
+                sim.stop()
+
+        stack.callback(stop_jobs)
+        demo.wait(
+            "every agent to register its node",
+            lambda: all(a.agent.registered for a in agents.values()),
+        )
+        yield demo
+
+
+def _act_flap(demo: Demo) -> None:
+    demo.say("act 1: n0 mlx5_2 flaps for 3 seconds under job-a")
+    before = len(demo.decisions("job-a"))
+    demo.port("n0", "mlx5_2", up=False)
+    d = demo.wait_decision("job-a", "failover", before)
+    demo.say(f"job-a: {d['action']} ({d['reason']})")
+    time.sleep(3)
+    demo.port("n0", "mlx5_2", up=True)
+    demo.say("n0 mlx5_2 is back; the service waits out the damping period")
+    d = demo.wait_decision("job-a", "failback", before + 1)
+    demo.say(f"job-a: {d['action']} ({d['reason']})")
+
+
+def _act_rnic_death(demo: Demo) -> None:
+    demo.say("act 2: n2 mlx5_5 dies 5 minutes after job-b's checkpoint")
+    before = len(demo.decisions("job-b"))
+    demo.port("n2", "mlx5_5", up=False)
+    d = demo.wait_decision("job-b", "restart", before)
+    demo.say(f"job-b: {d['action']} ({d['reason']})")
+    sim = demo.sims["job-b"]
+    demo.wait("job-b's ranks to obey the abort", lambda: not sim.running, 15)
+    demo.say(f"job-b's ranks aborted at op {sim.ops_done}; the fleet manager restarts it")
+    sim.stop()
+    demo.port("n2", "mlx5_5", up=True)  # the RNIC was replaced with the node drained
+    demo.history += [("job-b", d) for d in reversed(demo.decisions("job-b"))]
+    demo.http.delete("/v1/jobs/job-b")
+    demo.register("job-b", checkpoint_age_s=0, comm_share=0.9)
+    demo.start_job("job-b")
+
+
+def _act_switch(demo: Demo) -> None:
+    demo.say("act 3: rail switch rail1-a fails; n0, n1, n2 notice within a second, n3 not yet")
+    for node in ("n0", "n1", "n2"):
+        demo.port(node, "mlx5_1", up=False)
+        time.sleep(0.3)
+    demo.wait(
+        "the service to infer the switch failure",
+        lambda: bool(demo.http.get("/v1/fabric").json()["switch_faults"]),
+    )
+    for sw in demo.http.get("/v1/fabric").json()["switch_faults"]:
+        demo.say(f"switch fault: {sw['switch']} ({sw['reason']})")
+    demo.wait(
+        "job-a's decision for the switch",
+        lambda: demo.decisions("job-a")[0]["trigger"].startswith("switch:"),
+    )
+    d = demo.decisions("job-a")[0]
+    moved = ", ".join(f"{m['node']}/rank {m['rank']}" for m in d["plan"]["failed_over"])
+    demo.say(f"job-a: {d['action']}, moving {moved}")
+    n3 = [
+        c
+        for c in demo.http.get("/v1/jobs/job-a/commands").json()["commands"]
+        if c["node"] == "n3" and c["kind"] == "failover"
+    ]
+    if n3:
+        demo.say(f"n3 told to move rank(s) {n3[0]['ranks']} before it reported any fault")
+    sim = demo.sims["job-a"]
+    demo.wait(
+        "job-a's ranks to apply the rebalanced channels at one op count",
+        lambda: all(
+            any(a.epoch >= 2 and a.kind == 1 for a in sim.applied().get(r, [])) for r in sim.ranks
+        ),
+        40,
+    )
+    plans = {next(a for a in reversed(sim.applied()[r]) if a.kind == 1).plan for r in sim.ranks}
+    if len(plans) != 1:
+        raise DemoError(f"job-a's ranks applied different plans: {sorted(plans)}")
+    ((op, epoch, _kind, channels),) = plans
+    demo.say(
+        f"all {len(sim.ranks)} ranks of job-a disabled channels {list(channels)} at "
+        f"ops_done {op} (epoch {epoch}), as one"
+    )
+
+
+def _summary(demo: Demo) -> Table:
+    table = Table(title="Decisions", show_lines=True, expand=True)
+    for col in ("job", "trigger", "action", "saved GPU-h", "reason"):
+        table.add_column(col, overflow="fold")
+    total = 0.0
+    rows = demo.history + [(j, d) for j in JOBS for d in reversed(demo.decisions(j))]
+    failed_over: set[str] = set()
+    for job_id, d in sorted(rows, key=lambda row: row[1]["created_at"]):
+        # Count an episode once: the first failover, not each re-decision while
+        # already failed over (those re-plan the same incident).
+        saved = 0.0
+        costs = d["costs_gpu_s"]
+        if d["action"] == "failover" and job_id not in failed_over:
+            failed_over.add(job_id)
+            if costs.get("restart") and costs.get("failover"):
+                saved = (costs["restart"] - costs["failover"]) / 3600
+        elif d["action"] in ("failback", "restart", "restart_scaled"):
+            failed_over.discard(job_id)
+        total += saved
+        table.add_row(job_id, d["trigger"], d["action"], f"{saved:.2f}", d["reason"])
+    table.caption = f"GPU-hours saved by failing over instead of restarting: {total:.2f}"
+    return table
 
 
 def run_demo(keep_running: bool = False, console: Console | None = None) -> int:
     console = console or Console()
-    with tempfile.TemporaryDirectory(prefix="railover-demo-") as tmp:
-        db = Path(tmp) / "railover.db"
-        settings = Settings(db_url=f"sqlite:///{db}", port=0)
+    # The agents and plugins log every reconnect and refused ack; the script
+    # narrates what matters, so keep their chatter to real errors.
+    for name in ("agent", "railover.native_plugin"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="railover-demo-") as tmp,
+        _cluster(console, Path(tmp)) as demo,
+    ):
         console.rule("[bold]Railover demo")
-        console.print(f"store: {db}")
-        with local_service(settings) as url, httpx.Client(base_url=url, timeout=10) as http:
-            console.print(f"service: {url}  (OpenAPI at {url}/docs)")
-            for n in ("n0", "n1", "n2", "n3"):
-                http.put(f"/v1/nodes/{n}", json=hgx_node()).raise_for_status()
-            console.print("registered 4 nodes: 8 GPUs and 8 x 400G RNICs each, rails 0-7")
-            checkpoint = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
-            scenarios = [
-                ("job-a", ["n0", "n1"], "n0", "mlx5_0", 1000.0),
-                ("job-b", ["n2", "n3"], "n3", "mlx5_5", 1500.0),
-            ]
-            for job_id, nodes, *_ in scenarios:
-                http.post("/v1/jobs", json=_job(job_id, nodes, checkpoint)).raise_for_status()
-                console.print(
-                    f"registered {job_id}: 16 ranks on {', '.join(nodes)}, checkpoint every "
-                    f"{INTERVAL_S:.0f} s, measured k 1.5"
-                )
-            table = Table(title="Decisions", show_lines=True)
-            for col in ("job", "fault", "t_elapsed", "threshold", "action", "reason"):
-                table.add_column(col, overflow="fold")
-            for job_id, _nodes, node, dev, after in scenarios:
-                at = checkpoint + timedelta(seconds=after)
-                started = time.perf_counter()
-                r = http.post("/v1/events", json=_fault(node, dev, at))
-                r.raise_for_status()
-                took_ms = (time.perf_counter() - started) * 1000
-                d = http.get(f"/v1/jobs/{job_id}/decisions").json()["decisions"][0]
-                console.print(
-                    f"fault: {node}/{dev} port 1 down, {after:.0f} s after {job_id}'s checkpoint "
-                    f"-> [bold]{d['action']}[/] (decided in {took_ms:.0f} ms)"
-                )
-                table.add_row(
-                    job_id,
-                    f"{node}/{dev}",
-                    f"{d['inputs']['t_elapsed_s']:.0f} s",
-                    f"{d['inputs']['threshold_s']:.0f} s",
-                    d["action"],
-                    d["reason"],
-                )
-            console.print(table)
-            paths = http.get("/v1/jobs/job-b/paths").json()
-            moved = [r for r in paths["ranks"] if r["active"] != r["primary"]]
-            for r in moved:
-                console.print(
-                    f"job-b rank {r['rank']} ({r['node']} GPU {r['gpu']}) now runs on "
-                    f"{r['active']} (rail switch {r['backup_switch']}) instead of {r['primary']}"
-                )
-            if keep_running:
-                console.print(f"service left running at {url}; Ctrl-C to stop")
-                try:
-                    while True:
-                        time.sleep(3600)
-                except KeyboardInterrupt:
-                    pass
-        console.rule("done")
+        console.print(f"service and status page: {demo.url}/   (API docs: {demo.url}/docs)")
+        console.print("4 nodes x 8 GPUs x 8 RNICs on 8 rails; agents read their sysfs trees")
+        demo.register("job-a", checkpoint_age_s=3000)
+        demo.register("job-b", checkpoint_age_s=300, comm_share=0.9)
+        for job_id in JOBS:
+            demo.start_job(job_id)
+        demo.wait(
+            "both jobs to run and report progress",
+            lambda: all(s.ops_done > 100 for s in demo.sims.values()),
+        )
+        demo.say("job-a (k by default) and job-b (90 % communication) are training")
+        stop = threading.Event()
+        with Live(demo.render(), console=console, refresh_per_second=2) as live:
+
+            def refresh() -> None:
+                while not stop.wait(0.5):
+                    live.update(demo.render())
+
+            painter = threading.Thread(target=refresh, daemon=True)
+            painter.start()
+            try:
+                for act in (_act_flap, _act_rnic_death, _act_switch):
+                    act(demo)
+            finally:
+                stop.set()
+                painter.join(timeout=5)
+                live.update(demo.render())
+        console.print()
+        console.print(_summary(demo))
+        console.print(f"played in {time.monotonic() - started:.0f} s")
+        if keep_running:
+            console.print(f"left running at {demo.url}/ ; Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
     return 0

@@ -205,7 +205,9 @@ def decide_for_job(
         return None
     view = job_view(session, job, settings.backup_cap_per_switch, unreachable)
     conn = view.conn
-    touching = _faults_touching(view)
+    # Port faults on a switch known to have failed are that one failure, not more.
+    touching = [f for f in _faults_touching(view) if f.switch not in view.switches]
+    concurrent = len(touching) + len(view.switches)
     affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
     # Only the bandwidth model needs this, and it walks every rank.
     bw = bandwidth_left(conn.routes, view.topologies) if job.comm_share is not None else None
@@ -213,7 +215,7 @@ def decide_for_job(
         measured_k=job.measured_k if job.measured_k is not None else job.slowdown_k,
         comm_share=job.comm_share,
         bandwidth_left=bw,
-        concurrent_faults=max(1, len(touching) + len(view.switches)),
+        concurrent_faults=max(1, concurrent),
         table=settings.default_k,
     )
     elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
@@ -262,7 +264,7 @@ def decide_for_job(
         fault=fault,
         action=result.action.value,
         reason=": ".join(reasons),
-        inputs=inputs_record(result, len(touching) + len(view.switches)),
+        inputs=inputs_record(result, concurrent),
         costs_s=dict(result.costs_s),
         costs_gpu_s=dict(result.costs_gpu_s),
         plan=plan,
@@ -401,23 +403,32 @@ def _plan(
 def issue_commands(
     session: Session, job: m.Job, decision: m.Decision, view: JobView, ack_timeout: timedelta
 ) -> None:
-    """Tell the nodes: ranks that must move now, or every process to abort for a restart."""
+    """Tell the nodes: ranks that must move now, or every process to abort for a restart.
+
+    Commands are addressed per communicator: rank numbers are the job's own, so
+    on a node shared by two jobs only the comm_id tells whose processes they
+    are. A job that registered no communicator gets comm_id 0, which every
+    plugin client on the node receives.
+    """
     commands = CommandRepo(session)
-    by_node: dict[str, list[int]] = {}
     if decision.action == engine.Action.FAILOVER:
-        for r in view.conn.routes:
-            if not r.primary_ok and r.backup_ok:
-                by_node.setdefault(r.node, []).append(r.rank)
+        targets = [r for r in view.conn.routes if not r.primary_ok and r.backup_ok]
         kind = "failover"
     elif decision.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
-        for r in view.conn.routes:
-            by_node.setdefault(r.node, []).append(r.rank)
+        targets = list(view.conn.routes)
         kind = "abort"
         commands.supersede_pending(job.job_id, ["failover", "rebalance", "failback"])
     else:
         return
-    session.info.setdefault("notify_nodes", set()).update(by_node)
-    metrics.COMMANDS_ISSUED.labels(kind=kind).inc(len(by_node))
+    comms = CoordinationRepo(session).communicators(job.job_id)
+    members = [(c.comm_id, set(c.ranks) if c.ranks else None) for c in comms] or [(0, None)]
+    by_target: dict[tuple[str, int], list[int]] = {}
+    for r in targets:
+        for comm_id, ranks in members:
+            if ranks is None or r.rank in ranks:
+                by_target.setdefault((r.node, comm_id), []).append(r.rank)
+    session.info.setdefault("notify_nodes", set()).update(node for node, _ in by_target)
+    metrics.COMMANDS_ISSUED.labels(kind=kind).inc(len(by_target))
     commands.add_all(
         [
             m.Command(
@@ -426,11 +437,12 @@ def issue_commands(
                 decision_id=decision.decision_id,
                 kind=kind,
                 epoch=decision.seq,
+                comm_id=comm_id,
                 ranks=sorted(ranks),
                 disabled_channels=[],
                 created_at=decision.created_at,
                 ack_deadline_at=decision.created_at + ack_timeout,
             )
-            for node, ranks in sorted(by_node.items())
+            for (node, comm_id), ranks in sorted(by_target.items())
         ]
     )

@@ -259,7 +259,12 @@ class Command(Base):
     """An instruction for the CCL processes on one node, fetched by that node's agent."""
 
     __tablename__ = "commands"
-    __table_args__ = (Index("ix_commands_node_state", "node", "state"),)
+    # AUTOINCREMENT: agents de-duplicate by command id, so an id must never be
+    # handed out twice, even after a deleted job's commands freed the highest.
+    __table_args__ = (
+        Index("ix_commands_node_state", "node", "state"),
+        {"sqlite_autoincrement": True},
+    )
 
     command_id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True

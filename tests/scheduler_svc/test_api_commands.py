@@ -89,3 +89,34 @@ def test_abort_needs_every_rank(http: httpx.Client) -> None:
         json={"node": "n0", "rank": 7, "status": "applied"},
     )
     assert r.json()["state"] == "applied"
+
+
+def test_command_ids_are_never_reused(http: httpx.Client) -> None:
+    # Agents remember command ids they handled; a reused id would be taken for an old one.
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    http.post("/v1/events", json={"events": [event("n0", after_s=10)]})
+    first = max(c["command_id"] for c in http.get("/v1/jobs/j1/commands").json()["commands"])
+    assert http.delete("/v1/jobs/j1").status_code == 204
+    http.post("/v1/events", json={"events": [event("n0", "port_up", after_s=20)]})
+    http.post("/v1/jobs", json=job_body("j2", ["n0", "n1"]))
+    http.post("/v1/events", json={"events": [event("n0", after_s=30)]})
+    later = min(c["command_id"] for c in http.get("/v1/jobs/j2/commands").json()["commands"])
+    assert later > first
+
+
+def test_commands_name_the_jobs_communicator_on_shared_nodes(http: httpx.Client) -> None:
+    # Two jobs on the same nodes use the same rank numbers; only comm_id tells them apart.
+    register_nodes(http, ["n0", "n1"])
+    for job, comm, gpus in (("a", 11, range(4)), ("b", 22, range(4, 8))):
+        body = job_body(job, ["n0", "n1"], communicators=[{"comm_id": comm}])
+        body["ranks"] = [
+            {"rank": i * 4 + j, "node": n, "gpu": g}
+            for i, n in enumerate(["n0", "n1"])
+            for j, g in enumerate(gpus)
+        ]
+        assert http.post("/v1/jobs", json=body).status_code == 201
+    http.post("/v1/events", json={"events": [event("n0", device="mlx5_5", after_s=10)]})
+    aborts = [c for c in http.get("/v1/jobs/b/commands").json()["commands"] if c["kind"] == "abort"]
+    assert {(c["node"], c["comm_id"]) for c in aborts} == {("n0", 22), ("n1", 22)}
+    assert http.get("/v1/jobs/a/commands").json()["commands"] == []

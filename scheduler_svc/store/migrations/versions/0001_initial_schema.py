@@ -141,6 +141,9 @@ def upgrade() -> None:
             ["job_id"], ["jobs.job_id"], name=op.f("fk_commands_job_id_jobs"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("command_id", name=op.f("pk_commands")),
+        # Agents de-duplicate by command id, so ids must never come back after
+        # a job's commands are deleted (SQLite reuses plain rowids).
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("commands", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_commands_job_id"), ["job_id"], unique=False)

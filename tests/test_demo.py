@@ -1,0 +1,32 @@
+"""`railover demo` plays its whole script and names every decision in its summary."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from scheduler_svc.demo import run_demo
+
+
+def test_demo_plays_the_script() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=240, force_terminal=False, color_system=None)
+    assert run_demo(console=console) == 0
+    text = out.getvalue()
+    assert "status page: http://127.0.0.1:" in text
+    summary = text[text.index("Decisions") :]
+    # Act 1: fail over and back; act 2: restart; act 3: the switch moves every node.
+    for trigger, action in (
+        ("fault:1", "failover"),
+        ("failback:1", "failback"),
+        ("fault:2", "restart"),
+        ("switch:1", "failover"),
+    ):
+        assert re.search(rf"{trigger}\s*│\s*{action}", summary), (trigger, action, summary)
+    assert "n3 told to move rank(s) [13] before it reported any fault" in text
+    assert re.search(r"all 16 ranks of job-a disabled channels \[1, 5, 9, 13\]", text)
+    saved = re.search(r"GPU-hours saved by failing over instead of restarting: ([0-9.]+)", text)
+    assert saved is not None
+    assert float(saved.group(1)) > 0
