@@ -10,27 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import benchlib
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "native_plugin"
-
-
-def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release()}
 
 
 def build(out_dir: Path) -> Path:
@@ -57,7 +45,7 @@ def report(records: list[dict[str, Any]]) -> str:
     by = {r["scenario"]: r for r in records}
     timer = by["timer_overhead"]["median_ns"]
     lines = [
-        f"machine: {machine()}",
+        f"machine: {benchlib.machine()}",
         f"timer pair overhead (median, included below): {timer} ns",
         f"{'scenario':<12} {'calls':>9} {'median':>7} {'p99':>7} {'p99.9':>7} {'max':>10} "
         f"{'>10us':>6}  (ns per call, timer included)",
@@ -89,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     records = run(args.calls)
     if args.json:
-        print(json.dumps({"machine": machine(), "records": records}, indent=2))
+        print(json.dumps({"machine": benchlib.machine(), "records": records}, indent=2))
     else:
         print(report(records))
 

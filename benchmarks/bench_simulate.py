@@ -17,25 +17,16 @@ import platform
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
+
+import benchlib
 
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.planning.simulate import POLICIES, simulate, simulate_loop
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
+    return benchlib.machine() | {
         "python": platform.python_version(),
         "loadavg_1m": os.getloadavg()[0],
     }

@@ -13,48 +13,17 @@ commands (p50/p99 over the 64 nodes).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
+import benchlib
 import httpx
-import psycopg
 
 from scheduler_svc.cluster_shapes import hgx_node
-from scheduler_svc.local import free_port
 
-PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 NODES, RAILS, NODES_PER_JOB = 64, 8, 8
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def start_service(db_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_svc", "serve", "--port", str(port), "--db", db_url],
-        env=os.environ | {"RAILOVER_LOG_LEVEL": "WARNING"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.terminate()
-    raise RuntimeError("service did not start")
 
 
 def one_round(url: str, round_no: int) -> dict[str, float]:
@@ -138,8 +107,8 @@ def one_round(url: str, round_no: int) -> dict[str, float]:
         raise RuntimeError(f"only {len(cmd_latency)} of {NODES} nodes got commands")
     return {
         "all_decided_s": max(posted.values()) - t0,
-        "commands_p50_s": pct(cmd_latency, 50),
-        "commands_p99_s": pct(cmd_latency, 99),
+        "commands_p50_s": benchlib.percentile(cmd_latency, 50),
+        "commands_p99_s": benchlib.percentile(cmd_latency, 99),
         "all_commands_s": max(cmd_latency),
     }
 
@@ -151,45 +120,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend", default="sqlite,postgres")
     args = ap.parse_args()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    m = benchlib.machine()
     print(
-        f"machine: {os.cpu_count()} cores, {cpu}; {NODES} nodes x {RAILS} RNIC faults in 1 s; "
+        f"machine: {m['nproc']} cores, {m['cpu']}; {NODES} nodes x {RAILS} RNIC faults in 1 s; "
         f"{NODES // NODES_PER_JOB} jobs of {NODES_PER_JOB * 8} GPUs"
     )
     heads = ("decided s", "cmd p50 s", "cmd p99 s", "all cmd s")
     print(f"{'backend':9} {'round':>5} " + " ".join(f"{h:>10}" for h in heads))
+    keys = ("all_decided_s", "commands_p50_s", "commands_p99_s", "all_commands_s")
     for backend in args.backend.split(","):
-        cleanup = None
-        if backend == "sqlite":
-            url_db = f"sqlite:///{tempfile.mkdtemp(prefix='railover-storm-')}/storm.db"
-        else:
-            name = f"railover_storm_{uuid.uuid4().hex[:8]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-                c.execute(f'CREATE DATABASE "{name}"')
-            url_db = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-
-            def cleanup(name: str = name) -> None:
-                with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-                    c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-        proc, url = start_service(url_db)
-        try:
+        with benchlib.scratch_store(backend) as db_url, benchlib.served(db_url) as url:
             for r in range(args.rounds):
                 res = one_round(url, r)
-                keys = ("all_decided_s", "commands_p50_s", "commands_p99_s", "all_commands_s")
                 print(f"{backend:9} {r:>5} " + " ".join(f"{res[k]:>10.2f}" for k in keys))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-            if cleanup is not None:
-                cleanup()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from fastapi import Query
 from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, Reader, SessionDep
 from scheduler_svc.errors import Forbidden, NotFound, Unauthorized, responses
-from scheduler_svc.schemas import FabricState, FaultOut, MaintenanceFlagOut, SwitchFaultOut
+from scheduler_svc.schemas import FabricState, MaintenanceFlagOut, SwitchFaultOut
+from scheduler_svc.services.status import fault_out
 from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo
 
 router = routing.router(prefix="/v1", tags=["fabric"])
@@ -24,19 +25,7 @@ def get_fabric(
     """Open faults, switch failures inferred from correlated faults, and flagged ports."""
     repo = CoordinationRepo(session)
     return FabricState(
-        faults=[
-            FaultOut(
-                id=f.id,
-                node=f.node,
-                device=f.device,
-                port=f.port or None,
-                kind=f.kind,
-                opened_at=f.opened_at,
-                switch=f.switch,
-                cleared_at=f.cleared_at,
-            )
-            for f in FaultRepo(session).all(open_only=not include_cleared)
-        ],
+        faults=[fault_out(f) for f in FaultRepo(session).all(open_only=not include_cleared)],
         switch_faults=[
             SwitchFaultOut.model_validate(s, from_attributes=True)
             for s in repo.open_switch_faults()

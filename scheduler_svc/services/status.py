@@ -125,17 +125,7 @@ def build_status(session: Session, now: datetime) -> StatusOut:
         generated_at=now,
         rails=sorted({c.rail for n in nodes for c in n.rails}),
         nodes=nodes,
-        open_faults=[
-            FaultOut(
-                id=f.id,
-                node=f.node,
-                device=f.device,
-                port=f.port or None,
-                kind=f.kind,
-                opened_at=f.opened_at,
-            )
-            for f in faults
-        ],
+        open_faults=[fault_out(f) for f in faults],
         jobs=jobs,
         decisions_by_action=dict(Counter(action for action, _ in costs)),
         saved_gpu_seconds=saved_gpu_seconds(costs),
@@ -210,3 +200,17 @@ def refresh_metrics(status: StatusOut) -> None:
             0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
         )
         metrics.GPU_SECONDS_SAVED.set(status.saved_gpu_seconds)
+
+
+def fault_out(f: m.Fault) -> FaultOut:
+    """A fault as the API shows it (port null when the whole RNIC failed)."""
+    return FaultOut(
+        id=f.id,
+        node=f.node,
+        device=f.device,
+        port=f.port or None,
+        kind=f.kind,
+        opened_at=f.opened_at,
+        switch=f.switch,
+        cleared_at=f.cleared_at,
+    )

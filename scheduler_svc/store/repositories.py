@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -15,7 +15,25 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 
+_Row = TypeVar("_Row", bound=m.Base)
+
 TOKEN_PREFIX = "rvr"  # noqa: S105  (a public prefix, not a secret)
+
+
+def _insert_unless_taken(session: Session, row: _Row) -> _Row | None:
+    """Insert a row, or return None when a unique key says it is already there.
+
+    A savepoint keeps the rest of the transaction: this is how a replayed event,
+    a second replica or a racing request finds a fault, decision, switch fault
+    or flag that exists, without deciding or flagging twice.
+    """
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        return None
+    return row
 
 
 def hash_secret(token: str) -> str:
@@ -267,13 +285,7 @@ class FaultRepo:
 
     def open_if_new(self, fault: m.Fault) -> m.Fault | None:
         """Open a fault unless one is already open on that component (then None)."""
-        try:
-            with self.s.begin_nested():
-                self.s.add(fault)
-                self.s.flush()
-        except IntegrityError:
-            return None
-        return fault
+        return _insert_unless_taken(self.s, fault)
 
     def clear(self, node: str, device: str, port: int, now: datetime) -> list[m.Fault]:
         rows = self.s.scalars(
@@ -309,13 +321,7 @@ class DecisionRepo:
 
     def add(self, d: m.Decision) -> m.Decision | None:
         """Store a decision; None when this (job, trigger) was already decided."""
-        try:
-            with self.s.begin_nested():
-                self.s.add(d)
-                self.s.flush()
-        except IntegrityError:
-            return None
-        return d
+        return _insert_unless_taken(self.s, d)
 
     def exists(self, job_id: str, trigger: str) -> bool:
         return (
@@ -511,13 +517,7 @@ class CoordinationRepo:
         ).all()
 
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
-        try:
-            with self.s.begin_nested():
-                self.s.add(row)
-                self.s.flush()
-        except IntegrityError:
-            return None
-        return row
+        return _insert_unless_taken(self.s, row)
 
     def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
         row = self.s.scalar(
@@ -530,13 +530,7 @@ class CoordinationRepo:
         return row
 
     def flag(self, row: m.MaintenanceFlag) -> m.MaintenanceFlag | None:
-        try:
-            with self.s.begin_nested():
-                self.s.add(row)
-                self.s.flush()
-        except IntegrityError:
-            return None
-        return row
+        return _insert_unless_taken(self.s, row)
 
     def open_flags(self) -> Sequence[m.MaintenanceFlag]:
         return self.s.scalars(

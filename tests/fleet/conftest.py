@@ -14,9 +14,6 @@ import pytest
 
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
 
-# The service fixtures (SQLite and PostgreSQL stores) are shared with the service tests.
-from tests.scheduler_svc.conftest import db_url, pg_url  # noqa: F401
-
 
 @dataclass
 class Received:

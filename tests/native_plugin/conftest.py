@@ -1,30 +1,16 @@
-"""Fixtures for the native plugin tests: the built library and a stand-in agent."""
+"""Fixtures for the native plugin tests: socket paths and a stand-in agent (the library's
+fixture, `plugin_lib`, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from native_plugin.binding import DEFAULT_LIBRARY, library_path
 from native_plugin.testing import FakeAgent
-
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "native_plugin"
-
-
-@pytest.fixture(scope="session")
-def plugin_lib() -> Path:
-    """The library under test; built on first use when it is the default build output."""
-    path = library_path()
-    if not path.is_file() and path == DEFAULT_LIBRARY:
-        if shutil.which("make") is None or shutil.which("cc") is None:
-            pytest.skip("librailover_plugin.so is not built and there is no C toolchain")
-        subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
-    return path
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 @pytest.mark.postgres
 def test_two_replicas_same_faults_one_decision_each(pg_url: str) -> None:
-    from tests.scheduler_svc.conftest import _truncate_pg
+    from tests.conftest import truncate_pg
 
-    _truncate_pg(pg_url)
+    truncate_pg(pg_url)
     settings = Settings(db_url=pg_url, port=0)
     with local_service(settings) as a, local_service(settings) as b:
         with httpx.Client(base_url=a, timeout=30) as http:
@@ -77,9 +77,9 @@ def test_two_replicas_200_faults_exactly_one_decision_and_event_each(pg_url: str
     from scheduler_svc.fleet import EventType
     from scheduler_svc.store.db import make_engine
     from scheduler_svc.store.models import OutboxEvent
-    from tests.scheduler_svc.conftest import _truncate_pg
+    from tests.conftest import truncate_pg
 
-    _truncate_pg(pg_url)
+    truncate_pg(pg_url)
     nodes = [f"h{i:02d}" for i in range(25)]
     jobs = {f"job{j}": nodes[j * 5 : j * 5 + 5] for j in range(5)}
     settings = Settings(db_url=pg_url, port=0)

@@ -1,14 +1,17 @@
-"""Fixtures for the service tests: every store test runs on SQLite and on PostgreSQL.
+"""Fixtures every suite shares: the built plugin, and the service on each store backend.
 
-PostgreSQL tests use a database created for this run (dropped at the end) on
-the server at RAILOVER_TEST_PG (default 127.0.0.1:5432, trust auth). When that
-server is unreachable the PostgreSQL cases fail, not skip, unless
-RAILOVER_TEST_SKIP_PG=1 is set: CI must not go green without them.
+Store tests run on SQLite and on PostgreSQL. PostgreSQL is the server at
+RAILOVER_TEST_PG (default 127.0.0.1:5432, trust auth), in a database made for
+this run and dropped at the end; when it is unreachable the PostgreSQL cases
+fail rather than skip, unless RAILOVER_TEST_SKIP_PG=1: CI must not go green
+without them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +21,25 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
+from native_plugin.binding import DEFAULT_LIBRARY, library_path
 from scheduler_svc.config import Settings
 from scheduler_svc.local import local_service
 from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
 
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "native_plugin"
+
+
+@pytest.fixture(scope="session")
+def plugin_lib() -> Path:
+    """The plugin library; built on first use when it is the default build output."""
+    path = library_path()
+    if not path.is_file() and path == DEFAULT_LIBRARY:
+        if shutil.which("make") is None or shutil.which("cc") is None:
+            pytest.skip("librailover_plugin.so is not built and there is no C toolchain")
+        subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +56,8 @@ def pg_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _truncate_pg(url: str) -> None:
+def truncate_pg(url: str) -> None:
+    """Empty every table (the schema stays): each test starts from a clean store."""
     engine = make_engine(url)
     tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
     with engine.begin() as conn:
@@ -56,7 +73,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         upgrade(sqlite_url)
         return sqlite_url
     pg: str = request.getfixturevalue("pg_url")
-    _truncate_pg(pg)
+    truncate_pg(pg)
     return pg
 
 

@@ -1,0 +1,86 @@
+"""What the benchmarks share: the machine they ran on, percentiles, a served store."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from scheduler_svc.local import free_port
+
+PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model (all /proc/cpuinfo names on a VM) and kernel, for RESULTS.md."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release()}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, q in 0..100."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+@contextmanager
+def scratch_store(backend: str) -> Iterator[str]:
+    """An empty store URL of `backend` (sqlite or postgres), removed afterwards."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="railover-bench-") as tmp:
+            yield f"sqlite:///{tmp}/bench.db"
+        return
+    if backend != "postgres":
+        raise ValueError(f"backend: sqlite or postgres, not {backend!r}")
+    name = f"railover_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def served(db_url: str) -> Iterator[str]:
+    """`railover serve` in its own process, as in production; yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_svc", "serve", "--port", str(port), "--db", db_url],
+        env=os.environ | {"RAILOVER_LOG_LEVEL": "WARNING"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,36 @@
+"""Run every benchmark once with its default settings (`make bench`); each prints its own table.
+
+The figures recorded in benchmarks/RESULTS.md come from these commands.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+BENCHMARKS = [
+    ["bench_plugin.py"],
+    ["bench_decision_latency.py"],
+    ["bench_switch_storm.py"],
+    ["bench_simulate.py"],
+    ["bench_agent.py", "--seconds", "60"],
+]
+
+
+def main() -> int:
+    failed = []
+    for cmd in BENCHMARKS:
+        print(f"\n=== {' '.join(cmd)} ===", flush=True)
+        rc = subprocess.call([sys.executable, str(HERE / cmd[0]), *cmd[1:]])
+        if rc != 0:
+            failed.append(cmd[0])
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
