@@ -76,7 +76,6 @@ class Demo:
     # --- narration ---------------------------------------------------------------------------
     def say(self, message: str) -> None:
         self.log.append(f"[{time.monotonic() - self.started:5.1f}s] {message}")
-        del self.log[:-12]
 
     def render(self) -> Group:
         table = Table(title="Jobs", expand=True)
@@ -97,7 +96,8 @@ class Demo:
                 latest["action"] if latest else "-",
                 latest["reason"] if latest else "",
             )
-        return Group(table, Text("\n".join(self.log), style="dim"))
+        # The live view shows the latest lines; the whole story is printed at the end.
+        return Group(table, Text("\n".join(self.log[-12:]), style="dim"))
 
     # --- helpers -----------------------------------------------------------------------------
     def decisions(self, job_id: str) -> list[dict[str, Any]]:
@@ -343,6 +343,8 @@ def run_demo(keep_running: bool = False, console: Console | None = None) -> int:
                 painter.join(timeout=5)
                 live.update(demo.render())
         console.print()
+        console.rule("What happened")
+        console.print("\n".join(demo.log), highlight=False)
         console.print(_summary(demo))
         console.print(f"played in {time.monotonic() - started:.0f} s")
         if keep_running:

@@ -25,7 +25,8 @@ def test_demo_plays_the_script() -> None:
         ("switch:1", "failover"),
     ):
         assert re.search(rf"{trigger}\s*│\s*{action}", summary), (trigger, action, summary)
-    assert "n3 told to move rank(s) [13] before it reported any fault" in text
+    # n3 reports nothing in act 3; the switch decision moves its rank all the same.
+    assert re.search(r"job-a: failover, moving .*n3/rank 13", text)
     assert re.search(r"all 16 ranks of job-a disabled channels \[1, 5, 9, 13\]", text)
     saved = re.search(r"GPU-hours saved by failing over instead of restarting: ([0-9.]+)", text)
     assert saved is not None

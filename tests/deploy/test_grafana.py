@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, ProcessCollector
 
-import agent.metrics
+import agent.metrics  # noqa: F401  # registers the agent's metrics
 import scheduler_svc.metrics  # noqa: F401  # registers the service's metrics
 from scheduler_svc.main import create_app
 
@@ -29,9 +29,12 @@ SUFFIXES = {
 
 def exported_names() -> set[str]:
     """Every series name the service and the agent can expose, from their registries."""
-    agent.metrics.watch_own_process(Path("/proc"))  # the agent registers this at start
+    # The agent registers a process collector at start, once per process and on its
+    # own PROC_ROOT (in-process test agents point it at a scratch directory), so take
+    # the names from a collector of our own on the real /proc.
+    own = ProcessCollector(namespace="railover_agent", proc="/proc", registry=None)
     names = {"up"}
-    for family in REGISTRY.collect():
+    for family in [*REGISTRY.collect(), *own.collect()]:
         suffixes = SUFFIXES.get(family.type, ("",))
         names.update(family.name + s for s in suffixes)
     return names

@@ -251,7 +251,7 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
                 )
                 == list(NODES)
             ),
-            10,
+            30,
             cluster.commands,
         )
         time.sleep(0.3)  # a few more ops: nothing else may be applied
@@ -261,7 +261,9 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
     rebalance = cluster.commands("rebalance")
     first = [c for c in rebalance if c["epoch"] == 1]
     final = [c for c in rebalance if c["epoch"] == plan.epoch]
-    assert plan.epoch == 2, summary(job)()
+    # Usually epoch 2; on a loaded machine the re-trigger itself may come too late
+    # for someone and a third follows. Either way, one plan at one op for all.
+    assert plan.epoch >= 2, summary(job)()
     assert len(first) == len(NODES) and {c["ops_done"] for c in first} != {plan.op}
     (trigger1,) = {c["ops_done"] for c in first}
     assert plan.op > trigger1
