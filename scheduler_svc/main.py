@@ -57,7 +57,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         fleet = Fleet(app.state.sessionmaker, settings)
         fleet.start()
         # Command retries and fail-back after damping; safe in every replica.
-        coordinator = Coordinator(app.state.sessionmaker, settings, app.state.notifier)
+        coordinator = Coordinator(
+            app.state.sessionmaker, app.state.read_sessionmaker, settings, app.state.notifier
+        )
         coordinator.start()
         try:
             yield

@@ -68,12 +68,15 @@ class CommPlan:
     disabled_channels: list[int]
 
 
+# The communicator a job that registered none is planned as: all its ranks, 8 channels.
+IMPLICIT_COMM = 0
+
+
 def _comms(session: Session, job: m.Job) -> list[m.Communicator]:
     comms = list(CoordinationRepo(session).communicators(job.job_id))
     if comms:
         return comms
-    # A job that registered no communicator is treated as one over all its ranks.
-    return [m.Communicator(job_id=job.job_id, comm_id=0, channels=8, ranks=[], epoch=0)]
+    return [m.Communicator(job_id=job.job_id, comm_id=IMPLICIT_COMM, channels=8, ranks=[], epoch=0)]
 
 
 def comms_containing(

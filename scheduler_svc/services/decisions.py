@@ -45,6 +45,7 @@ from scheduler_svc.store.repositories import (
 )
 
 WHOLE_DEVICE = m.WHOLE_DEVICE_PORT
+IMPLICIT_COMM = coordination.IMPLICIT_COMM
 
 
 def node_topology(node: m.Node) -> NodeTopology:
@@ -281,7 +282,9 @@ def decide_for_job(
     issue_commands(session, job, row, view, timedelta(seconds=settings.command_ack_timeout_s))
     rank_nodes = {r.rank: r.node for r in conn.routes}
     for cp in comm_plans:
-        if cp.disabled_channels:
+        # A switch point needs the communicator's id and progress; a job that
+        # registered none gets the plan on record, and s-Bond failover only.
+        if cp.disabled_channels and cp.comm_id != IMPLICIT_COMM:
             coordination.issue_switch_point(
                 session,
                 job,

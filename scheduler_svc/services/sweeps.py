@@ -26,15 +26,41 @@ from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobR
 log = logging.getLogger(__name__)
 
 
-def sweep_once(session: Session, now: datetime, settings: Settings) -> None:
-    retry_overdue_commands(session, now, settings)
-    fail_back_recovered(session, now, settings)
+def sweep_once(
+    sessions: sessionmaker[Session],
+    reads: sessionmaker[Session],
+    now: datetime,
+    settings: Settings,
+) -> set[str]:
+    """One pass: each overdue command and each recovered port in a transaction of its own.
+
+    A transaction per item keeps the write lock (SQLite) and the job locks
+    (PostgreSQL) short: a pass over hundreds of recovered ports must not hold
+    them while it plans every fail-back. Returns the nodes that got commands.
+    """
+    with reads() as session:
+        repo = CoordinationRepo(session)
+        commands = [c.command_id for c in repo.overdue_commands(now)]
+        faults = [f.id for f in repo.cleared_unresolved_faults()]
+    notify: set[str] = set()
+    for command_id in commands:
+        with sessions() as session, session.begin():
+            retry_overdue_command(session, command_id, now, settings)
+            notify |= session.info.get("notify_nodes", set())
+    for fault_id in faults:
+        with sessions() as session, session.begin():
+            fail_back_recovered(session, fault_id, now, settings)
+            notify |= session.info.get("notify_nodes", set())
+    return notify
 
 
-def retry_overdue_commands(session: Session, now: datetime, settings: Settings) -> None:
+def retry_overdue_command(
+    session: Session, command_id: int, now: datetime, settings: Settings
+) -> None:
     """Re-issue a command nobody acknowledged; after the last attempt, fail it and re-decide."""
     repo = CoordinationRepo(session)
-    for cmd in repo.overdue_commands(now):
+    # Claimed again under its lock: another replica may have handled it meanwhile.
+    for cmd in repo.overdue_commands(now, command_id=command_id):
         if cmd.attempt < settings.command_max_attempts:
             cmd.state = "superseded"
             emit_command_change(session, cmd)
@@ -87,11 +113,11 @@ def retry_overdue_commands(session: Session, now: datetime, settings: Settings) 
         )
 
 
-def fail_back_recovered(session: Session, now: datetime, settings: Settings) -> None:
-    """Ports up and quiet for the damping period: move their jobs back at one op count."""
+def fail_back_recovered(session: Session, fault_id: int, now: datetime, settings: Settings) -> None:
+    """A port up and quiet for the damping period: move its jobs back at one op count."""
     repo = CoordinationRepo(session)
     jobs = JobRepo(session)
-    for fault in repo.cleared_unresolved_faults():
+    for fault in repo.cleared_unresolved_faults(fault_id=fault_id):
         port = fault.port or 1
         since = now - timedelta(seconds=settings.flap_window_s)
         health = coord.port_health(
@@ -182,9 +208,14 @@ class Coordinator:
     """Runs `sweep_once` every `coordinator_interval_s` in a thread of its own."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], settings: Settings, notifier: CommandNotifier
+        self,
+        sessions: sessionmaker[Session],
+        reads: sessionmaker[Session],
+        settings: Settings,
+        notifier: CommandNotifier,
     ) -> None:
         self._sessions = sessions
+        self._reads = reads
         self._settings = settings
         self._notifier = notifier
         self._stop = threading.Event()
@@ -204,11 +235,8 @@ class Coordinator:
     def _run(self) -> None:
         while not self._stop.wait(self._settings.coordinator_interval_s):
             try:
-                with self._sessions() as session:
-                    with session.begin():
-                        sweep_once(session, datetime.now(UTC), self._settings)
-                    nodes = session.info.get("notify_nodes")
-                    if nodes:
-                        self._notifier.notify_threadsafe(nodes)
+                nodes = sweep_once(self._sessions, self._reads, datetime.now(UTC), self._settings)
+                if nodes:
+                    self._notifier.notify_threadsafe(nodes)
             except Exception:  # the loop must outlive any single bad sweep
                 log.exception("coordinator sweep failed; retrying next interval")

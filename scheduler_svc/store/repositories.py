@@ -602,14 +602,19 @@ class CoordinationRepo:
         )
         return [(at, kind == "port_up") for at, kind in rows.tuples()]
 
-    def cleared_unresolved_faults(self) -> Sequence[m.Fault]:
-        return self.s.scalars(
+    def cleared_unresolved_faults(self, fault_id: int | None = None) -> Sequence[m.Fault]:
+        q = (
             select(m.Fault)
             .where(m.Fault.cleared_at.is_not(None), m.Fault.resolved_at.is_(None))
             .order_by(m.Fault.id)
-        ).all()
+        )
+        if fault_id is not None:
+            q = q.where(m.Fault.id == fault_id)
+        return self.s.scalars(q).all()
 
-    def overdue_commands(self, now: datetime, limit: int = 200) -> Sequence[m.Command]:
+    def overdue_commands(
+        self, now: datetime, limit: int = 200, command_id: int | None = None
+    ) -> Sequence[m.Command]:
         q = (
             select(m.Command)
             .where(
@@ -620,6 +625,8 @@ class CoordinationRepo:
             .order_by(m.Command.command_id)
             .limit(limit)
         )
+        if command_id is not None:
+            q = q.where(m.Command.command_id == command_id)
         if self.s.get_bind().dialect.name == "postgresql":
             # Several replicas sweep at once; each takes rows the others are not handling.
             q = q.with_for_update(skip_locked=True)

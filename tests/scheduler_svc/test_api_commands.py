@@ -12,7 +12,7 @@ from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service: str) -> None:
     register_nodes(http, ["n0", "n1"])
-    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"], communicators=[{"comm_id": 5}]))
     assert http.get("/v1/nodes/n0/commands").json() == {"commands": []}
 
     got: dict[str, object] = {}
@@ -120,3 +120,15 @@ def test_commands_name_the_jobs_communicator_on_shared_nodes(http: httpx.Client)
     aborts = [c for c in http.get("/v1/jobs/b/commands").json()["commands"] if c["kind"] == "abort"]
     assert {(c["node"], c["comm_id"]) for c in aborts} == {("n0", 22), ("n1", 22)}
     assert http.get("/v1/jobs/a/commands").json()["commands"] == []
+
+
+def test_no_switch_point_without_a_registered_communicator(http: httpx.Client) -> None:
+    # Without a communicator there is no comm_id to address nor progress to count from:
+    # the plan is on record, the ranks fail over by s-Bond alone.
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
+    kinds = [c["kind"] for c in http.get("/v1/jobs/j1/commands").json()["commands"]]
+    assert kinds == ["failover"]
+    (decision,) = http.get("/v1/jobs/j1/decisions").json()["decisions"]
+    assert decision["plan"]["communicators"][0]["disabled_channels"] == [6]
