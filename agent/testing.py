@@ -105,7 +105,9 @@ class AgentThread:
     def stop(self) -> None:
         if self.loop is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.agent.stop)
-        self._thread.join(20)
+        # Generous: on a loaded 2-core machine shutdown drains the spool and closes
+        # every plugin connection first.
+        self._thread.join(45)
         assert not self._thread.is_alive(), "agent did not stop"
         if self.error is not None:
             raise self.error

@@ -104,15 +104,16 @@ class JobView:
 
 
 class PlanCache:
-    """Node topologies and s-Bond plans by (node, topology version, cap), shared by threads.
+    """Node topologies and s-Bond plans by (node, topology version, registration, cap).
 
     A plan is a pure function of the topology, and a topology never changes
-    under a version number, so entries stay valid on every replica; a 1,024-GPU
-    decision then reads 128 version numbers instead of 2,048 GPU and RNIC rows.
+    under a version number of one registration, so entries stay valid on every
+    replica; a 1,024-GPU decision then reads 128 version numbers instead of
+    2,048 GPU and RNIC rows.
     """
 
     def __init__(self, max_entries: int = 50_000) -> None:
-        self._entries: OrderedDict[tuple[str, int, int | None], tuple[NodeTopology, NodePlan]] = (
+        self._entries: OrderedDict[tuple[object, ...], tuple[NodeTopology, NodePlan]] = (
             OrderedDict()
         )
         self._lock = threading.Lock()
@@ -126,12 +127,13 @@ class PlanCache:
         missing_nodes = sorted(names - versions.keys())
         if missing_nodes:
             raise LookupError(f"nodes not registered: {', '.join(missing_nodes)}")
+        keys = {name: (name, *stamp, backup_cap) for name, stamp in versions.items()}
         found: dict[str, tuple[NodeTopology, NodePlan]] = {}
         with self._lock:
-            for name, version in versions.items():
-                hit = self._entries.get((name, version, backup_cap))
+            for name, key in keys.items():
+                hit = self._entries.get(key)
                 if hit is not None:
-                    self._entries.move_to_end((name, version, backup_cap))
+                    self._entries.move_to_end(key)
                     found[name] = hit
         misses = [n for n in versions if n not in found]
         if misses:
@@ -139,8 +141,9 @@ class PlanCache:
                 topo = node_topology(node)
                 entry = (topo, plan_node(topo, backup_cap))
                 found[name] = entry
+                key = (name, node.topology_version, node.registered_at, backup_cap)
                 with self._lock:
-                    self._entries[(name, node.topology_version, backup_cap)] = entry
+                    self._entries[key] = entry
                     while len(self._entries) > self._max:
                         self._entries.popitem(last=False)
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}

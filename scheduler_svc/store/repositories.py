@@ -103,12 +103,16 @@ class NodeRepo:
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 
-    def versions(self, names: Iterable[str]) -> dict[str, int]:
-        """Topology version per node: a cheap read that tells whether cached plans still hold."""
+    def versions(self, names: Iterable[str]) -> dict[str, tuple[int, datetime]]:
+        """(topology version, registration time) per node: a cheap read that tells whether
+        cached plans still hold. The time tells a node re-created in a fresh store (whose
+        versions start again at 1) from the one a cache saw before."""
         rows = self.s.execute(
-            select(m.Node.name, m.Node.topology_version).where(m.Node.name.in_(list(names)))
+            select(m.Node.name, m.Node.topology_version, m.Node.registered_at).where(
+                m.Node.name.in_(list(names))
+            )
         )
-        return dict(rows.tuples().all())
+        return {name: (version, at) for name, version, at in rows.tuples()}
 
     def replace_topology(
         self,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
+from scheduler_svc.config import Settings
+from scheduler_svc.local import local_service
+from scheduler_svc.store.db import upgrade
 from tests.scheduler_svc.helpers import job_body, register_nodes
 
 
@@ -110,3 +115,19 @@ def test_health(http: httpx.Client) -> None:
     metrics = http.get("/metrics").text
     assert "railover_decisions_total" in metrics
     assert "railover_open_faults" in metrics
+
+
+def test_plans_follow_each_store_not_a_process_wide_cache(tmp_path: Path) -> None:
+    # Two stores in one process, each with a node "n0" at topology version 1 but cabled
+    # differently: each store's plan must come from its own topology.
+    backups = []
+    for name, shape in (("a", {}), ("b", {"rails": 4})):
+        upgrade(f"sqlite:///{tmp_path / name}.db")
+        settings = Settings(db_url=f"sqlite:///{tmp_path / name}.db", port=0)
+        with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+            register_nodes(http, ["n0", "n1"], **shape)
+            assert http.post("/v1/jobs", json=job_body("j", ["n0", "n1"])).status_code == 201
+            paths = http.get("/v1/jobs/j/paths").json()["ranks"]
+            backups.append([r["backup"] for r in paths[:8]])
+    assert backups[0][:2] == ["mlx5_1/1", "mlx5_0/1"]  # 8 RNICs: the partner behind the switch
+    assert backups[1][:2] == ["mlx5_1/1", "mlx5_1/1"]  # 4 RNICs: two GPUs share each
