@@ -23,13 +23,6 @@ class RailoverError(Exception):
         self.detail = detail
 
 
-class BadRequest(RailoverError):
-    """The request cannot be carried out as given."""
-
-    status_code = 400
-    code = "bad_request"
-
-
 class Unauthorized(RailoverError):
     """No valid bearer token."""
 

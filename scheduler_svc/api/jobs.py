@@ -213,9 +213,7 @@ def report_iterations(
     job_id: str, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
 ) -> IterationsOut:
     """Report iteration times; once steady, the measured k replaces the estimate and re-decides."""
-    registry.get_job(session, job_id)
-    job = JobRepo(session).lock(job_id)
-    assert job is not None  # just read; deletes take the same lock
+    job = registry.lock_job(session, job_id)
     degraded = job.mode == "failed_over"
     measured, decision = redecide.on_iterations(
         session, job, body.iteration_time_s, datetime.now(UTC), settings

@@ -45,7 +45,6 @@ from scheduler_svc.store.repositories import (
 )
 
 WHOLE_DEVICE = m.WHOLE_DEVICE_PORT
-IMPLICIT_COMM = coordination.IMPLICIT_COMM
 
 
 def node_topology(node: m.Node) -> NodeTopology:
@@ -287,7 +286,7 @@ def decide_for_job(
     for cp in comm_plans:
         # A switch point needs the communicator's id and progress; a job that
         # registered none gets the plan on record, and s-Bond failover only.
-        if cp.disabled_channels and cp.comm_id != IMPLICIT_COMM:
+        if cp.disabled_channels and cp.comm_id != coordination.IMPLICIT_COMM:
             coordination.issue_switch_point(
                 session,
                 job,

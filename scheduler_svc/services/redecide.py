@@ -26,7 +26,20 @@ def after_failed_ack(
     """A rank past the switch point gets a later one; a rank that cannot move, a re-decision."""
     if coordination.on_failed_ack(session, cmd, detail, now, settings):
         return None
-    if cmd.kind == "abort" or "too_late" in detail:
+    if "too_late" in detail:
+        return None
+    why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail or 'no detail'})"
+    return cannot_move(session, cmd, now, settings, why)
+
+
+def cannot_move(
+    session: Session, cmd: m.Command, now: datetime, settings: Settings, why: str
+) -> m.Decision | None:
+    """A command that failed for good: its node's ranks count as having no path left.
+
+    An abort needs no new decision: the job is already restarting.
+    """
+    if cmd.kind == "abort":
         return None
     job = JobRepo(session).lock(cmd.job_id)
     if job is None:
@@ -39,7 +52,7 @@ def after_failed_ack(
         at=now,
         now=now,
         settings=settings,
-        note=f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail or 'no detail'})",
+        note=why,
         unreachable=frozenset({cmd.node}),
     )
 

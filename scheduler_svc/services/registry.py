@@ -103,6 +103,14 @@ def get_job(session: Session, job_id: str) -> m.Job:
     return job
 
 
+def lock_job(session: Session, job_id: str) -> m.Job:
+    """The job under its row lock (the one decisions serialise on), or NotFound."""
+    job = JobRepo(session).lock(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id!r} does not exist")
+    return job
+
+
 def delete_job(session: Session, job_id: str) -> None:
     JobRepo(session).delete(get_job(session, job_id))
 
@@ -115,10 +123,7 @@ def add_checkpoint(
     A failed-over job that checkpoints is re-decided: a clean restart now may
     beat running degraded until the repair.
     """
-    if JobRepo(session).get(job_id) is None:
-        raise NotFound(f"job {job_id!r} does not exist")
-    job = JobRepo(session).lock(job_id)
-    assert job is not None  # checked above, and deletes take the same lock
+    job = lock_job(session, job_id)
     cp = m.Checkpoint(
         job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, received_at=now
     )

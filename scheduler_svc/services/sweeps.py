@@ -18,8 +18,8 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.notify import CommandNotifier
-from scheduler_svc.services import coordination
-from scheduler_svc.services.decisions import decide_for_job, inputs_now, job_view, record_decision
+from scheduler_svc.services import coordination, redecide
+from scheduler_svc.services.decisions import inputs_now, job_view, record_decision
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo
 
@@ -92,24 +92,13 @@ def retry_overdue_command(
             cmd.node,
             cmd.attempt,
         )
-        if cmd.kind == "abort":
-            continue  # the job is already restarting; nothing left to decide
-        job = JobRepo(session).lock(cmd.job_id)
-        if job is None:
-            continue
-        decide_for_job(
+        redecide.cannot_move(
             session,
-            job,
-            trigger=f"command:{cmd.command_id}:failed",
-            fault=None,
-            at=now,
-            now=now,
-            settings=settings,
-            note=(
-                f"{cmd.kind} command {cmd.command_id} to {cmd.node} was not acknowledged after "
-                f"{cmd.attempt} attempts; its ranks cannot be moved"
-            ),
-            unreachable=frozenset({cmd.node}),
+            cmd,
+            now,
+            settings,
+            f"{cmd.kind} command {cmd.command_id} to {cmd.node} was not acknowledged after "
+            f"{cmd.attempt} attempts; its ranks cannot be moved",
         )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -84,7 +84,3 @@ def alembic_config(url: str) -> Config:
 def upgrade(url: str) -> None:
     """Bring the schema to the newest migration; safe to run on every start."""
     command.upgrade(alembic_config(url), "head")
-
-
-def current_tables(engine: Engine) -> set[str]:
-    return set(inspect(engine).get_table_names())

@@ -345,10 +345,6 @@ class DecisionRepo:
             .limit(limit)
         ).all()
 
-    def count_by_action(self) -> dict[str, int]:
-        rows = self.s.execute(select(m.Decision.action, func.count()).group_by(m.Decision.action))
-        return dict(rows.tuples())
-
     def latest_per_job(self, action: str | None = None) -> dict[str, m.Decision]:
         """Each job's newest decision (of ``action``, when given), in one query."""
         newest = select(m.Decision.job_id, func.max(m.Decision.seq).label("seq"))
@@ -423,9 +419,6 @@ class CommandRepo:
         return self.s.scalars(
             select(m.CommandAck).where(m.CommandAck.command_id == command_id)
         ).all()
-
-    def delete_for_job(self, job_id: str) -> None:
-        self.s.execute(delete(m.Command).where(m.Command.job_id == job_id))
 
     def unacknowledged(self) -> tuple[dict[str, int], datetime | None]:
         """Commands still waiting for an ack (issued, delivered) per state, and the oldest one."""
