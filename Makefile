@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PYSRC := scheduler_svc agent native_plugin
+PYSRC := scheduler_svc agent native_plugin railover_testing
 
 .PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
 
@@ -62,7 +62,7 @@ openapi: venv
 	$(BIN)/python -m scheduler_svc.openapi_dump openapi/openapi.json
 
 bench: venv plugin
-	$(BIN)/python benchmarks/run_all.py
+	PYTHONPATH=. $(BIN)/python benchmarks/run_all.py
 
 clean:
 	$(MAKE) -C native_plugin clean

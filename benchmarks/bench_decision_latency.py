@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import benchlib
 import httpx
 
-from scheduler_svc.cluster_shapes import hgx_node
+from railover_testing.cluster_shapes import hgx_node
 
 
 def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import benchlib
 import httpx
 
-from scheduler_svc.cluster_shapes import hgx_node
+from railover_testing.cluster_shapes import hgx_node
 
 NODES, RAILS, NODES_PER_JOB = 64, 8, 8
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from scheduler_svc.local import free_port
+from railover_testing.local import free_port
 
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

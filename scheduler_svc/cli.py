@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -155,9 +158,26 @@ def demo(
     keep_running: Annotated[bool, typer.Option(help="Leave the service up afterwards")] = False,
 ) -> None:
     """Start the service on SQLite, inject faults into a small cluster and show the decisions."""
-    from scheduler_svc.demo import run_demo
-
+    run_demo = _load_demo()
     raise typer.Exit(run_demo(keep_running=keep_running))
+
+
+def _load_demo() -> Callable[..., int]:
+    """The demo lives in `railover_testing/` beside the packages of a source checkout."""
+    try:
+        from railover_testing.demo import run_demo
+    except ModuleNotFoundError:
+        checkout = Path(__file__).resolve().parents[1]
+        if not (checkout / "railover_testing" / "demo.py").is_file():
+            typer.echo(
+                "railover demo runs from a source checkout: clone the repository and run "
+                "`make demo`",
+                err=True,
+            )
+            raise typer.Exit(2) from None
+        sys.path.insert(0, str(checkout))
+        from railover_testing.demo import run_demo
+    return run_demo
 
 
 def main() -> None:

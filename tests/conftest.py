@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import text
 
 from native_plugin.binding import DEFAULT_LIBRARY, library_path
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
 

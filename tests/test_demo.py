@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from scheduler_svc.demo import run_demo
+from railover_testing.demo import run_demo
 
 
 def test_demo_plays_the_script() -> None:

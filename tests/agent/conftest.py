@@ -10,8 +10,8 @@ import pytest
 # importlib mode does not put this directory on sys.path by itself.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent.sysfs_fixture import FixtureNode, shape_a, shape_b, write_rail_map
-from agent.testing import StandInService
+from railover_testing.agents import StandInService
+from railover_testing.sysfs_fixture import FixtureNode, shape_a, shape_b, write_rail_map
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.railmap import RailMapError, load_rail_map
 from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state
-from agent.sysfs_fixture import (
+from railover_testing.sysfs_fixture import (
     FixtureNode,
     bump_counter,
     degrade_pcie_link,

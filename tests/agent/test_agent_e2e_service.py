@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from agent.sysfs_fixture import FixtureNode, set_port_state
-from agent.testing import AgentThread, settings_for, wait_until
 from native_plugin import wire
+from railover_testing.agents import AgentThread, settings_for, wait_until
+from railover_testing.sysfs_fixture import FixtureNode, set_port_state
 
 pytest.importorskip("scheduler_svc.main")
 RAILOVER = Path(sys.executable).with_name("railover")

@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from agent.config import AgentSettings, describe_errors
-from agent.sysfs_fixture import FixtureNode, set_port_state
-from agent.testing import StandInService, short_socket_path, wait_until
+from railover_testing.agents import StandInService, short_socket_path, wait_until
+from railover_testing.sysfs_fixture import FixtureNode, set_port_state
 
 AGENT = Path(sys.executable).with_name("railover-agent")
 

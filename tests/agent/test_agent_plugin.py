@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent.plugin import to_wire_command
-from agent.sysfs_fixture import FixtureNode
-from agent.testing import AgentThread, StandInService, settings_for, wait_until
 from native_plugin import wire
+from railover_testing.agents import AgentThread, StandInService, settings_for, wait_until
+from railover_testing.sysfs_fixture import FixtureNode
 
 
 def _metric(name: str, labels: dict[str, str] | None = None) -> float:

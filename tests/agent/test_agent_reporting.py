@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from agent.events import new_event
-from agent.sysfs_fixture import FixtureNode, bump_counter, set_port_state
-from agent.testing import AgentThread, StandInService, settings_for, wait_until
+from railover_testing.agents import AgentThread, StandInService, settings_for, wait_until
+from railover_testing.sysfs_fixture import FixtureNode, bump_counter, set_port_state
 
 
 def test_registers_topology(

@@ -14,8 +14,8 @@ import pytest
 from agent import topology as topo_mod
 from agent.railmap import load_rail_map
 from agent.sysfs import normalise_pci
-from agent.sysfs_fixture import FixtureNode, build_cluster, rail_node, set_port_state
 from agent.topology import PciTree, discover
+from railover_testing.sysfs_fixture import FixtureNode, build_cluster, rail_node, set_port_state
 
 
 def _by_switch(node_topo: topo_mod.Topology) -> dict[str | None, tuple[list[int], list[str]]]:

@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from agent.sysfs_fixture import rail_node, set_port_state, write_rail_map
+from railover_testing.local import free_port, local_service
+from railover_testing.sysfs_fixture import rail_node, set_port_state, write_rail_map
 from scheduler_svc.config import Settings
-from scheduler_svc.local import free_port, local_service
 from tests.deploy.tools import need_tool
 
 ROOT = Path(__file__).resolve().parents[2]

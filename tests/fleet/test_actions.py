@@ -15,13 +15,13 @@ import httpx
 import pytest
 from kubernetes import client
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.fleet.actions import NodeFlag, node_flags, requeue_job
 from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
 from scheduler_svc.fleet.kubernetes import CONDITION_TYPE, TAINT_KEY, KubernetesActions
 from scheduler_svc.fleet.slurm import render
-from scheduler_svc.local import local_service
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.fleet.conftest import K8sStandIn
 from tests.fleet.helpers import fast, fault, two_jobs

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from scheduler_svc.cluster_shapes import hgx_node
-from scheduler_svc.local import local_service
+from railover_testing.cluster_shapes import hgx_node
+from railover_testing.local import local_service
 from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
 from scheduler_svc.store.repositories import TokenRepo
 from tests.fleet.helpers import fast

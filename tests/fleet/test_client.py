@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from railover_testing.local import local_service
 from scheduler_svc.client import RailoverClient, RailoverError
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from scheduler_svc.schemas import JobIn
 from tests.fleet.helpers import fault
 from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from railover_testing.local import local_service
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, SignatureError, verify
-from scheduler_svc.local import local_service
 from tests.fleet.conftest import Received, Receiver
 from tests.fleet.helpers import SECRET, fast, fault, subscribe, take_and_apply, two_jobs
 

@@ -2,7 +2,7 @@
 
 The service runs over loopback HTTP on SQLite and PostgreSQL; each of four nodes
 (8 GPUs, 8 RNICs on 8 rails) has an in-process agent reading its own generated
-sysfs tree; the job's 32 ranks are threads of ``native_plugin.simjob`` that each
+sysfs tree; the job's 32 ranks are threads of ``railover_testing.simjob`` that each
 hold a plugin handle connected to their node's agent. Faults are injected the way
 they arise: a port state flipping in sysfs, or a CQE error the CCL reports.
 """
@@ -19,12 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.sysfs_fixture import FixtureNode, build_cluster, set_port_state
-from agent.testing import AgentThread, settings_for
-from native_plugin.simjob import Applied, SimulatedJob
 from native_plugin.wire import AckStatus, CommandKind
+from railover_testing.agents import AgentThread, settings_for
+from railover_testing.local import local_service
+from railover_testing.simjob import Applied, SimulatedJob
+from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 
 NODES = ("n0", "n1", "n2", "n3")
 GPUS = 8

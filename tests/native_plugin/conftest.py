@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from native_plugin.testing import FakeAgent
+from railover_testing.fake_agent import FakeAgent
 
 
 @pytest.fixture

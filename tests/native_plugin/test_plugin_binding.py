@@ -18,7 +18,7 @@ from native_plugin.binding import (
     Stats,
     load_library,
 )
-from native_plugin.testing import FakeAgent
+from railover_testing.fake_agent import FakeAgent
 
 
 class _Fast(TypedDict):

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from scheduler_svc.cluster_shapes import hgx_node
+from railover_testing.cluster_shapes import hgx_node
 
 CHECKPOINT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 

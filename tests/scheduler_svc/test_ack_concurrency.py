@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from tests.scheduler_svc.helpers import job_body, register_nodes
 
 NODES = ["n0", "n1", "n2", "n3"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from scheduler_svc.store.db import upgrade
 from tests.scheduler_svc.helpers import job_body, register_nodes
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from tests.scheduler_svc.helpers import job_body, register_nodes
 
 FAST = {

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_svc.cluster_shapes import hgx_node
+from railover_testing.cluster_shapes import hgx_node
 from scheduler_svc.engine.paths import (
     FailedSet,
     Gpu,

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 
@@ -73,7 +73,7 @@ def test_two_replicas_200_faults_exactly_one_decision_and_event_each(pg_url: str
     """
     from sqlalchemy import func, select
 
-    from scheduler_svc.cluster_shapes import hgx_node
+    from railover_testing.cluster_shapes import hgx_node
     from scheduler_svc.fleet import EventType
     from scheduler_svc.store.db import make_engine
     from scheduler_svc.store.models import OutboxEvent

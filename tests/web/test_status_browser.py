@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from tests.deploy.tools import need_tool
 from tests.web.scenario import failed_over_cluster, fault
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 from scheduler_svc.services.status import saved_gpu_seconds
 from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
 from scheduler_svc.store.repositories import TokenRepo

@@ -33,11 +33,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from agent.sysfs_fixture import FixtureNode, build_cluster, set_port_state
-from agent.testing import AgentThread, settings_for
-from native_plugin.simjob import SimulatedJob
+from railover_testing.agents import AgentThread, settings_for
+from railover_testing.local import local_service
+from railover_testing.simjob import SimulatedJob
+from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
 from scheduler_svc.config import Settings
-from scheduler_svc.local import local_service
 
 NODES = ("n0", "n1", "n2", "n3")
 CHANNELS = 16

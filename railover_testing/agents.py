@@ -1,7 +1,6 @@
 """Running agents in-process, and a stand-in for the service's agent endpoints.
 
-Shipped in the package beside ``sysfs_fixture`` because the tests and the demo
-both run agents inside one Python process: ``AgentThread`` runs one agent on
+The tests and the demo both run agents inside one Python process: ``AgentThread`` runs one agent on
 its own event loop in a thread. ``StandInService`` speaks the v1 agent
 endpoints over real loopback HTTP (idempotent events by event_id, long-polled
 commands, acks) for tests that need to make the service misbehave on cue; the

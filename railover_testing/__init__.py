@@ -1,0 +1,13 @@
+"""What the tests, the demo and the benchmarks share; never shipped in the service or agent.
+
+- ``sysfs_fixture``: sysfs trees laid out as Linux lays them out, and fault helpers;
+- ``agents``: agents run in-process, and a stand-in for the service's agent endpoints;
+- ``fake_agent``: a stand-in for the agent's plugin socket;
+- ``simjob``: a simulated training job whose ranks use the real native plugin;
+- ``local``: the real service served on loopback inside this process;
+- ``cluster_shapes``: node registrations of common GPU servers, with no sysfs tree;
+- ``demo``: the script `railover demo` plays.
+
+It lives at the top of a source checkout and is left out of the wheel
+(``[tool.setuptools.packages.find]`` in pyproject.toml).
+"""
