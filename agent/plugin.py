@@ -71,6 +71,8 @@ class AckRequest:
     rank: int | None
     detail: str
     attempts: int = 0
+    # The rank's ops_done when it answered, from an ACK_AT frame (None from a plain ACK).
+    ops_done: int | None = None
 
 
 def _bitmask(channels: list[int]) -> int:
@@ -183,7 +185,7 @@ class PluginHub:
                 ops_done=msg.ops_done,
             )
             return
-        elif isinstance(msg, wire.Ack):
+        elif isinstance(msg, (wire.Ack, wire.AckAt)):
             self.on_ack(client, msg)
             return
         else:
@@ -196,7 +198,7 @@ class PluginHub:
         self.progress.clear()
         return out
 
-    def on_ack(self, client: PluginClient, msg: wire.Ack) -> None:
+    def on_ack(self, client: PluginClient, msg: wire.Ack | wire.AckAt) -> None:
         if msg.status == wire.AckStatus.APPLIED:
             status, detail = "applied", ""
         else:
@@ -205,8 +207,17 @@ class PluginHub:
             except ValueError:
                 detail = f"status {msg.status}"
             status = "failed"
+        ops_done = msg.ops_done if isinstance(msg, wire.AckAt) else None
+        if ops_done is not None:
+            detail = f"{detail} at ops_done {ops_done}".strip()
         self.acks.put_nowait(
-            AckRequest(msg.command_id, status, client.rank, f"{detail} (pid {msg.pid})".strip())
+            AckRequest(
+                msg.command_id,
+                status,
+                client.rank,
+                f"{detail} (pid {msg.pid})".strip(),
+                ops_done=ops_done,
+            )
         )
 
     # -- service -> plugin ----------------------------------------------------------------------

@@ -11,6 +11,8 @@ The names follow the C table ``railoverPlugin_v1`` in ``include/railover_plugin.
 Report calls return ``True`` when queued and ``False`` when dropped (counted in
 ``stats()``); only real errors raise ``PluginError``. Integer arguments are converted by
 ctypes to the C widths (u32/u64), so out-of-range values wrap as they would in C.
+``agree()`` and ``Round`` are the library's pure switch-point decision (see "Switch
+points" in the header); they need no handle.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from enum import IntEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -32,12 +35,18 @@ __all__ = [
     "ABI_VERSION",
     "DEFAULT_LIBRARY",
     "AckStatus",
+    "AgreeAction",
+    "AgreeOutcome",
+    "Agreement",
     "LogFn",
     "Plugin",
     "PluginError",
     "PluginLibraryNotFoundError",
+    "Round",
     "Stats",
     "Status",
+    "SwitchVote",
+    "agree",
     "library_path",
     "load_library",
 ]
@@ -112,6 +121,55 @@ class _Command(ctypes.Structure):
     )
 
 
+class AgreeOutcome(IntEnum):
+    """``railover_agree_outcome_t``: what a round decided, the same on every rank."""
+
+    NONE = 0
+    WAIT = 1
+    APPLY = 2
+    REJECT = 3
+
+
+class AgreeAction(IntEnum):
+    """``railover_agree_action_t``: what the calling rank does with the command it voted."""
+
+    KEEP = 0
+    COMMIT = 1
+    TOO_LATE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchVote:
+    """``railover_switch_vote_t``: one rank's contribution to an agreement round.
+
+    All but ``ops_done`` are 0 when the rank has nothing armed.
+    """
+
+    ops_done: int
+    switch_at: int = 0
+    disabled_channels: int = 0
+    epoch: int = 0
+    kind: int = 0
+
+    @classmethod
+    def of(cls, ops_done: int, armed: Command | None) -> SwitchVote:
+        """The vote of a rank at ``ops_done`` with ``armed`` (or nothing) armed."""
+        if armed is None:
+            return cls(ops_done)
+        return cls(ops_done, armed.ops_done, armed.disabled_channels, armed.epoch, armed.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """``railover_agreement_t``: the outcome of one round and the caller's action."""
+
+    outcome: AgreeOutcome
+    action: AgreeAction
+    epoch: int
+    switch_at: int
+    max_ops_done: int
+
+
 @dataclass(frozen=True, slots=True)
 class Stats:
     """``railover_stats_t``: counters since init (see the header for each field)."""
@@ -143,6 +201,27 @@ class _Stats(ctypes.Structure):
     _fields_ = tuple((f.name, ctypes.c_uint64) for f in fields(Stats))
 
 
+class _Vote(ctypes.Structure):
+    _fields_ = (
+        ("ops_done", ctypes.c_uint64),
+        ("switch_at", ctypes.c_uint64),
+        ("disabled_channels", ctypes.c_uint64),
+        ("epoch", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+    )
+
+
+class _Agreement(ctypes.Structure):
+    _fields_ = (
+        ("outcome", ctypes.c_uint32),
+        ("action", ctypes.c_uint32),
+        ("epoch", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("switch_at", ctypes.c_uint64),
+        ("max_ops_done", ctypes.c_uint64),
+    )
+
+
 _LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p)
 _HANDLE = ctypes.c_void_p
 _u32, _u64, _i32, _str = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_char_p
@@ -157,6 +236,10 @@ _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _u32, _u64)
 _POLL = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Command))
 _ACK = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32)
 _STATS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Stats), ctypes.c_size_t)
+_ACK_AT = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32, _u64)
+_AGREE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(_Vote), _u32, _u32, ctypes.POINTER(_Agreement)
+)
 
 
 class _PluginV1(ctypes.Structure):
@@ -174,6 +257,8 @@ class _PluginV1(ctypes.Structure):
         ("poll_command", _POLL),
         ("ack_command", _ACK),
         ("stats", _STATS),
+        ("ack_command_at", _ACK_AT),
+        ("agree", _AGREE),
     )
 
 
@@ -224,6 +309,48 @@ _open_plugins: set[Plugin] = set()
 def _finalize_open_plugins() -> None:
     for plugin in list(_open_plugins):
         plugin.finalize()
+
+
+class Round:
+    """The gathered votes of one agreement round, in rank order, packed once for C.
+
+    Every rank then calls ``agree(its index)`` on the same round; the calls only read
+    the votes, so they may run on many threads at once.
+    """
+
+    __slots__ = ("_api", "_votes", "size")
+
+    def __init__(
+        self, votes: Sequence[SwitchVote], lib_path: str | os.PathLike[str] | None = None
+    ) -> None:
+        if not votes:
+            raise PluginError("agree (a round needs at least one vote)", Status.ERR_INVALID)
+        self._api = load_library(lib_path)
+        self.size = len(votes)
+        self._votes = (_Vote * self.size)(
+            *(_Vote(v.ops_done, v.switch_at, v.disabled_channels, v.epoch, v.kind) for v in votes)
+        )
+
+    def agree(self, self_index: int) -> Agreement:
+        """The library's ``agree()``: the round's outcome and this rank's action."""
+        out = _Agreement()
+        rc = self._api.agree(self._votes, self.size, self_index, ctypes.byref(out))
+        if rc != OK:
+            raise PluginError("agree", rc)
+        return Agreement(
+            outcome=AgreeOutcome(out.outcome),
+            action=AgreeAction(out.action),
+            epoch=out.epoch,
+            switch_at=out.switch_at,
+            max_ops_done=out.max_ops_done,
+        )
+
+
+def agree(
+    votes: Sequence[SwitchVote], self_index: int, lib_path: str | os.PathLike[str] | None = None
+) -> Agreement:
+    """One agreement round: the library's ``agree()`` over every rank's vote, in rank order."""
+    return Round(votes, lib_path).agree(self_index)
 
 
 def _default_log(level: int, message: str) -> None:
@@ -385,6 +512,11 @@ class Plugin:
     def ack_command(self, command_id: int, status: int = AckStatus.APPLIED) -> bool:
         """Answer a command (0 applied, negative failed); ``False`` if the ACK was dropped."""
         return self._queued("ack_command", self._api.ack_command(self.handle, command_id, status))
+
+    def ack_command_at(self, command_id: int, status: int, ops_done: int) -> bool:
+        """Answer a command and say this rank's ops_done then; ``False`` if dropped."""
+        rc = self._api.ack_command_at(self.handle, command_id, status, ops_done)
+        return self._queued("ack_command_at", rc)
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""

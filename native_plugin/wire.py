@@ -27,6 +27,7 @@ __all__ = [
     "RANK_UNKNOWN",
     "VERSION",
     "Ack",
+    "AckAt",
     "AckStatus",
     "Command",
     "CommandKind",
@@ -77,6 +78,7 @@ class MsgType(IntEnum):
     HELLO = 5
     COMMAND = 16
     ACK = 17
+    ACK_AT = 18
 
 
 class CommandKind(IntEnum):
@@ -195,7 +197,23 @@ class Ack:
     pid: int
 
 
-Message = CqeError | PortEvent | PathSwitch | Progress | Hello | Command | Ack
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AckAt:
+    """An answer that also says how far the rank was (plugin → agent, ``ack_command_at``).
+
+    ``ops_done`` is the rank's count of completed collectives on the command's
+    communicator when it answered: the op it switched at for ``APPLIED``, how far
+    past the switch point it already was for ``TOO_LATE``.
+    """
+
+    TYPE: ClassVar[MsgType] = MsgType.ACK_AT
+    command_id: int
+    status: int
+    pid: int
+    ops_done: int
+
+
+Message = CqeError | PortEvent | PathSwitch | Progress | Hello | Command | Ack | AckAt
 
 # Payload layouts in wire order, as (field name, struct code). "reserved" fields are
 # padding to 8-byte alignment, matching the C structs field for field.
@@ -257,10 +275,16 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("status", "i"),
         ("pid", "I"),
     ),
+    MsgType.ACK_AT: (
+        ("command_id", "Q"),
+        ("status", "i"),
+        ("pid", "I"),
+        ("ops_done", "Q"),
+    ),
 }
 
 _CLASSES: Final[Mapping[MsgType, type[Message]]] = {
-    cls.TYPE: cls for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Command, Ack)
+    cls.TYPE: cls for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Command, Ack, AckAt)
 }
 
 _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = {

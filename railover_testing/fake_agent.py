@@ -23,7 +23,7 @@ class FakeAgent:
         self.path = path
         self.counts: Counter[type[wire.Message]] = Counter()
         self.hellos: list[wire.Hello] = []
-        self.acks: list[wire.Ack] = []
+        self.acks: list[wire.Ack | wire.AckAt] = []
         self.errors: list[str] = []
         self.connections = 0
         self._lock = threading.Lock()
@@ -39,7 +39,8 @@ class FakeAgent:
     @property
     def reports(self) -> int:
         with self._lock:
-            return sum(n for t, n in self.counts.items() if t not in (wire.Hello, wire.Ack))
+            answers = (wire.Hello, wire.Ack, wire.AckAt)
+            return sum(n for t, n in self.counts.items() if t not in answers)
 
     def send(self, data: bytes) -> None:
         """Write raw bytes to the current connection, waiting briefly for one to exist."""
@@ -85,7 +86,7 @@ class FakeAgent:
                         self.counts[type(m)] += 1
                         if isinstance(m, wire.Hello):
                             self.hellos.append(m)
-                        elif isinstance(m, wire.Ack):
+                        elif isinstance(m, (wire.Ack, wire.AckAt)):
                             self.acks.append(m)
         with self._lock:
             self._conn = None

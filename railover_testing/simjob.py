@@ -3,18 +3,20 @@
 Each rank is a thread with its own ``Plugin`` handle (its own socket connection and
 HELLO carrying ``comm_id`` and ``rank``), as each GPU's proxy thread in a CCL process
 would have. The ranks run collective operations in lockstep: one barrier per op, as an
-allreduce completes on every rank or on none. Around that they behave the way a
-failover-capable CCL must for the service's switch points to work:
+allreduce completes on every rank or on none. Around that they follow the switch-point
+contract of ``railover_plugin.h`` ("Switch points"), as a failover-capable CCL must:
 
 * A REBALANCE or FAILBACK command for op N (``Command.ops_done``) is *armed* when it
   arrives while the rank's ops_done < N; one arriving later is acknowledged
-  ``TOO_LATE`` and never applied. A newer epoch for the communicator replaces an
-  older armed one; an older one arriving after a newer one is ignored.
-* The barrier of the op that brings ops_done to N is also the in-band agreement:
-  every rank contributes what it has armed, and the plan is applied (and
-  acknowledged ``APPLIED``) only if *every* rank armed the same epoch and plan for N.
-  Otherwise no rank applies it, and each rank that had armed it acknowledges
-  ``TOO_LATE`` (the trigger went by without the plan), so the service re-triggers.
+  ``TOO_LATE`` with the rank's ops_done and never applied. A newer epoch for the
+  communicator replaces an older armed one; an older one arriving after a newer one
+  is ignored.
+* Every op's barrier is also a round of the in-band agreement (fused into the
+  collective): each rank contributes a ``SwitchVote`` of what it has armed, and each
+  rank decides with the library's own ``agree()`` on the gathered votes. The plan is
+  applied at N (and acknowledged ``APPLIED`` at N) only if *every* rank armed the same
+  epoch and plan in time; otherwise no rank applies it, and each rank that had armed
+  it acknowledges ``TOO_LATE`` with its ops_done, so the service re-triggers beyond it.
 * ABORT stops the whole job after the current op; FAILOVER is recorded and
   acknowledged at once (s-Bond moves the rank's traffic to its backup RNIC locally).
 
@@ -39,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from native_plugin.binding import Plugin
+from native_plugin.binding import AgreeAction, Plugin, Round, SwitchVote
 from native_plugin.wire import AckStatus, Command, CommandKind
 
 __all__ = [
@@ -121,7 +123,8 @@ class _Rank:
     log: RankLog
     plugin: Plugin
     ops_done: int = 0
-    armed: Command | None = None
+    armed: Command | None = None  # proposed, not yet decided by a round
+    decided: Command | None = None  # agreed by every rank, applied when ops_done reaches it
     seen: set[int] = field(default_factory=set)
     parked: list[Command] = field(default_factory=list)
     slow_left: int = 0
@@ -129,10 +132,13 @@ class _Rank:
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
-    """What the barrier of one op decided, read by every rank after it."""
+    """What the barrier of one op gathered, read by every rank after it.
+
+    ``votes`` is None when no rank had anything armed (nothing to decide).
+    """
 
     op: int
-    agreed: Command | None
+    votes: Round | None
     stop: bool
 
 
@@ -184,6 +190,7 @@ class SimulatedJob:
         self.max_ops = max_ops
         self.max_runtime_s = max_runtime_s
         self.connect_timeout_s = connect_timeout_s
+        self._lib_path = lib_path
         self._ranks = [
             _Rank(
                 log=RankLog(rank=r, node=n, gpu=g),
@@ -199,9 +206,9 @@ class SimulatedJob:
             )
             for r, n, g in sorted(placement)
         ]
-        self._slots: list[Command | None] = [None] * len(self._ranks)
-        self._barrier = threading.Barrier(len(self._ranks), action=self._agree)
-        self._outcome = _Outcome(op=0, agreed=None, stop=False)
+        self._slots: list[SwitchVote] = [SwitchVote(0)] * len(self._ranks)
+        self._barrier = threading.Barrier(len(self._ranks), action=self._gather)
+        self._outcome = _Outcome(op=0, votes=None, stop=False)
         self._ops_done = 0
         self._progress = threading.Condition()
         self._stop_requested = threading.Event()
@@ -224,8 +231,8 @@ class SimulatedJob:
                 opened.append(st)
             deadline = time.monotonic() + self.connect_timeout_s
             for st in self._ranks:
-                # Reports made before the connection are dropped by design; a rank
-                # must not start its ops (and their progress) before it is heard.
+                # Early reports would wait in the plugin's ring, but commands only
+                # come over a connection: a rank starts once the agent can reach it.
                 while not st.plugin.stats().connected:
                     if time.monotonic() > deadline:
                         raise JobError(
@@ -349,14 +356,15 @@ class SimulatedJob:
         try:
             while True:
                 self._take_commands(st)
-                self._slots[index] = st.armed
+                # The round is fused into this op: the rank acts on it at ops_done + 1.
+                self._slots[index] = SwitchVote.of(st.ops_done + 1, st.armed)
                 try:
                     self._barrier.wait()
                 except threading.BrokenBarrierError:
                     break
                 outcome = self._outcome
                 st.ops_done = outcome.op
-                self._settle(st, outcome)
+                self._settle(st, index, outcome)
                 if st.ops_done % self.progress_every == 0:
                     st.plugin.report_progress(self.comm_id, st.log.rank, st.ops_done)
                 if outcome.stop:
@@ -369,19 +377,10 @@ class SimulatedJob:
             self._errors.append(exc)
             self._barrier.abort()
 
-    def _agree(self) -> None:
-        """The barrier action (one thread, all others waiting): the in-band exchange."""
+    def _gather(self) -> None:
+        """The barrier action (one thread, all others waiting): the AllGather of the votes."""
         op = self._ops_done + 1
-        armed = self._slots
-        first = armed[0]
-        agreed = None
-        if first is not None and first.ops_done == op:
-            plan = (first.epoch, first.kind, first.disabled_channels)
-            if all(
-                a is not None and (a.ops_done, a.epoch, a.kind, a.disabled_channels) == (op, *plan)
-                for a in armed
-            ):
-                agreed = first
+        votes = Round(self._slots, self._lib_path) if any(v.epoch for v in self._slots) else None
         reason = None
         if self._abort_requested.is_set():
             reason = "aborted by the service"
@@ -393,31 +392,37 @@ class SimulatedJob:
             reason = f"ran for max_runtime_s {self.max_runtime_s:g}"
         if reason is not None:
             self.stop_reason = reason
-        self._outcome = _Outcome(op=op, agreed=agreed, stop=reason is not None)
+        self._outcome = _Outcome(op=op, votes=votes, stop=reason is not None)
         with self._progress:
             self._ops_done = op
             self._progress.notify_all()
 
-    def _settle(self, st: _Rank, outcome: _Outcome) -> None:
-        """After the op's barrier: apply the agreed plan, or drop an armed one that missed."""
-        armed = st.armed
-        if armed is None or armed.ops_done != outcome.op:
-            return
-        st.armed = None
-        if outcome.agreed is not None and outcome.agreed.epoch == armed.epoch:
+    def _settle(self, st: _Rank, index: int, outcome: _Outcome) -> None:
+        """After the op's barrier: act on the round (each rank decides alone), then switch."""
+        if outcome.votes is not None and st.armed is not None:
+            verdict = outcome.votes.agree(index)
+            if verdict.action == AgreeAction.COMMIT:
+                st.decided, st.armed = st.armed, None
+            elif verdict.action == AgreeAction.TOO_LATE:
+                # Some rank cannot take it in time: the switch point goes by unused everywhere.
+                self._ack(st, st.armed, AckStatus.TOO_LATE)
+                st.armed = None
+        decided = st.decided
+        if decided is not None and decided.ops_done == st.ops_done:
+            st.decided = None
             st.log.applied.append(
                 Applied(
-                    op=outcome.op,
-                    epoch=armed.epoch,
-                    kind=armed.kind,
-                    disabled_channels=channels_of(armed.disabled_channels),
-                    command_id=armed.command_id,
+                    op=st.ops_done,
+                    epoch=decided.epoch,
+                    kind=decided.kind,
+                    disabled_channels=channels_of(decided.disabled_channels),
+                    command_id=decided.command_id,
                 )
             )
-            self._ack(st, armed, AckStatus.APPLIED)
-        else:
-            # Some rank had not armed it: the switch point went by unused everywhere.
-            self._ack(st, armed, AckStatus.TOO_LATE)
+            self._ack(st, decided, AckStatus.APPLIED)
+        if st.armed is not None and st.armed.ops_done <= st.ops_done:
+            # Rule 4 of the header never has to hold here: a round at every op decides by N.
+            raise JobError(f"rank {st.log.rank}: epoch {st.armed.epoch} undecided at its op")
 
     def _take_commands(self, st: _Rank, *, final: bool = False) -> None:
         if st.parked:
@@ -475,7 +480,8 @@ class SimulatedJob:
             st.armed = cmd  # a newer epoch replaces an older armed one
 
     def _ack(self, st: _Rank, cmd: Command, status: AckStatus) -> None:
-        queued = st.plugin.ack_command(cmd.command_id, status)
+        # Every answer says how far the rank was: the service re-triggers beyond it.
+        queued = st.plugin.ack_command_at(cmd.command_id, status, st.ops_done)
         st.log.acks.append(Ack(cmd.command_id, int(status), st.ops_done, queued))
         if not queued:
             log.warning(

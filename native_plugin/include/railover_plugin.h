@@ -20,10 +20,14 @@
  * (RAILOVER_DROPPED, RAILOVER_NO_COMMAND); negative values are errors.
  * Outputs go through pointers.
  *
- * Delivery: reports are best effort. A report that cannot be queued (ring
- * full) or has nowhere to go (no agent connected) is dropped and counted; the
- * counts are in railover_stats_t and a summary is logged at most once per
- * log_interval_ms. For every handle, at any moment:
+ * Delivery: reports are best effort. Reports made after init and before the
+ * first connection to the agent are kept in the ring (up to ring_size of
+ * them) and sent once connected, so a CCL need not wait for the agent before
+ * its first collective. A report that cannot be queued (ring full) or has
+ * nowhere to go (the agent was connected and is gone, or finalize found no
+ * agent) is dropped and counted; the counts are in railover_stats_t and a
+ * summary is logged at most once per log_interval_ms. For every handle, at
+ * any moment:
  *   reports accepted == sent + dropped_ring_full + dropped_no_agent + queued
  * where "accepted" counts report_* calls that returned RAILOVER_OK or
  * RAILOVER_DROPPED. "sent" means fully written to the agent's socket.
@@ -140,6 +144,107 @@ typedef struct {
 } railover_stats_t;
 
 /*
+ * Switch points: every rank of a communicator applies epoch E at ops_done N,
+ * or none does.
+ *
+ * A REBALANCE or FAILBACK command with ops_done N > 0 is a proposal: "once
+ * your ops_done on comm_id reaches N, use this plan (from collective N+1 on)".
+ * The service sends it to the node of every rank; it reaches the ranks at
+ * different moments, and a rank already past N cannot take it any more. The
+ * CCL makes the proposal all-or-nothing with an in-band agreement, the one
+ * ReCCL performs with its periodic AllGather of RNIC state and ops_done.
+ * Here ops_done counts collectives on comm_id in which every rank of comm_id
+ * takes part, so no rank can complete collective N+1 while another holds at
+ * N. Per communicator, a rank keeps at most one armed command (not yet
+ * decided) and at most one decided one (waiting for N):
+ *
+ * 1. Arm, on taking a command with poll_command:
+ *    - ops_done == 0 means now: apply it at once and ack APPLIED; there is
+ *      nothing to agree on (the service sends it only where ranks may switch
+ *      independently);
+ *    - N <= this rank's ops_done: too late. Do not arm it; answer
+ *      ack_command_at(command_id, RAILOVER_ACK_TOO_LATE, ops_done);
+ *    - an epoch older than the armed one: already superseded, ignore it;
+ *    - otherwise arm it, replacing an older armed command.
+ * 2. Exchange, in rounds: every rank of comm_id contributes one
+ *    railover_switch_vote_t describing its armed command (all zero when it
+ *    has none) and receives everyone's, in rank order: an AllGather. Rounds
+ *    must keep coming while a rank holds (rule 4): run them periodically
+ *    beside the collectives, as ReCCL does, or fuse one into every
+ *    collective, as railover_testing/simjob.py does.
+ * 3. Decide: pass the gathered votes to agree(). It is a pure function of the
+ *    votes, so every rank gets the same outcome for the newest epoch E voted:
+ *    APPLY   every vote armed the same E, N, kind and disabled_channels, and
+ *            no vote's ops_done is past N. Action COMMIT: E is decided;
+ *            switch when ops_done reaches N (at once if it has), then
+ *            ack_command_at(command_id, RAILOVER_ACK_APPLIED, N). A decided
+ *            command is never replaced; newer ones arm beside it and are
+ *            decided in later rounds.
+ *    REJECT  some rank cannot apply E: its vote is past N, or it is at N
+ *            without E armed, or it armed E with another N or plan. Action
+ *            TOO_LATE for every rank that voted a command (E or older):
+ *            disarm it and answer ack_command_at(command_id,
+ *            RAILOVER_ACK_TOO_LATE, ops_done). Nobody applies E; the
+ *            service proposes E+1 beyond the highest ops_done it is told.
+ *    WAIT    undecided: a rank has not armed E yet but is still below N.
+ *            Action KEEP: stay armed, decide in a later round. A rank that
+ *            voted an epoch older than E gets TOO_LATE instead: E, on its
+ *            way to it, supersedes what it armed.
+ *    NONE    nothing armed anywhere. Action KEEP.
+ *    Act on what this rank voted in the round (votes[self]), even if a newer
+ *    command was armed while the round was in flight.
+ * 4. Hold: a rank whose armed, undecided command has N == its ops_done does
+ *    not start collective N+1 until a round decides it. Where a round is
+ *    fused into every collective, the round at N always decides (every vote
+ *    is then at N), so no rank ever waits.
+ *
+ * Why this suffices: APPLY needs a vote from every rank with E armed at an
+ * ops_done <= N; each such rank then holds at N (rule 4) until the outcome,
+ * which every rank computes alike, so all of them switch at N. A rank that
+ * was too late never votes E (rule 1), so no round says APPLY and nobody
+ * switches; it votes nothing at an ops_done >= N, which every rank reads as
+ * REJECT, and nobody waits forever.
+ *
+ * One rank's contribution to a round. All fields are plain values, 32 bytes,
+ * no padding, so a CCL can AllGather an array of them as bytes. Zero
+ * everything but ops_done when nothing is armed.
+ */
+typedef struct {
+  uint64_t ops_done;          /* the count at which this rank acts on the outcome: its
+                               * ops_done when the round completes (for a round fused
+                               * into collective k+1, k+1) */
+  uint64_t switch_at;         /* armed command's ops_done (N); 0 = nothing armed */
+  uint64_t disabled_channels; /* armed command's disabled_channels */
+  uint32_t epoch;             /* armed command's epoch; 0 = nothing armed */
+  uint32_t kind;              /* armed command's kind (enum railover_wire_command_kind) */
+} railover_switch_vote_t;
+
+/* What a round decided (railover_agreement_t.outcome). Only ever appended. */
+typedef enum {
+  RAILOVER_AGREE_NONE = 0,   /* no vote has anything armed */
+  RAILOVER_AGREE_WAIT = 1,   /* not decided yet: exchange again */
+  RAILOVER_AGREE_APPLY = 2,  /* every rank switches to epoch at switch_at */
+  RAILOVER_AGREE_REJECT = 3, /* no rank applies epoch; each answers TOO_LATE */
+} railover_agree_outcome_t;
+
+/* What the calling rank does with the command it voted (.action). Only ever appended. */
+typedef enum {
+  RAILOVER_ACT_KEEP = 0,     /* nothing now: keep what is armed */
+  RAILOVER_ACT_COMMIT = 1,   /* decided: switch at switch_at, then ack APPLIED */
+  RAILOVER_ACT_TOO_LATE = 2, /* disarm, ack TOO_LATE with this rank's ops_done */
+} railover_agree_action_t;
+
+/* The result of agree(), written to the caller's struct. */
+typedef struct {
+  uint32_t outcome;      /* railover_agree_outcome_t; the same on every rank */
+  uint32_t action;       /* railover_agree_action_t for votes[self] */
+  uint32_t epoch;        /* the newest epoch voted, the one decided about; 0 with NONE */
+  uint32_t reserved;     /* 0 */
+  uint64_t switch_at;    /* that epoch's ops_done (N); 0 with NONE */
+  uint64_t max_ops_done; /* the highest ops_done among the votes */
+} railover_agreement_t;
+
+/*
  * ABI version 1. Every pointer argument documented as a string is a
  * NUL-terminated UTF-8 string owned by the caller and only read during the
  * call; names longer than 63 bytes are truncated. `handle` is the value
@@ -151,8 +256,8 @@ typedef struct {
 
   /* Allocates the ring (the only allocation the plugin makes), starts the
    * sender thread, and writes a handle to *handle. Connects in the
-   * background: reports made before the first connection are dropped and
-   * counted. Several handles may coexist in one process. */
+   * background: reports made before the first connection wait in the ring
+   * and are sent once connected. Several handles may coexist in one process. */
   int (*init)(const railover_config_t* config, railover_log_fn log, void** handle);
 
   /* Stops the sender thread after draining (see drain_timeout_ms), closes
@@ -192,6 +297,26 @@ typedef struct {
 
   /* Copies min(out_size, sizeof(railover_stats_t)) bytes of counters to out. */
   int (*stats)(void* handle, railover_stats_t* out, size_t out_size);
+
+  /* Members from here on were appended to v1 for the switch-point agreement
+   * (see "Switch points" above); a CCL that calls them needs a library at
+   * least as new as this header, and an agent that knows frame type 18. */
+
+  /* As ack_command, and also tells the service this rank's ops_done on the
+   * command's communicator when it answered (frame RAILOVER_MSG_ACK_AT): for
+   * APPLIED the op it switched at, for TOO_LATE how far it already was. Same
+   * queue, cost and return values as ack_command. */
+  int (*ack_command_at)(void* handle, uint64_t command_id, int32_t status, uint64_t ops_done);
+
+  /* Decides one agreement round. votes: n_votes votes, one per rank of the
+   * communicator, in rank order, owned by the caller and only read during
+   * the call; self: the calling rank's index in votes. Writes the outcome and
+   * this rank's action to *out and returns RAILOVER_OK, or returns
+   * RAILOVER_ERR_INVALID (out untouched) for NULL pointers, n_votes == 0 or
+   * self >= n_votes. Pure: no handle, no allocation, no lock, no I/O; O(n_votes);
+   * callable from any thread, before init and after finalize. */
+  int (*agree)(const railover_switch_vote_t* votes, uint32_t n_votes, uint32_t self,
+               railover_agreement_t* out);
 } railoverPlugin_v1_t;
 
 /* The one exported symbol of librailover_plugin.so for ABI version 1. */

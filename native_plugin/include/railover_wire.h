@@ -51,6 +51,7 @@ enum railover_wire_type {
   RAILOVER_MSG_HELLO = 5,       /* plugin -> agent, first frame of every connection */
   RAILOVER_MSG_COMMAND = 16,    /* agent -> plugin */
   RAILOVER_MSG_ACK = 17,        /* plugin -> agent */
+  RAILOVER_MSG_ACK_AT = 18,     /* plugin -> agent: an ACK with the rank's ops_done */
 };
 
 /* Command kinds carried in railover_wire_command.kind. Only ever appended. */
@@ -156,6 +157,18 @@ typedef struct railover_wire_ack {
   uint32_t pid;        /* answering process */
 } railover_wire_ack;
 
+/* Type 18: an ACK that also says how far the rank was. Sent by ack_command_at;
+ * the agent reads the status exactly as a type-17 ACK. ops_done is the rank's
+ * count of completed collectives on the command's communicator when it
+ * answered: for APPLIED, the op it switched at; for TOO_LATE, how far past the
+ * switch point it already was (the service proposes the next epoch beyond it). */
+typedef struct railover_wire_ack_at {
+  uint64_t command_id; /* the COMMAND being answered */
+  int32_t status;      /* 0 applied; negative: enum railover_ack_status */
+  uint32_t pid;        /* answering process */
+  uint64_t ops_done;   /* the rank's ops_done when it answered */
+} railover_wire_ack_at;
+
 /* Ack statuses. Only ever appended (more negative). */
 enum railover_ack_status {
   RAILOVER_ACK_APPLIED = 0,
@@ -165,7 +178,12 @@ enum railover_ack_status {
   RAILOVER_ACK_BUSY = -4,        /* the plugin's command queue was full */
 };
 
+/* C11 spells it _Static_assert, C++ static_assert; both are checked (make test). */
+#ifdef __cplusplus
+#define RAILOVER_WIRE_ASSERT_SIZE(t, n) static_assert(sizeof(t) == (n), #t " size")
+#else
 #define RAILOVER_WIRE_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " size")
+#endif
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_header, 16);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_cqe_error, 160);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_port_event, 88);
@@ -174,6 +192,7 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_progress, 32);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_hello, 24);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command, 48);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack, 16);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack_at, 24);
 #undef RAILOVER_WIRE_ASSERT_SIZE
 
 /* Largest v1 payload; the plugin's ring slots are sized from it. */

@@ -51,7 +51,9 @@ typedef struct {
 
 typedef struct {
   uint64_t command_id;
+  uint64_t ops_done;
   int32_t status;
+  int32_t with_ops; /* 1: send as ACK_AT carrying ops_done */
 } rv_ack_slot;
 
 enum { FRAME_REPORT = 0, FRAME_ACK = 1, FRAME_HELLO = 2 };
@@ -68,6 +70,8 @@ typedef struct rv_plugin {
   rv_ring commands; /* sender -> proxy threads */
 
   _Alignas(RV_CACHE_LINE) _Atomic int connected; /* read on every report call */
+  /* Set once, at the first connection; until then reports wait in the ring. */
+  _Atomic int ever_connected;
   uint32_t pid;
 
   rv_counter dropped_ring_full;
@@ -152,9 +156,12 @@ static inline void put_header(unsigned char* frame, uint16_t type, uint32_t payl
   memcpy(frame, &h, sizeof(h));
 }
 
-/* Claims a ring slot for a report, or counts the drop. */
+/* Claims a ring slot for a report, or counts the drop. Before the first
+ * connection the ring holds reports for it; once an agent has been and gone,
+ * what is made while it is away has nowhere to go. */
 static inline rv_report_slot* begin_report(rv_plugin* p, uint64_t* pos) {
-  if (!atomic_load_explicit(&p->connected, memory_order_relaxed)) {
+  if (!atomic_load_explicit(&p->connected, memory_order_relaxed) &&
+      atomic_load_explicit(&p->ever_connected, memory_order_relaxed)) {
     atomic_fetch_add_explicit(&p->dropped_no_agent_call.value, 1, memory_order_relaxed);
     return NULL;
   }
@@ -260,7 +267,8 @@ static int poll_command(void* handle, railover_command_t* out) {
   return RAILOVER_OK;
 }
 
-static int push_ack(rv_plugin* p, uint64_t command_id, int32_t status) {
+static int push_ack(rv_plugin* p, uint64_t command_id, int32_t status, int with_ops,
+                    uint64_t ops_done) {
   uint64_t pos;
   rv_ack_slot* a = rv_ring_reserve(&p->acks, &pos);
   if (a == NULL) {
@@ -268,19 +276,89 @@ static int push_ack(rv_plugin* p, uint64_t command_id, int32_t status) {
     return RAILOVER_DROPPED;
   }
   a->command_id = command_id;
+  a->ops_done = ops_done;
   a->status = status;
+  a->with_ops = with_ops;
   rv_ring_commit(&p->acks, pos);
   return RAILOVER_OK;
 }
 
-static int ack_command(void* handle, uint64_t command_id, int32_t status) {
-  rv_plugin* p = handle;
+static int queue_ack(rv_plugin* p, uint64_t command_id, int32_t status, int with_ops,
+                     uint64_t ops_done) {
   if (p == NULL) return RAILOVER_ERR_INVALID;
+  /* Commands only come over a connection, so an answer with none is stale. */
   if (!atomic_load_explicit(&p->connected, memory_order_relaxed)) {
     atomic_fetch_add_explicit(&p->acks_dropped_call.value, 1, memory_order_relaxed);
     return RAILOVER_DROPPED;
   }
-  return push_ack(p, command_id, status);
+  return push_ack(p, command_id, status, with_ops, ops_done);
+}
+
+static int ack_command(void* handle, uint64_t command_id, int32_t status) {
+  return queue_ack(handle, command_id, status, 0, 0);
+}
+
+static int ack_command_at(void* handle, uint64_t command_id, int32_t status, uint64_t ops_done) {
+  return queue_ack(handle, command_id, status, 1, ops_done);
+}
+
+/* ------------------------------------------------------- switch agreement */
+
+static int vote_armed(const railover_switch_vote_t* v) {
+  return v->epoch != 0 && v->switch_at != 0;
+}
+
+static int same_plan(const railover_switch_vote_t* a, const railover_switch_vote_t* b) {
+  return a->epoch == b->epoch && a->switch_at == b->switch_at && a->kind == b->kind &&
+         a->disabled_channels == b->disabled_channels;
+}
+
+/* The rules are in railover_plugin.h ("Switch points"); this is them, in order. */
+static int agree(const railover_switch_vote_t* votes, uint32_t n_votes, uint32_t self,
+                 railover_agreement_t* out) {
+  if (votes == NULL || out == NULL || n_votes == 0 || self >= n_votes) return RAILOVER_ERR_INVALID;
+  const railover_switch_vote_t* newest = NULL;
+  uint64_t max_ops = 0;
+  for (uint32_t i = 0; i < n_votes; i++) {
+    if (votes[i].ops_done > max_ops) max_ops = votes[i].ops_done;
+    if (vote_armed(&votes[i]) && (newest == NULL || votes[i].epoch > newest->epoch))
+      newest = &votes[i];
+  }
+  railover_agreement_t r;
+  memset(&r, 0, sizeof(r));
+  r.max_ops_done = max_ops;
+  r.outcome = RAILOVER_AGREE_NONE;
+  r.action = RAILOVER_ACT_KEEP;
+  if (newest != NULL) {
+    uint64_t n = newest->switch_at;
+    int all_armed = 1, conflict = 0, reached_without = 0;
+    for (uint32_t i = 0; i < n_votes; i++) {
+      const railover_switch_vote_t* v = &votes[i];
+      if (vote_armed(v) && v->epoch == newest->epoch) {
+        if (!same_plan(v, newest)) conflict = 1;
+      } else {
+        all_armed = 0;
+        if (v->ops_done >= n) reached_without = 1;
+      }
+    }
+    r.epoch = newest->epoch;
+    r.switch_at = n;
+    if (conflict || max_ops > n || (!all_armed && reached_without)) {
+      r.outcome = RAILOVER_AGREE_REJECT;
+      if (vote_armed(&votes[self])) r.action = RAILOVER_ACT_TOO_LATE;
+    } else if (all_armed) {
+      r.outcome = RAILOVER_AGREE_APPLY;
+      r.action = RAILOVER_ACT_COMMIT;
+    } else {
+      r.outcome = RAILOVER_AGREE_WAIT;
+      /* A newer epoch is on its way to this rank: what it armed is superseded,
+       * and holding for it could only stall everyone. */
+      if (vote_armed(&votes[self]) && votes[self].epoch < newest->epoch)
+        r.action = RAILOVER_ACT_TOO_LATE;
+    }
+  }
+  *out = r;
+  return RAILOVER_OK;
 }
 
 static inline uint64_t ld(_Atomic uint64_t* v) {
@@ -368,15 +446,24 @@ static void out_discard(rv_plugin* p) {
 static uint32_t out_fill(rv_plugin* p) {
   uint32_t moved = 0;
   uint64_t pos;
-  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_ack)];
+  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_ack_at)];
   while (p->out_len + sizeof(frame) <= OUT_BUF_SIZE && p->out_frames < MAX_OUT_FRAMES) {
     rv_ack_slot* a = rv_ring_peek(&p->acks, &pos);
     if (a == NULL) break;
-    railover_wire_ack m = {a->command_id, a->status, p->pid};
+    uint32_t len;
+    if (a->with_ops) {
+      railover_wire_ack_at m = {a->command_id, a->status, p->pid, a->ops_done};
+      put_header(frame, RAILOVER_MSG_ACK_AT, sizeof(m));
+      memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &m, sizeof(m));
+      len = RAILOVER_WIRE_HEADER_SIZE + sizeof(m);
+    } else {
+      railover_wire_ack m = {a->command_id, a->status, p->pid};
+      put_header(frame, RAILOVER_MSG_ACK, sizeof(m));
+      memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &m, sizeof(m));
+      len = RAILOVER_WIRE_HEADER_SIZE + sizeof(m);
+    }
     rv_ring_release(&p->acks, pos);
-    put_header(frame, RAILOVER_MSG_ACK, sizeof(m));
-    memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &m, sizeof(m));
-    out_append(p, frame, sizeof(frame), FRAME_ACK);
+    out_append(p, frame, len, FRAME_ACK);
     moved++;
   }
   while (p->out_len + MAX_FRAME <= OUT_BUF_SIZE && p->out_frames < MAX_OUT_FRAMES) {
@@ -451,9 +538,10 @@ static void try_connect(rv_plugin* p) {
   p->fd = fd;
   p->backoff_ms = p->reconnect_min_ms;
   p->quiet_failures = 0;
-  /* Reports queued before this connection existed were counted when refused;
-   * anything left from a race with the previous disconnect is stale. */
-  discard_queues(p);
+  /* Reports made before the first connection waited for it; after a later
+   * disconnect, anything left from a race with it is stale. */
+  if (atomic_load_explicit(&p->ever_connected, memory_order_relaxed)) discard_queues(p);
+  atomic_store_explicit(&p->ever_connected, 1, memory_order_relaxed);
   unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_hello)];
   railover_wire_hello h = {p->comm_id, p->pid, RAILOVER_PLUGIN_ABI_VERSION, p->rank, 0};
   put_header(frame, RAILOVER_MSG_HELLO, sizeof(h));
@@ -473,6 +561,7 @@ static uint32_t expected_payload(uint16_t type) {
     case RAILOVER_MSG_HELLO: return sizeof(railover_wire_hello);
     case RAILOVER_MSG_COMMAND: return sizeof(railover_wire_command);
     case RAILOVER_MSG_ACK: return sizeof(railover_wire_ack);
+    case RAILOVER_MSG_ACK_AT: return sizeof(railover_wire_ack_at);
     default: return UINT32_MAX;
   }
 }
@@ -483,7 +572,7 @@ static void on_command(rv_plugin* p, const railover_wire_command* w) {
     bump(&p->commands_unsupported, 1);
     plog(p, RAILOVER_LOG_WARN, "railover: command %llu has unknown kind %u; answered UNSUPPORTED",
          (unsigned long long)w->command_id, w->kind);
-    push_ack(p, w->command_id, RAILOVER_ACK_UNSUPPORTED);
+    push_ack(p, w->command_id, RAILOVER_ACK_UNSUPPORTED, 0, 0);
     return;
   }
   uint64_t pos;
@@ -492,7 +581,7 @@ static void on_command(rv_plugin* p, const railover_wire_command* w) {
     bump(&p->commands_dropped, 1);
     plog(p, RAILOVER_LOG_WARN, "railover: command queue full; command %llu answered BUSY",
          (unsigned long long)w->command_id);
-    push_ack(p, w->command_id, RAILOVER_ACK_BUSY);
+    push_ack(p, w->command_id, RAILOVER_ACK_BUSY, 0, 0);
     return;
   }
   c->command_id = w->command_id;
@@ -618,7 +707,7 @@ static void* sender_main(void* arg) {
       if (p->fd < 0 || !work_left(p) || now >= drain_deadline) break;
     }
     if (p->fd < 0) {
-      discard_queues(p);
+      if (atomic_load_explicit(&p->ever_connected, memory_order_relaxed)) discard_queues(p);
       maybe_log_drops(p, now);
       if (now >= p->next_connect_ns) try_connect(p);
       if (p->fd < 0) {
@@ -747,6 +836,7 @@ static int init(const railover_config_t* config, railover_log_fn log, void** han
   p->backoff_ms = p->reconnect_min_ms;
   p->last_drop_log_ns = mono_ns();
   atomic_init(&p->connected, 0);
+  atomic_init(&p->ever_connected, 0);
   atomic_init(&p->stop, 0);
   if (pthread_create(&p->thread, NULL, sender_main, p) != 0) {
     free_plugin(p);
@@ -779,4 +869,6 @@ EXPORT const railoverPlugin_v1_t railoverPlugin_v1 = {
     .poll_command = poll_command,
     .ack_command = ack_command,
     .stats = stats,
+    .ack_command_at = ack_command_at,
+    .agree = agree,
 };

@@ -2,7 +2,8 @@
  * Stand-in CCL: several "proxy threads" report at full speed and poll for
  * commands while a small in-test agent listens on a unix socket, counts every
  * frame, sends commands, and finally sends garbage to check the plugin drops
- * and re-establishes the connection. Checks, exactly:
+ * and re-establishes the connection. Reports made before the agent exists
+ * wait in the ring (all that fit) and arrive once it does. Checks, exactly:
  *   reports made == sent + dropped_ring_full + dropped_no_agent
  *   frames the listener counted == sent
  * Usage: test_ccl [threads] [reports_per_thread]
@@ -48,6 +49,9 @@ typedef struct {
   _Atomic int send_garbage; /* next time: write a bad frame to the plugin */
   _Atomic uint64_t reports, hellos, acks_applied, acks_unsupported, acks_other, bad_frames;
   _Atomic uint64_t connections, commands_sent;
+  _Atomic uint64_t first_progress, last_progress; /* ops_done of the first and latest
+                                                   * in-order early reports (rank 99) */
+  _Atomic int progress_seen;
   uint64_t next_command_id;
   pthread_t thread;
 } listener_t;
@@ -118,10 +122,20 @@ static void serve(listener_t* l, int fd) {
           else atomic_fetch_add(&l->acks_other, 1);
           break;
         }
+        case RAILOVER_MSG_PROGRESS: {
+          railover_wire_progress pr;
+          memcpy(&pr, payload, sizeof(pr));
+          if (pr.rank == 99) { /* the early reports */
+            if (!atomic_exchange(&l->progress_seen, 1)) atomic_store(&l->first_progress, pr.ops_done);
+            else if (atomic_load(&l->last_progress) + 1 == pr.ops_done)
+              atomic_store(&l->last_progress, pr.ops_done);
+          }
+          atomic_fetch_add(&l->reports, 1);
+          break;
+        }
         case RAILOVER_MSG_CQE_ERROR:
         case RAILOVER_MSG_PORT_EVENT:
-        case RAILOVER_MSG_PATH_SWITCH:
-        case RAILOVER_MSG_PROGRESS: atomic_fetch_add(&l->reports, 1); break;
+        case RAILOVER_MSG_PATH_SWITCH: atomic_fetch_add(&l->reports, 1); break;
         default: atomic_fetch_add(&l->bad_frames, 1); break;
       }
       off += RAILOVER_WIRE_HEADER_SIZE + h.payload_len;
@@ -238,19 +252,29 @@ int main(int argc, char** argv) {
                            .reconnect_min_ms = 5, .reconnect_max_ms = 20};
   CHECK(api->init(&cfg, log_fn, &handle) == RAILOVER_OK, "init");
 
-  /* 1. No agent: reports return at once and are counted as dropped. */
-  for (int i = 0; i < 1000; i++)
-    CHECK(api->report_progress(handle, 77, 3, (uint64_t)i) == RAILOVER_DROPPED, "no agent");
+  /* 1. No agent yet: reports are kept in the ring until it is full; only the
+   * ones beyond that are dropped. */
+  enum { EARLY = 5000, RING = 4096 };
+  for (int i = 0; i < EARLY; i++)
+    CHECK(api->report_progress(handle, 77, 99, (uint64_t)i) == (i < RING ? RAILOVER_OK : RAILOVER_DROPPED),
+          "early report %d", i);
   railover_stats_t s0 = get_stats();
-  CHECK(s0.dropped_no_agent == 1000 && s0.sent == 0 && s0.connected == 0, "drops %llu",
-        (unsigned long long)s0.dropped_no_agent);
+  CHECK(s0.queued == RING && s0.dropped_ring_full == EARLY - RING && s0.dropped_no_agent == 0 &&
+            s0.sent == 0 && s0.connected == 0,
+        "queued %llu, ring full %llu, no agent %llu", (unsigned long long)s0.queued,
+        (unsigned long long)s0.dropped_ring_full, (unsigned long long)s0.dropped_no_agent);
   CHECK(api->report_progress(NULL, 0, 0, 0) == RAILOVER_ERR_INVALID, "NULL handle");
   railover_command_t none;
   CHECK(api->poll_command(handle, &none) == RAILOVER_NO_COMMAND, "no command");
 
-  /* 2. The agent appears later: the plugin connects by itself. */
+  /* 2. The agent appears later: the plugin connects by itself and sends what
+   * waited, in order, before anything made after. */
   listener_start(&l);
   WAIT_UNTIL(get_stats().connected == 1, 10);
+  WAIT_UNTIL(atomic_load(&l.reports) == RING && get_stats().sent == RING, 10);
+  CHECK(atomic_load(&l.first_progress) == 0 && atomic_load(&l.last_progress) == RING - 1,
+        "early reports in order: %llu .. %llu", (unsigned long long)atomic_load(&l.first_progress),
+        (unsigned long long)atomic_load(&l.last_progress));
 
   /* Full speed first (the ring overflows and drops are counted), then paced. */
   pthread_t th[64];
@@ -268,8 +292,9 @@ int main(int argc, char** argv) {
              10);
 
   railover_stats_t s1 = get_stats();
-  uint64_t dropped = s1.dropped_ring_full + s1.dropped_no_agent - s0.dropped_no_agent;
-  CHECK(made == 2 * (uint64_t)threads * per_thread, "made");
+  made += EARLY;
+  uint64_t dropped = s1.dropped_ring_full + s1.dropped_no_agent;
+  CHECK(made == 2 * (uint64_t)threads * per_thread + EARLY, "made");
   CHECK(made == s1.sent + dropped, "made %llu != sent %llu + dropped %llu", (unsigned long long)made,
         (unsigned long long)s1.sent, (unsigned long long)dropped);
   CHECK(atomic_load(&l.reports) == s1.sent, "listener %llu != sent %llu",
@@ -281,8 +306,7 @@ int main(int argc, char** argv) {
   printf("test_ccl: %u threads x 2 x %llu reports in %.2f s: sent %llu, dropped ring-full %llu, "
          "no-agent %llu\n",
          threads, (unsigned long long)per_thread, elapsed, (unsigned long long)s1.sent,
-         (unsigned long long)s1.dropped_ring_full,
-         (unsigned long long)(s1.dropped_no_agent - s0.dropped_no_agent));
+         (unsigned long long)s1.dropped_ring_full, (unsigned long long)s1.dropped_no_agent);
 
   /* 3. Garbage from the agent: the plugin drops the connection, reconnects,
    * says HELLO again, and reports flow on without re-init. */

@@ -17,6 +17,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "railover_config_t": binding._Config,
     "railover_command_t": binding._Command,
     "railover_stats_t": binding._Stats,
+    "railover_switch_vote_t": binding._Vote,
+    "railover_agreement_t": binding._Agreement,
     "railoverPlugin_v1_t": binding._PluginV1,
 }
 
@@ -30,11 +32,22 @@ def ctypes_layout() -> dict[str, int]:
             out[f"offsetof({cname},{name})"] = getattr(cls, name).offset
     for name in ("OK", "DROPPED", "NO_COMMAND", "ERR_INVALID", "ERR_SYSTEM", "ERR_CONFIG"):
         out[f"RAILOVER_{name}"] = getattr(binding.Status, name)
+    out.update({f"RAILOVER_AGREE_{o.name}": o.value for o in binding.AgreeOutcome})
+    out.update({f"RAILOVER_ACT_{a.name}": a.value for a in binding.AgreeAction})
     return out
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-def test_ctypes_structs_match_header(tmp_path: Path) -> None:
+# The header is C11 and C++17 (a CCL built on NCCL is C++): both must see the same layout.
+COMPILERS = [
+    pytest.param(["cc", "-std=c11", "-x", "c"], id="c11"),
+    pytest.param(["c++", "-std=c++17", "-x", "c++"], id="cxx17"),
+]
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_ctypes_structs_match_header(compiler: list[str], tmp_path: Path) -> None:
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"needs {compiler[0]}")
     expected = ctypes_layout()
     body = "".join(
         f'  printf("%s=%lld\\n", "{key}", (long long)({key}));\n' for key in sorted(expected)
@@ -44,7 +57,7 @@ def test_ctypes_structs_match_header(tmp_path: Path) -> None:
     src.write_text(f"{head}{body}  return 0;\n}}\n")
     exe = tmp_path / "abi"
     subprocess.run(
-        ["cc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        [*compiler, "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
         check=True,
     )
     printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,10 +13,14 @@ import pytest
 
 from native_plugin import wire
 from native_plugin.binding import (
+    AgreeAction,
+    AgreeOutcome,
     Plugin,
     PluginError,
     PluginLibraryNotFoundError,
     Stats,
+    SwitchVote,
+    agree,
     load_library,
 )
 from railover_testing.fake_agent import FakeAgent
@@ -93,26 +98,49 @@ def test_calls_after_finalize_raise(plugin_lib: Path, agent_path: Path) -> None:
     plugin.finalize()  # idempotent
 
 
-def test_no_agent_drops_then_agent_appears(plugin_lib: Path, agent_path: Path) -> None:
-    with Plugin(socket_path=agent_path, **FAST) as plugin:
+def test_reports_before_the_first_connection_wait_for_it(
+    plugin_lib: Path, agent_path: Path
+) -> None:
+    with Plugin(socket_path=agent_path, ring_size=1024, **FAST) as plugin:
+        # Made right after init, before the sender has reached any agent: the
+        # ring keeps what fits, and only the rest is dropped (as ring full).
         results = [plugin.report_progress(1, 0, i) for i in range(10_000)]
-        assert not any(results)
+        assert results == [True] * 1024 + [False] * (10_000 - 1024)
         s = plugin.stats()
-        assert (s.dropped_no_agent, s.sent, s.connected) == (10_000, 0, 0)
-        assert s.connect_failures >= 1
+        assert (s.queued, s.dropped_ring_full, s.dropped_no_agent, s.sent) == (1024, 8976, 0, 0)
+        wait_until(lambda: plugin.stats().connect_failures >= 1)
+        assert plugin.stats().queued == 1024  # failed attempts do not throw them away
 
         agent = FakeAgent(agent_path)
         try:
             wait_until(lambda: plugin.stats().connected == 1)
+            wait_until(lambda: agent.counts[wire.Progress] == 1024)
             assert plugin.report_port_event("mlx5_0", 1, 10)
             assert plugin.report_cqe_error("mlx5_0", 1, 0x12, 12, 0x81, "node-7")
             assert plugin.report_path_switch(1, 3, "mlx5_0", "mlx5_1", wire.SwitchReason.FAILOVER)
-            wait_until(lambda: agent.reports == 3)
+            wait_until(lambda: agent.reports == 1024 + 3)
             assert agent.counts[wire.PortEvent] == 1
             assert agent.counts[wire.CqeError] == 1
             assert agent.counts[wire.PathSwitch] == 1
+            s = plugin.stats()
+            assert (s.sent, s.queued, s.dropped_no_agent) == (1027, 0, 0)
         finally:
             agent.close()
+        # An agent that was there and went away is another matter: nothing
+        # says it comes back soon, so reports made meanwhile are dropped.
+        wait_until(lambda: plugin.stats().connected == 0)
+        assert not plugin.report_progress(1, 0, 1)
+        assert plugin.stats().dropped_no_agent == 1
+
+
+def test_reports_made_before_any_agent_are_dropped_at_finalize(
+    plugin_lib: Path, agent_path: Path
+) -> None:
+    plugin = Plugin(socket_path=agent_path, drain_timeout_ms=10, **FAST)
+    plugin.init()
+    assert plugin.report_progress(1, 0, 1)
+    assert plugin.stats().queued == 1
+    plugin.finalize()  # no agent ever came: the one queued report had nowhere to go
 
 
 def test_agent_restart_reconnects(plugin_lib: Path, agent_path: Path) -> None:
@@ -140,6 +168,7 @@ def test_command_reaches_poll_and_ack_reaches_agent(plugin_lib: Path, agent: Fak
         kind=wire.CommandKind.REBALANCE,
         epoch=3,
     )
+    pid = os.getpid()
     with Plugin(socket_path=agent.path, **FAST) as plugin:
         wait_until(lambda: plugin.stats().connected == 1)
         assert plugin.poll_command() is None
@@ -156,9 +185,15 @@ def test_command_reaches_poll_and_ack_reaches_agent(plugin_lib: Path, agent: Fak
         assert got == [cmd]
         assert plugin.ack_command(42, wire.AckStatus.TOO_LATE)
         wait_until(lambda: len(agent.acks) == 1)
-        assert agent.acks[0].command_id == 42
-        assert agent.acks[0].status == wire.AckStatus.TOO_LATE
-        assert plugin.stats().commands_received == 1
+        assert agent.acks[0] == wire.Ack(command_id=42, status=wire.AckStatus.TOO_LATE, pid=pid)
+        # The answer that says how far the rank was travels as its own frame type.
+        assert plugin.ack_command_at(42, wire.AckStatus.TOO_LATE, 1017)
+        wait_until(lambda: len(agent.acks) == 2)
+        assert agent.acks[1] == wire.AckAt(
+            command_id=42, status=wire.AckStatus.TOO_LATE, pid=pid, ops_done=1017
+        )
+        s = plugin.stats()
+        assert (s.commands_received, s.acks_sent) == (1, 2)
 
 
 def test_unknown_command_kind_is_refused_by_the_plugin(plugin_lib: Path, agent: FakeAgent) -> None:
@@ -220,9 +255,14 @@ def test_four_threads_quarter_million_each_account_exactly(
 def test_drops_are_logged_at_a_rate_limit(plugin_lib: Path, agent_path: Path) -> None:
     lines: list[str] = []
     with Plugin(
-        socket_path=agent_path, log_interval_ms=50, log=lambda _lvl, m: lines.append(m), **FAST
+        socket_path=agent_path,
+        ring_size=16,
+        log_interval_ms=50,
+        log=lambda _lvl, m: lines.append(m),
+        **FAST,
     ) as plugin:
-        for i in range(1000):
+        # No agent: 16 wait in the ring for one, the rest have no room.
+        for i in range(1016):
             plugin.report_progress(1, 0, i)
         wait_until(lambda: any("dropped 1000 reports" in line for line in lines))
         for i in range(500):
@@ -230,5 +270,28 @@ def test_drops_are_logged_at_a_rate_limit(plugin_lib: Path, agent_path: Path) ->
         wait_until(lambda: any("dropped 500 reports" in line for line in lines))
     drop_lines = [line for line in lines if "dropped" in line]
     # One summary per burst, not one line per drop; connection failures once per streak.
-    assert len(drop_lines) == 2, drop_lines
+    # The last summary is finalize's: the 16 that waited in the ring for an agent.
+    assert len(drop_lines) == 3, drop_lines
+    assert "dropped 16 reports" in drop_lines[2] and "16 no agent" in drop_lines[2]
     assert sum("not reachable" in line for line in lines) == 1
+
+
+def test_agree_through_the_binding(plugin_lib: Path) -> None:
+    """The header's switch-point rules, as the library decides them (a pure call, no handle)."""
+    armed = SwitchVote(ops_done=10, switch_at=20, disabled_channels=0b11, epoch=3, kind=1)
+    idle = SwitchVote(ops_done=10)
+    everyone = agree([armed, armed, armed], 1)
+    assert (everyone.outcome, everyone.action) == (AgreeOutcome.APPLY, AgreeAction.COMMIT)
+    assert (everyone.epoch, everyone.switch_at, everyone.max_ops_done) == (3, 20, 10)
+    # One rank has not seen it yet but is below N: undecided, everyone stays armed.
+    assert agree([armed, idle, armed], 0).outcome == AgreeOutcome.WAIT
+    # That rank reached N without it: nobody applies it; who armed it answers TOO_LATE.
+    at_n = SwitchVote(ops_done=20)
+    late = [SwitchVote(20, 20, 0b11, 3, 1), at_n, SwitchVote(20, 20, 0b11, 3, 1)]
+    assert agree(late, 0).outcome == AgreeOutcome.REJECT
+    assert agree(late, 0).action == AgreeAction.TOO_LATE
+    assert agree(late, 1).action == AgreeAction.KEEP  # it had nothing to give up
+    with pytest.raises(PluginError, match="invalid"):
+        agree([], 0)
+    with pytest.raises(PluginError, match="invalid"):
+        agree([armed], 1)

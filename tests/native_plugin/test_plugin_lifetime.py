@@ -19,7 +19,7 @@ def test_dropped_plugin_keeps_its_log_callback_alive(plugin_lib: Path, tmp_path:
                    reconnect_max_ms=5, log_interval_ms=1, log=lambda lvl, msg: seen.append(msg))
         p.init()
         for _ in range(1000):
-            p.report_progress(1, 0, 1)  # dropped: no agent; the sender logs that
+            p.report_progress(1, 0, 1)  # queued for an agent; the sender logs failed connects
         del p
         gc.collect()
         time.sleep(0.5)  # the sender thread keeps retrying and logging meanwhile

@@ -26,6 +26,7 @@ C_STRUCTS = {
     wire.MsgType.HELLO: "railover_wire_hello",
     wire.MsgType.COMMAND: "railover_wire_command",
     wire.MsgType.ACK: "railover_wire_ack",
+    wire.MsgType.ACK_AT: "railover_wire_ack_at",
 }
 
 C_CONSTANTS = {
@@ -74,14 +75,23 @@ def c_program(keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-def test_header_matches_python(tmp_path: Path) -> None:
+# The header is C11 and C++17 (a CCL built on NCCL is C++): both must see the same layout.
+COMPILERS = [
+    pytest.param(["cc", "-std=c11", "-x", "c"], id="c11"),
+    pytest.param(["c++", "-std=c++17", "-x", "c++"], id="cxx17"),
+]
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_header_matches_python(compiler: list[str], tmp_path: Path) -> None:
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"needs {compiler[0]}")
     expected = python_layout()
     src = tmp_path / "layout.c"
     src.write_text(c_program(sorted(expected)))
     exe = tmp_path / "layout"
     subprocess.run(
-        ["cc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        [*compiler, "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
         check=True,
         capture_output=True,
         text=True,

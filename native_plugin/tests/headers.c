@@ -1,0 +1,33 @@
+/*
+ * Both public headers in one translation unit, compiled as C11 by gcc and as
+ * C++17 by g++ (-x c++), each with -Wall -Wextra -Werror -pedantic: a CCL
+ * (NCCL and everything built on it are C++) includes them as they are.
+ */
+#include "railover_plugin.h"
+#include "railover_wire.h"
+
+#ifdef __cplusplus
+static_assert(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes in C++ too");
+static_assert(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes in C++ too");
+#else
+_Static_assert(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes");
+_Static_assert(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes");
+#endif
+
+/* Every name a CCL uses, so a header that stops declaring one fails here. */
+unsigned long railover_header_check(const railoverPlugin_v1_t* api);
+unsigned long railover_header_check(const railoverPlugin_v1_t* api) {
+  railover_wire_ack_at ack = {1, RAILOVER_ACK_TOO_LATE, 2, 3};
+  railover_switch_vote_t vote = {0, 0, 0, 0, RAILOVER_CMD_REBALANCE};
+  railover_agreement_t out;
+  railover_agree_outcome_t outcome = RAILOVER_AGREE_APPLY;
+  railover_agree_action_t action = RAILOVER_ACT_COMMIT;
+  railover_status_t ok = RAILOVER_OK;
+  railover_config_t cfg;
+  cfg.rank = RAILOVER_RANK_UNKNOWN;
+  (void)cfg;
+  int rc = api->agree(&vote, 1, 0, &out);
+  return (unsigned long)rc + (unsigned long)ack.ops_done + (unsigned long)outcome +
+         (unsigned long)action + (unsigned long)ok + RAILOVER_MSG_ACK_AT +
+         RAILOVER_PLUGIN_ABI_VERSION + RAILOVER_WIRE_LARGEST_V1_PAYLOAD;
+}
