@@ -59,6 +59,9 @@ class AgentSettings(BaseSettings):
 
     poll_interval_s: float = Field(default=1.0, ge=0.05, le=3600)
     topology_interval_s: float = Field(default=60.0, ge=1, le=86_400)
+    # A collector's run that takes longer counts as failed (collector_success 0); each
+    # collector has its own thread, so one stuck read delays no other collector.
+    collector_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     metrics_host: str = "0.0.0.0"  # noqa: S104  # Prometheus scrapes the pod IP
     # 0 picks a free port (tests); the chosen one is logged.
     metrics_port: int = Field(default=9465, ge=0, le=65535)

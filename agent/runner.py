@@ -18,7 +18,7 @@ import httpx
 
 from agent import metrics
 from agent.client import Backoff, Rejected, ServiceClient, Unavailable
-from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorContext
+from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorContext, Supervisor
 from agent.config import AgentSettings
 from agent.events import Event
 from agent.health import HealthServer
@@ -48,6 +48,7 @@ class Agent:
         self.collectors: list[Collector] = [
             cls(self.ctx) for name, cls in REGISTRY.items() if name not in disabled
         ]
+        self.supervisor = Supervisor(self.collectors, self._collected)
         self.plugin_enabled = PLUGIN not in disabled
         for name in disabled:
             # A switched-off collector is neither failing nor succeeding.
@@ -58,7 +59,6 @@ class Agent:
         self.registered: str | None = None
         self._rejected_topology: str | None = None
         self.last_poll: float | None = None
-        self._next_due: dict[str, float] = {}
         self.metrics_port: int | None = None
         # asyncio.Event binds to a loop only when first awaited, so these can
         # be made here and stop() works even before run() has started.
@@ -88,10 +88,13 @@ class Agent:
                 self._plugin_server = PluginServer(s.socket, self.hub, s.socket_mode)
                 await self._plugin_server.start()
                 metrics.COLLECTOR_SUCCESS.labels(PLUGIN).set(1)
+            # Baselines first (port states, counters), so a change after "ready" is an event.
+            await self.supervisor.first_round()
             await self._poll_once()
             self._ready.set()
             try:
                 async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self.supervisor.run(), name="collectors")
                     tg.create_task(self._poll_loop(), name="poll")
                     tg.create_task(self._report_loop(), name="report")
                     if self.plugin_enabled:
@@ -108,6 +111,7 @@ class Agent:
         raise _Stop
 
     async def _shutdown(self) -> None:
+        self.supervisor.close()
         if self.hub is not None:
             # Keep the last progress samples; they are cheap and the next start sends them.
             self._spool_events(self.hub.take_progress())
@@ -136,37 +140,17 @@ class Agent:
         if events:
             self._wake.set()
 
-    def _run_due(self, due: list[Collector]) -> Collected:
-        """Runs in a worker thread: a wedged sysfs read must not freeze the socket."""
-        merged = Collected()
-        for c in due:
-            start = time.perf_counter()
-            try:
-                got = c.collect()
-            except Exception:
-                log.exception("collector %s failed", c.name)
-                metrics.COLLECTOR_SUCCESS.labels(c.name).set(0)
-            else:
-                metrics.COLLECTOR_SUCCESS.labels(c.name).set(1)
-                merged.events.extend(got.events)
-                merged.state.update(got.state)
-            finally:
-                metrics.COLLECTOR_DURATION.labels(c.name).set(time.perf_counter() - start)
-        return merged
+    def _collected(self, c: Collector, got: Collected) -> None:
+        """A collector's run returned (on the loop): spool what it found at once."""
+        self._spool_events(got.events, got.state)
+        if got.topology is not None and got.topology.fingerprint() != self.registered:
+            self._wake.set()
 
     async def _poll_once(self) -> None:
-        now = time.monotonic()
-        due = [c for c in self.collectors if self._next_due.get(c.name, 0.0) <= now]
-        for c in due:
-            self._next_due[c.name] = now + c.interval_s()
-        got = await asyncio.to_thread(self._run_due, due)
+        """The agent's own tick: progress from the plugin, expiring commands, liveness."""
         if self.hub is not None:
-            got.events.extend(self.hub.take_progress())
+            self._spool_events(self.hub.take_progress())
             self.hub.deliver_pending()  # expires commands nobody took
-        self._spool_events(got.events, got.state)
-        topo = self.ctx.topology
-        if topo is not None and topo.fingerprint() != self.registered:
-            self._wake.set()
         self.last_poll = time.monotonic()
 
     async def _poll_loop(self) -> None:
@@ -189,7 +173,7 @@ class Agent:
         return body
 
     async def _register_if_needed(self) -> bool:
-        topo = self.ctx.topology
+        topo = self.supervisor.topology
         if topo is None:
             return True
         fp = topo.fingerprint()

@@ -65,20 +65,21 @@ def poll_cost(root: Path, rails: Path, work: Path, n: int = 300) -> dict[str, fl
         spool_dir=work / "spool-inproc",
     )
     ctx = CollectorContext(settings, load_rail_map(rails), lambda _k: None)
-    TopologyCollector(ctx).collect()
+    topo = TopologyCollector(ctx).collect(None).topology
+    assert topo is not None
     collectors = [PortsCollector(ctx), CountersCollector(ctx), PcieCollector(ctx)]
     for c in collectors:
-        c.collect()
+        c.collect(topo)
     times = []
     for _ in range(n):
         t = time.perf_counter()
         for c in collectors:
-            c.collect()
+            c.collect(topo)
         times.append(time.perf_counter() - t)
     return {
         "poll_p50_us": _pct(times, 0.5) * 1e6,
         "poll_p99_us": _pct(times, 0.99) * 1e6,
-        "rnic_ports": len(ctx.rnic_ports()),
+        "rnic_ports": len(topo.rnic_ports()),
     }
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from agent.collectors import counters, pcie, ports, topology
 from agent.collectors.base import REGISTRY, Collected, Collector, CollectorContext, register
+from agent.collectors.supervise import Supervisor
 
 __all__ = [
     "REGISTRY",
     "Collected",
     "Collector",
     "CollectorContext",
+    "Supervisor",
     "counters",
     "pcie",
     "ports",

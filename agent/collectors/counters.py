@@ -17,6 +17,7 @@ import os
 
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_int, read_attr
+from agent.topology import Topology
 
 STATE_KEY = "counters"
 GROUPS = ("counters", "hw_counters")
@@ -84,10 +85,10 @@ class CountersCollector(Collector):
         self._paths[(dev, port)] = found
         return found
 
-    def collect(self) -> Collected:
+    def collect(self, topology: Topology | None) -> Collected:
         out = Collected()
         changed = False
-        ports = self.ctx.rnic_ports()
+        ports = self.rnic_ports(topology)
         for stale in set(self._paths) - set(ports):
             del self._paths[stale]
         for dev, port in ports:

@@ -7,6 +7,7 @@ from typing import Any
 
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_int, parse_link_speed, read_attr
+from agent.topology import Topology
 
 STATE_KEY = "pcie"
 
@@ -22,10 +23,10 @@ class PcieCollector(Collector):
         self.degraded: dict[str, str] = dict(saved) if isinstance(saved, dict) else {}
         self.bus = os.path.join(ctx.settings.sysfs_root, "bus", "pci", "devices")
 
-    def _devices(self) -> list[tuple[str, dict[str, Any]]]:
-        topo = self.ctx.topology
+    @staticmethod
+    def _devices(topo: Topology | None) -> list[tuple[str, dict[str, Any]]]:
         if topo is None:
-            return []
+            return []  # PCIe places come from discovery; nothing to watch before it
         out: list[tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
         for r in topo.rnics:
@@ -36,10 +37,10 @@ class PcieCollector(Collector):
             out.append((g.pci, {"detail_gpu": g.index}))
         return out
 
-    def collect(self) -> Collected:
+    def collect(self, topology: Topology | None) -> Collected:
         out = Collected()
         changed = False
-        for pci, who in self._devices():
+        for pci, who in self._devices(topology):
             d = os.path.join(self.bus, pci)
             cw = parse_int(read_attr(os.path.join(d, "current_link_width")))
             mw = parse_int(read_attr(os.path.join(d, "max_link_width")))

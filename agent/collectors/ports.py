@@ -7,6 +7,7 @@ import os
 from agent import metrics
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_state, read_attr
+from agent.topology import Topology
 
 STATE_KEY = "ports"
 
@@ -23,10 +24,10 @@ class PortsCollector(Collector):
         self.last: dict[str, str] = dict(saved) if isinstance(saved, dict) else {}
         self.base = os.path.join(ctx.settings.sysfs_root, "class", "infiniband")
 
-    def collect(self) -> Collected:
+    def collect(self, topology: Topology | None) -> Collected:
         out = Collected()
         changed = False
-        for dev, port in self.ctx.rnic_ports():
+        for dev, port in self.rnic_ports(topology):
             pdir = os.path.join(self.base, dev, "ports", str(port))
             state = parse_state(read_attr(os.path.join(pdir, "state")))
             if state is None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +15,17 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from agent.collectors import REGISTRY as COLLECTORS
-from agent.collectors.base import CollectorContext
+from agent.collectors.base import Collected, CollectorContext
 from agent.collectors.counters import CountersCollector, counter_delta, saturation_value
 from agent.collectors.pcie import PcieCollector
 from agent.collectors.ports import PortsCollector
+from agent.collectors.supervise import Supervisor
 from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.railmap import RailMapError, load_rail_map
 from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state
+from agent.topology import Topology
+from railover_testing.agents import AgentThread, StandInService, settings_for, wait_until
 from railover_testing.sysfs_fixture import (
     FixtureNode,
     bump_counter,
@@ -32,7 +38,8 @@ from railover_testing.sysfs_fixture import (
 
 def _ctx(
     node: FixtureNode, tmp_path: Path, state: dict[str, Any] | None = None
-) -> CollectorContext:
+) -> tuple[CollectorContext, Topology]:
+    """A context for collectors on ``node``'s tree, and the snapshot discovery takes of it."""
     settings = AgentSettings(
         service_url="http://127.0.0.1:1",
         node_name="n0",
@@ -42,8 +49,9 @@ def _ctx(
     )
     saved = state if state is not None else {}
     ctx = CollectorContext(settings, {}, saved.get)
-    TopologyCollector(ctx).collect()
-    return ctx
+    topo = TopologyCollector(ctx).collect(None).topology
+    assert topo is not None
+    return ctx, topo
 
 
 @pytest.mark.parametrize(
@@ -104,13 +112,13 @@ def test_counter_delta_is_never_negative_nor_larger_than_value(prev: int, cur: i
 
 
 def test_port_down_and_up(node_a: FixtureNode, tmp_path: Path) -> None:
-    ctx = _ctx(node_a, tmp_path)
+    ctx, topo = _ctx(node_a, tmp_path)
     ports = PortsCollector(ctx)
-    first = ports.collect()
+    first = ports.collect(topo)
     assert first.events == []  # baseline: the registration carries the state
     assert set(first.state["ports"].values()) == {"ACTIVE"}
     set_port_state(node_a.root, "mlx5_2", 1, "DOWN")
-    got = ports.collect()
+    got = ports.collect(topo)
     assert [(e["kind"], e["device"], e["port"]) for e in got.events] == [("port_down", "mlx5_2", 1)]
     assert got.events[0]["detail"] == {
         "state": "DOWN",
@@ -118,11 +126,11 @@ def test_port_down_and_up(node_a: FixtureNode, tmp_path: Path) -> None:
         "phys_state": "Disabled",
     }
     assert got.state["ports"]["mlx5_2/1"] == "DOWN"
-    assert ports.collect().events == []  # no repeat while it stays down
+    assert ports.collect(topo).events == []  # no repeat while it stays down
     set_port_state(node_a.root, "mlx5_2", 1, "INIT")
-    assert ports.collect().events == []  # still not ACTIVE
+    assert ports.collect(topo).events == []  # still not ACTIVE
     set_port_state(node_a.root, "mlx5_2", 1, "ACTIVE")
-    up = ports.collect().events
+    up = ports.collect(topo).events
     assert [e["kind"] for e in up] == ["port_up"]
     assert (
         REGISTRY.get_sample_value("railover_agent_port_active", {"device": "mlx5_2", "port": "1"})
@@ -131,67 +139,67 @@ def test_port_down_and_up(node_a: FixtureNode, tmp_path: Path) -> None:
 
 
 def test_port_state_survives_restart(node_a: FixtureNode, tmp_path: Path) -> None:
-    ctx = _ctx(node_a, tmp_path)
-    saved = PortsCollector(ctx).collect().state
+    ctx, topo = _ctx(node_a, tmp_path)
+    saved = PortsCollector(ctx).collect(topo).state
     # Agent away; the port goes down meanwhile; the new agent must still report it.
     set_port_state(node_a.root, "mlx5_5", 1, "DOWN")
-    again = PortsCollector(_ctx(node_a, tmp_path, saved))
-    assert [e["kind"] for e in again.collect().events] == ["port_down"]
+    again = PortsCollector(_ctx(node_a, tmp_path, saved)[0])
+    assert [e["kind"] for e in again.collect(topo).events] == ["port_down"]
 
 
 def test_counters(node_a: FixtureNode, tmp_path: Path) -> None:
-    ctx = _ctx(node_a, tmp_path)
+    ctx, topo = _ctx(node_a, tmp_path)
     c = CountersCollector(ctx)
-    assert c.collect().events == []
+    assert c.collect(topo).events == []
     bump_counter(node_a.root, "mlx5_0", 1, "link_downed", 3)
     bump_counter(node_a.root, "mlx5_0", 1, "local_ack_timeout_err", 7)  # in hw_counters
     bump_counter(node_a.root, "mlx5_0", 1, "port_xmit_data", 10**9)  # traffic: not watched
-    evs = c.collect().events
+    evs = c.collect(topo).events
     got = sorted((e["counter"], e["delta"], e["detail"]["group"]) for e in evs)
     assert got == [("link_downed", 3, "counters"), ("local_ack_timeout_err", 7, "hw_counters")]
     assert all(e["kind"] == "counter" and e["device"] == "mlx5_0" for e in evs)
-    assert c.collect().events == []
+    assert c.collect(topo).events == []
     # Saturation: the 8-bit link_downed sticks at 255.
     set_counter(node_a.root, "mlx5_0", 1, "link_downed", 255)
-    (ev,) = c.collect().events
+    (ev,) = c.collect(topo).events
     assert (ev["delta"], ev["detail"]["saturated"]) == (252, True)
     # Reset by an operator: delta is the new count.
     set_counter(node_a.root, "mlx5_0", 1, "link_downed", 2)
-    (ev,) = c.collect().events
+    (ev,) = c.collect(topo).events
     assert (ev["delta"], ev["detail"]["reset"]) == (2, True)
 
 
 def test_counters_skip_no_pma(node_a: FixtureNode, tmp_path: Path) -> None:
-    ctx = _ctx(node_a, tmp_path)
+    ctx, topo = _ctx(node_a, tmp_path)
     c = CountersCollector(ctx)
-    c.collect()
+    c.collect(topo)
     # mlx5_8 is RoCE: link_downed reads "N/A (no PMA)" and is never an event.
     keys = [k for k in c.last if k.startswith("mlx5_8/")]
     assert "mlx5_8/1/link_downed" not in keys
     assert "mlx5_8/1/req_cqe_error" in keys
     bump_counter(node_a.root, "mlx5_8", 1, "req_cqe_error", 1)
-    assert [e["counter"] for e in c.collect().events] == ["req_cqe_error"]
+    assert [e["counter"] for e in c.collect(topo).events] == ["req_cqe_error"]
 
 
 def test_pcie_degrade(node_a: FixtureNode, tmp_path: Path) -> None:
-    ctx = _ctx(node_a, tmp_path)
+    ctx, topo = _ctx(node_a, tmp_path)
     p = PcieCollector(ctx)
-    assert p.collect().events == []
+    assert p.collect(topo).events == []
     rnic = node_a.rnic("mlx5_4")
     degrade_pcie_link(node_a.root, rnic.pci, width=8)
-    (ev,) = p.collect().events
+    (ev,) = p.collect(topo).events
     assert ev["kind"] == "pcie_degraded"
     assert ev["device"] == "mlx5_4"
     assert ev["detail"]["current_width"] == 8 and ev["detail"]["max_width"] == 16
-    assert p.collect().events == []
+    assert p.collect(topo).events == []
     degrade_pcie_link(node_a.root, rnic.pci, speed="16.0 GT/s PCIe")
-    (ev,) = p.collect().events  # trained down further: a new event
+    (ev,) = p.collect(topo).events  # trained down further: a new event
     assert ev["detail"]["current_speed_gts"] == 16.0
     restore_pcie_link(node_a.root, rnic.pci)
-    assert p.collect().events == []
+    assert p.collect(topo).events == []
     gpu = node_a.gpus[3]
     degrade_pcie_link(node_a.root, gpu.pci, width=4)
-    (ev,) = p.collect().events
+    (ev,) = p.collect(topo).events
     assert "device" not in ev and ev["detail"]["gpu"] == 3
 
 
@@ -216,3 +224,111 @@ def test_rail_map_files(tmp_path: Path) -> None:
     bad.write_text("[1, 2")
     with pytest.raises(RailMapError, match="not valid"):
         load_rail_map(bad)
+
+
+# --- the topology snapshot and the supervisor ------------------------------------------------
+
+
+def test_collectors_read_the_snapshot_they_are_given(node_a: FixtureNode, tmp_path: Path) -> None:
+    ctx, topo = _ctx(node_a, tmp_path)
+    with pytest.raises(FrozenInstanceError):
+        topo.rnics = ()  # type: ignore[misc]  # a snapshot is a value: it cannot change under a run
+    without = Topology(gpus=topo.gpus, rnics=tuple(r for r in topo.rnics if r.name != "mlx5_2"))
+    ports = PortsCollector(ctx)
+    ports.collect(without)
+    set_port_state(node_a.root, "mlx5_2", 1, "DOWN")
+    set_port_state(node_a.root, "mlx5_0", 1, "DOWN")
+    # Only the ports of the snapshot this run was handed are read.
+    assert [e["device"] for e in ports.collect(without).events] == ["mlx5_0"]
+    # PCIe places come from discovery: no snapshot yet, nothing watched; with one, seen.
+    pcie = PcieCollector(ctx)
+    degrade_pcie_link(node_a.root, node_a.rnic("mlx5_4").pci, width=8)
+    assert pcie.collect(None).events == []
+    assert [e["device"] for e in pcie.collect(topo).events] == ["mlx5_4"]
+
+
+def test_first_round_discovers_before_the_others_whatever_the_order(
+    node_a: FixtureNode, tmp_path: Path
+) -> None:
+    ctx, _ = _ctx(node_a, tmp_path)
+    degrade_pcie_link(node_a.root, node_a.rnic("mlx5_4").pci, width=8)
+    delivered: list[tuple[str, Collected]] = []
+    # Topology listed last, as registration (import) order happens to put it.
+    supervisor = Supervisor(
+        [PcieCollector(ctx), PortsCollector(ctx), TopologyCollector(ctx)],
+        lambda c, got: delivered.append((c.name, got)),
+    )
+    try:
+        asyncio.run(supervisor.first_round())
+    finally:
+        supervisor.close()
+    assert next(name for name, _ in delivered) == "topology"
+    assert supervisor.topology is not None and len(supervisor.topology.rnics) == 10
+    (pcie,) = [got for name, got in delivered if name == "pcie"]
+    # The PCIe collector had the snapshot on its very first run.
+    assert [e["kind"] for e in pcie.events] == ["pcie_degraded"]
+    for name in ("topology", "pcie", "ports"):
+        assert (
+            REGISTRY.get_sample_value("railover_agent_collector_success", {"collector": name}) == 1
+        )
+
+
+class _WedgedAttribute:
+    """A sysfs attribute that blocks its readers in open(), as a hung driver's would.
+
+    A FIFO does exactly that until a writer opens it; ``release`` opens one (which
+    lets a blocked reader through, to read end-of-file) and puts a plain file back.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.text = path.read_text()
+        path.unlink()
+        os.mkfifo(path)
+        self.released = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        try:
+            fd: int | None = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            fd = None  # no reader blocked right now
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(self.text)
+        tmp.replace(self.path)
+        if fd is not None:
+            os.close(fd)
+
+
+def _success(name: str) -> float | None:
+    return REGISTRY.get_sample_value("railover_agent_collector_success", {"collector": name})
+
+
+def test_a_stuck_read_times_out_its_collector_and_port_down_still_arrives(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, standin: StandInService
+) -> None:
+    settings = settings_for(node_a.root, tmp_path, standin.url, rail_map_a, collector_timeout_s=0.5)
+    agent = AgentThread(settings).start()
+    attr = node_a.root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+    wedged = _WedgedAttribute(attr.resolve() / "link_downed")
+    try:
+        # The counters collector's next run opens the FIFO and never returns by itself.
+        assert wait_until(lambda: _success("counters") == 0.0, timeout=20)
+        set_port_state(node_a.root, "mlx5_3", 1, "DOWN")
+        assert standin.wait_for(
+            lambda st: any(
+                e["kind"] == "port_down" and e["device"] == "mlx5_3" for e in st.events.values()
+            ),
+            timeout=20,
+        )
+        # Port-down went through while the counters read was still stuck.
+        assert _success("counters") == 0.0
+        assert _success("ports") == 1.0
+        wedged.release()
+        # Its stuck run returns, and the runs after it succeed again.
+        assert wait_until(lambda: _success("counters") == 1.0, timeout=20)
+    finally:
+        wedged.release()
+        agent.stop()
