@@ -95,6 +95,9 @@ class Supervisor:
         self._workers = {c.name: _Worker(c.name) for c in self.collectors}
         self._running: dict[str, asyncio.Future[Collected]] = {}
         self._skipping: set[str] = set()  # stuck collectors whose skips were logged
+        # Delivering (the spool) failed: a broken host, not a collector's fault. It
+        # ends run(), and with it the agent, as any other loop's failure does.
+        self._broken: BaseException | None = None
 
     def close(self) -> None:
         """Lets the worker threads end; a stuck one ends with the process."""
@@ -136,7 +139,10 @@ class Supervisor:
             got = f.result()
             if c.provides_topology and got.topology is not None:
                 self.topology = got.topology
-            self._deliver(c, got)
+            try:
+                self._deliver(c, got)
+            except Exception as err:
+                self._broken = err
 
         fut.add_done_callback(finished)
         # asyncio.wait, not wait_for: it leaves the run alone on timeout, and (unlike
@@ -149,6 +155,11 @@ class Supervisor:
             return
         # Let the done callback (scheduled with the result) run before returning.
         await asyncio.sleep(0)
+        self._raise_if_broken()
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise self._broken
 
     async def first_round(self) -> None:
         """Start-up: discover the topology first, then every other collector at once."""
@@ -170,6 +181,7 @@ class Supervisor:
         next_tick = time.monotonic() + interval
         while True:
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+            self._raise_if_broken()  # also what a late run of another collector found
             await self.run_once(c)
             next_tick += interval
             if next_tick < time.monotonic():
