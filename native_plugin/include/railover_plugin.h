@@ -155,8 +155,8 @@ typedef struct {
  * ReCCL performs with its periodic AllGather of RNIC state and ops_done.
  * Here ops_done counts collectives on comm_id in which every rank of comm_id
  * takes part, so no rank can complete collective N+1 while another holds at
- * N. Per communicator, a rank keeps at most one armed command (not yet
- * decided) and at most one decided one (waiting for N):
+ * N. Per communicator, a rank keeps at most one armed command (proposed,
+ * not yet decided) and the decided ones until their N comes:
  *
  * 1. Arm, on taking a command with poll_command:
  *    - ops_done == 0 means now: apply it at once and ack APPLIED; there is
@@ -202,17 +202,18 @@ typedef struct {
  * ops_done <= N; each such rank then holds at N (rule 4) until the outcome,
  * which every rank computes alike, so all of them switch at N. A rank that
  * was too late never votes E (rule 1), so no round says APPLY and nobody
- * switches; it votes nothing at an ops_done >= N, which every rank reads as
- * REJECT, and nobody waits forever.
+ * switches; its votes without E are at an ops_done >= N, which every rank
+ * reads as REJECT, so nobody holds for ever either.
  *
  * One rank's contribution to a round. All fields are plain values, 32 bytes,
  * no padding, so a CCL can AllGather an array of them as bytes. Zero
  * everything but ops_done when nothing is armed.
  */
 typedef struct {
-  uint64_t ops_done;          /* the count at which this rank acts on the outcome: its
-                               * ops_done when the round completes (for a round fused
-                               * into collective k+1, k+1) */
+  uint64_t ops_done;          /* this rank's ops_done for the round: when it contributes,
+                               * for a round run beside the collectives; k+1 for a round
+                               * fused into collective k+1 (the count at which it will
+                               * act on the outcome) */
   uint64_t switch_at;         /* armed command's ops_done (N); 0 = nothing armed */
   uint64_t disabled_channels; /* armed command's disabled_channels */
   uint32_t epoch;             /* armed command's epoch; 0 = nothing armed */
