@@ -29,6 +29,7 @@ MESSAGES: st.SearchStrategy[wire.Message] = st.one_of(
     st.builds(wire.Command, command_id=U64, comm_id=U64, ops_done=U64,
               disabled_channels=U64, kind=U32, epoch=U32),
     st.builds(wire.Ack, command_id=U64, status=I32, pid=U32),
+    st.builds(wire.AckAt, command_id=U64, status=I32, pid=U32, ops_done=U64),
 )  # fmt: skip
 
 MAX_FRAME = wire.HEADER_SIZE + wire.MAX_PAYLOAD
@@ -51,6 +52,11 @@ def test_known_bytes() -> None:
     frame = wire.encode(wire.Ack(command_id=7, status=-3, pid=42))
     assert frame == (
         bytes.fromhex("524c5652010011001000000000000000") + struct.pack("<QiI", 7, -3, 42)
+    )
+    # Type 18: the same answer with the rank's ops_done after it, 24 bytes of payload.
+    frame = wire.encode(wire.AckAt(command_id=7, status=-3, pid=42, ops_done=1017))
+    assert frame == (
+        bytes.fromhex("524c5652010012001800000000000000") + struct.pack("<QiIQ", 7, -3, 42, 1017)
     )
 
 
