@@ -327,3 +327,17 @@ def test_unknown_command_kind_is_acked_failed(
     )
     (body,) = [b for cid, b in standin.state.acks if cid == 31]
     assert "no wire encoding" in body["detail"]
+
+
+def test_an_answer_with_ops_done_is_relayed_with_it(
+    running: AgentThread, standin: StandInService
+) -> None:
+    # ack_command_at's frame (ACK_AT): the same answer, plus how far the rank was.
+    s = _connect(running)
+    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    s.sendall(wire.encode(wire.AckAt(command_id=17, status=-3, pid=10, ops_done=1234)))
+    assert standin.wait_for(lambda st: any(b["status"] == "failed" for _, b in st.acks))
+    (ack,) = [b for cid, b in standin.state.acks if cid == 17]
+    assert ack["rank"] == 3
+    assert ack["detail"] == "too_late at ops_done 1234 (pid 10)"
+    s.close()
