@@ -1,8 +1,16 @@
-"""`railover`: run the service, manage tokens, play the demo, plan with the tools."""
+"""`railover`: run the service, manage tokens, play the demo, plan with the tools.
+
+Expected failures (a bad setting or store URL, a store that cannot be reached, a port
+in use, an output path that cannot be written) end in one or two lines on stderr,
+the problem and then its fix, and exit status 2. A traceback means a bug, or that
+`--debug` was given.
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -10,8 +18,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
-from scheduler_svc.config import Settings, is_loopback
+from scheduler_svc import __version__
+from scheduler_svc.config import Settings, describe_errors, is_loopback, service_variable_warnings
+from scheduler_svc.console import CliError
 from scheduler_svc.planning import cli as planning_cli
 from scheduler_svc.schemas import Role
 
@@ -20,12 +31,39 @@ app = typer.Typer(
     help="Railover: cluster-wide RDMA NIC failover decisions for GPU training jobs.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Store maintenance.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 planning_cli.register(app)
+
+_debug = False
+_store_shown = "(as given)"
+# The flags that set a setting, so an error names what the user typed.
+FLAGS = {"db_url": "--db", "host": "--host", "port": "--port"}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"railover {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks for the failures explained in a line.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    global _debug  # noqa: PLW0603  # one process, one command line
+    _debug = debug
+
 
 DbOpt = Annotated[
     str | None,
@@ -37,7 +75,30 @@ def _settings(db: str | None = None, **overrides: object) -> Settings:
     values = {k: v for k, v in overrides.items() if v is not None}
     if db is not None:
         values["db_url"] = db
-    return Settings(**values)  # type: ignore[arg-type]  # validated by pydantic at run time
+    for warning in service_variable_warnings():
+        typer.echo(f"railover: warning: {warning}", err=True)
+    try:
+        settings = Settings(**values)  # type: ignore[arg-type]  # validated by pydantic
+    except ValidationError as exc:
+        lines = describe_errors(exc, Settings)
+        for field, flag in FLAGS.items():
+            var = f"RAILOVER_{field.upper()}"
+            lines = [f"{flag}/{line}" if line.startswith(var) else line for line in lines]
+        raise CliError(
+            "; ".join(lines), "`railover config` lists every setting with its type and default"
+        ) from exc
+    global _store_shown  # noqa: PLW0603  # named by the error a failing store raises later
+    _store_shown = _without_password(settings.db_url)
+    return settings
+
+
+def _without_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL is refused when it is used; show none of it
+        return "(as given)"
 
 
 @app.command()
@@ -69,12 +130,41 @@ def serve(
         raise typer.Exit(2)
     if not is_loopback(settings.host):
         settings = settings.model_copy(update={"allow_anonymous_loopback": False})
-    uvicorn.run(
+    listener = _listen(settings.host, settings.port)
+    config = uvicorn.Config(
         create_app(settings, migrate=False),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
     )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn does, so a port in use is said in two lines, not a traceback."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except socket.gaierror as exc:
+        raise CliError(
+            f"cannot listen on {host}: {exc.strerror}",
+            "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"port {port} on {host} is in use by another program",
+                "stop it, or choose another port: --port N or RAILOVER_PORT",
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise CliError(
+                f"no permission to listen on port {port}",
+                "use a port above 1023: --port N or RAILOVER_PORT",
+            ) from exc
+        raise CliError(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
+        ) from exc
 
 
 @token_app.command("create")
@@ -180,5 +270,47 @@ def _load_demo() -> Callable[..., int]:
     return run_demo
 
 
+@app.command("config")
+def config_command(
+    markdown: Annotated[bool, typer.Option(help="Print the README's Markdown tables.")] = False,
+) -> None:
+    """List every setting of the service and the agent: variable, type, default, meaning."""
+    from scheduler_svc import settings_doc
+
+    if markdown:
+        typer.echo(settings_doc.markdown(), nl=False)
+        return
+    for program, cls in settings_doc.settings_classes():
+        typer.echo(f"{program} (variable  type  [default]):\n")
+        for doc in settings_doc.describe(cls):
+            typer.echo(f"{doc.variable}  {doc.type}  [{doc.default}]\n    {doc.meaning}")
+        typer.echo("")
+
+
 def main() -> None:
-    app()
+    """The console script: a line for each expected failure, a traceback for bugs."""
+    try:
+        app()
+    except Exception as exc:  # sorted below; anything unexpected is re-raised
+        problem = _expected(exc)
+        if problem is None or _debug:
+            raise
+        typer.echo(f"railover: {problem.problem}", err=True)
+        typer.echo(f"  fix: {problem.fix}", err=True)
+        sys.exit(2)
+
+
+def _expected(exc: Exception) -> CliError | None:
+    """The one-line explanation of a failure a user can fix, or None for a bug."""
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, OperationalError):
+        first = str(exc.orig or exc).strip().splitlines()[0]
+        return CliError(
+            f"the store {_store_shown} cannot be reached or opened: {first}",
+            "check that the database runs and that --db or RAILOVER_DB_URL names it "
+            "(user, host, database)",
+        )
+    return None
