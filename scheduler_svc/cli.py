@@ -20,9 +20,9 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from scheduler_svc import __version__
+from scheduler_svc import __version__, console
 from scheduler_svc.config import Settings, describe_errors, is_loopback, service_variable_warnings
-from scheduler_svc.console import CliError
+from scheduler_svc.console import refuse
 from scheduler_svc.planning import cli as planning_cli
 from scheduler_svc.schemas import Role
 
@@ -39,7 +39,6 @@ app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 planning_cli.register(app)
 
-_debug = False
 _store_shown = "(as given)"
 # The flags that set a setting, so an error names what the user typed.
 FLAGS = {"db_url": "--db", "host": "--host", "port": "--port"}
@@ -61,8 +60,7 @@ def _main(
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    global _debug  # noqa: PLW0603  # one process, one command line
-    _debug = debug
+    console.debug = debug
 
 
 DbOpt = Annotated[
@@ -84,9 +82,7 @@ def _settings(db: str | None = None, **overrides: object) -> Settings:
         for field, flag in FLAGS.items():
             var = f"RAILOVER_{field.upper()}"
             lines = [f"{flag}/{line}" if line.startswith(var) else line for line in lines]
-        raise CliError(
-            "; ".join(lines), "`railover config` lists every setting with its type and default"
-        ) from exc
+        refuse("; ".join(lines), "`railover config` lists every setting with its type and default")
     global _store_shown  # noqa: PLW0603  # named by the error a failing store raises later
     _store_shown = _without_password(settings.db_url)
     return settings
@@ -115,6 +111,8 @@ def serve(
     from scheduler_svc.store.repositories import TokenRepo
 
     settings = _settings(db, host=host, port=port)
+    # Bound (not yet listening) before the store is touched: a port in use is said first.
+    listener = _bind(settings.host, settings.port)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
@@ -130,7 +128,6 @@ def serve(
         raise typer.Exit(2)
     if not is_loopback(settings.host):
         settings = settings.model_copy(update={"allow_anonymous_loopback": False})
-    listener = _listen(settings.host, settings.port)
     config = uvicorn.Config(
         create_app(settings, migrate=False),
         host=settings.host,
@@ -140,31 +137,40 @@ def serve(
     uvicorn.Server(config).run(sockets=[listener])
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """Bind before uvicorn does, so a port in use is said in two lines, not a traceback."""
+def _bind(host: str, port: int) -> socket.socket:
+    """The service's socket, bound but not listening (uvicorn listens on it).
+
+    Binding here rather than in uvicorn says a port in use in two lines, not a traceback.
+    """
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
     except socket.gaierror as exc:
-        raise CliError(
+        refuse(
             f"cannot listen on {host}: {exc.strerror}",
             "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
-        ) from exc
+        )
+    try:
+        # As uvicorn would: a port left in TIME_WAIT by a previous run is not "in use".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        return sock
     except OSError as exc:
+        sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise CliError(
+            refuse(
                 f"port {port} on {host} is in use by another program",
                 "stop it, or choose another port: --port N or RAILOVER_PORT",
-            ) from exc
+            )
         if exc.errno == errno.EACCES:
-            raise CliError(
+            refuse(
                 f"no permission to listen on port {port}",
                 "use a port above 1023: --port N or RAILOVER_PORT",
-            ) from exc
-        raise CliError(
+            )
+        refuse(
             f"cannot listen on {host}:{port}: {exc.strerror}",
             "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
-        ) from exc
+        )
 
 
 @token_app.command("create")
@@ -248,7 +254,15 @@ def demo(
     keep_running: Annotated[bool, typer.Option(help="Leave the service up afterwards")] = False,
 ) -> None:
     """Start the service on SQLite, inject faults into a small cluster and show the decisions."""
+    from native_plugin.binding import library_path
+
     run_demo = _load_demo()
+    # Said before a cluster is built, not as a traceback from the first simulated rank.
+    if not library_path().is_file():
+        refuse(
+            f"the native plugin library {library_path()} is not built",
+            "make -C native_plugin (or `make demo`, which builds it)",
+        )
     raise typer.Exit(run_demo(keep_running=keep_running))
 
 
@@ -259,12 +273,10 @@ def _load_demo() -> Callable[..., int]:
     except ModuleNotFoundError:
         checkout = Path(__file__).resolve().parents[1]
         if not (checkout / "railover_testing" / "demo.py").is_file():
-            typer.echo(
-                "railover demo runs from a source checkout: clone the repository and run "
-                "`make demo`",
-                err=True,
+            refuse(
+                "railover demo runs from a source checkout, not from an installed wheel",
+                "clone the repository and run `make demo`",
             )
-            raise typer.Exit(2) from None
         sys.path.insert(0, str(checkout))
         from railover_testing.demo import run_demo
     return run_demo
@@ -288,29 +300,18 @@ def config_command(
 
 
 def main() -> None:
-    """The console script: a line for each expected failure, a traceback for bugs."""
-    try:
-        app()
-    except Exception as exc:  # sorted below; anything unexpected is re-raised
-        problem = _expected(exc)
-        if problem is None or _debug:
-            raise
-        typer.echo(f"railover: {problem.problem}", err=True)
-        typer.echo(f"  fix: {problem.fix}", err=True)
-        sys.exit(2)
-
-
-def _expected(exc: Exception) -> CliError | None:
-    """The one-line explanation of a failure a user can fix, or None for a bug."""
+    """The console script: two lines for each expected failure, a traceback for bugs."""
     from sqlalchemy.exc import OperationalError
 
-    if isinstance(exc, CliError):
-        return exc
-    if isinstance(exc, OperationalError):
+    try:
+        app()
+    except OperationalError as exc:  # raised from deep in any command that opens the store
+        if console.debug:
+            raise
         first = str(exc.orig or exc).strip().splitlines()[0]
-        return CliError(
+        console.explain(
             f"the store {_store_shown} cannot be reached or opened: {first}",
             "check that the database runs and that --db or RAILOVER_DB_URL names it "
             "(user, host, database)",
         )
-    return None
+        sys.exit(2)

@@ -202,8 +202,23 @@ def test_plot_with_an_unknown_suffix(tmp_path: Path) -> None:
 # --- --debug ------------------------------------------------------------------------
 
 
+def test_bad_planning_value_is_two_lines_naming_the_flag(tmp_path: Path) -> None:
+    r = run(RAILOVER, "analytic", "--k", "1.2,0.5", tmp=tmp_path)
+    refused(r, "--k", "0.5", "railover analytic --help")
+
+
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     r = run(RAILOVER, "--debug", "serve", "--db", "mysql://u@db/x", tmp=tmp_path)
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert "Traceback" in r.stderr
     assert "ValidationError" in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("  fix:")
+    store = run(
+        RAILOVER, "--debug", "db", "upgrade", "--db", "postgresql://u@127.0.0.1:1/x", tmp=tmp_path
+    )
+    assert "Traceback" in store.stderr and "OperationalError" in store.stderr
+
+
+def test_demo_without_the_plugin_built(tmp_path: Path) -> None:
+    r = run(RAILOVER, "demo", tmp=tmp_path, RAILOVER_PLUGIN_LIB=str(tmp_path / "missing.so"))
+    refused(r, "missing.so", "is not built", "make -C native_plugin")

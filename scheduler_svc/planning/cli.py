@@ -2,8 +2,9 @@
 
 Every command takes its parameters from flags, from a YAML file (`--config`,
 same keys as the flags with underscores; flags win), or from the defaults,
-which are the ReCCL paper's setup. Bad values exit with status 2 and name the
-flag. Each prints the parameters it used, as a table or inside `--json`.
+which are the ReCCL paper's setup. Bad values exit with status 2 and two lines,
+the flag with its problem and where to read more. Each prints the parameters it
+used, as a table or inside `--json`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scheduler_svc.console import CliError
+from scheduler_svc.console import refuse
 from scheduler_svc.planning import analytic as analytic_model
 from scheduler_svc.planning import mirror
 from scheduler_svc.planning import simulate as sim
@@ -129,16 +130,15 @@ SUMMARY_ROWS = 32
 SIMULATE_HELP = (sim.__doc__ or "").split("The kernels step")[0]
 
 
-def _fail(exc: ParamError) -> typer.BadParameter:
-    return typer.BadParameter(exc.message, param_hint=f"'{exc.flag}'")
-
-
 @contextmanager
-def _param_errors() -> Iterator[None]:
+def _param_errors(command: str) -> Iterator[None]:
     try:
         yield
     except ParamError as exc:
-        raise _fail(exc) from exc
+        refuse(
+            f"{exc.flag}: {exc.message}",
+            f"`railover {command} --help` states every option and its default",
+        )
 
 
 def _print_parameters(console: Console, params: dict[str, Any], title: str) -> None:
@@ -223,7 +223,7 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
         "runs": runs,
         "seed": seed,
     }
-    with _param_errors():
+    with _param_errors("simulate"):
         model, options = simulate_params(config, flags)
     if plot is not None:
         check_plot_path(plot)  # before the run, which may take minutes
@@ -271,23 +271,23 @@ def check_plot_path(path: Path) -> None:
 
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in FORMATS:
-        raise CliError(
+        refuse(
             f"--plot {path}: cannot tell the format from the suffix {path.suffix or '(none)'!r}",
             f"end the name in one of {', '.join('.' + f for f in FORMATS)}",
         )
     folder = path.parent
     if not folder.is_dir():
-        raise CliError(
+        refuse(
             f"--plot {path}: the folder {folder} does not exist",
             f"create it first (mkdir -p {folder}) or write the plot elsewhere",
         )
     if not os.access(folder, os.W_OK):
-        raise CliError(
+        refuse(
             f"--plot {path}: the folder {folder} is not writable",
             "write the plot to a folder you may write to",
         )
     if importlib.util.find_spec("matplotlib") is None:
-        raise CliError(
+        refuse(
             "--plot needs matplotlib, which is not installed",
             "pip install 'railover[plot]' (or drop --plot)",
         )
@@ -372,7 +372,7 @@ def analytic_command(  # noqa: PLR0917  # one parameter per option; click passes
         "runs": runs,
         "seed": seed,
     }
-    with _param_errors():
+    with _param_errors("analytic"):
         models, n_runs, n_seed = analytic_params(config, flags)
     rows = analytic_model.expected_hours(models)
     hours_ff = models[0].hours
@@ -512,7 +512,7 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
         "rails": rails,
         "ranks_per_switch": ranks_per_switch,
     }
-    with _param_errors():
+    with _param_errors("mirror-plan"):
         params = mirror_params(config, flags)
     result = mirror.plan(params)
     document = result.as_json()
