@@ -26,6 +26,11 @@ DEFAULT_COUNTER_EVENTS = (
     "symbol_error",
 )
 PREFIX = "RAILOVER_AGENT_"
+# Kubernetes' docker-link variables for the Service named railover-agent (its
+# RAILOVER_AGENT_SERVICE_HOST, RAILOVER_AGENT_PORT_9465_TCP, ...): not settings.
+SERVICE_LINK = re.compile(
+    r"^RAILOVER_AGENT_(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT|PORT_\d+_(?:TCP|UDP|SCTP)\w*)$"
+)
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
@@ -230,6 +235,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     warnings = []
     for name in sorted(environ):
         if not name.upper().startswith(PREFIX) or name.upper() in known:
+            continue
+        if SERVICE_LINK.match(name.upper()):
             continue
         # Matched without the shared prefix, which would make every name look alike.
         near = difflib.get_close_matches(

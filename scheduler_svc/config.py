@@ -10,6 +10,7 @@ import difflib
 import ipaddress
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +20,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DB_URL = "sqlite:///railover.db"
+DEFAULT_PORT = 8080
 
 # RAILOVER_* variables that belong to other programs, so the service does not call
 # them misspellings: the agent's and the plugin's own prefixes, the torchrun hook's
@@ -39,6 +41,16 @@ FOREIGN_NAMES = frozenset(
         "RAILOVER_REQUIRE_TOOLS",
     }
 )
+
+
+# Kubernetes gives every pod docker-link variables for each Service in its namespace:
+# the Services `railover` and `railover-agent` yield RAILOVER_SERVICE_HOST,
+# RAILOVER_PORT=tcp://10.0.0.1:8080, RAILOVER_AGENT_PORT_9465_TCP_ADDR and so on.
+# They are not settings, and not misspellings of one.
+SERVICE_LINK = re.compile(
+    r"^RAILOVER_(?:AGENT_)?(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT|PORT_\d+_(?:TCP|UDP|SCTP)\w*)$"
+)
+SERVICE_LINK_VALUE = re.compile(r"^(?:tcp|udp|sctp)://[^/]+:\d+$")
 
 
 def is_loopback(host: str) -> bool:
@@ -113,7 +125,7 @@ def unknown_variables(
         upper = name.upper()
         if not upper.startswith(prefix) or upper in known or upper in skip_names:
             continue
-        if skip_prefixes and upper.startswith(skip_prefixes):
+        if (skip_prefixes and upper.startswith(skip_prefixes)) or SERVICE_LINK.match(upper):
             continue
         # Matched without the shared prefix, which would make every name look alike.
         near = difflib.get_close_matches(
@@ -166,7 +178,9 @@ class Settings(BaseSettings):
         description="Address to listen on; a routable one needs API tokens to exist first",
     )
     port: Annotated[int, Field(ge=0, le=65535)] = Field(
-        default=8080, description="Port to listen on (0 picks a free one)"
+        default=DEFAULT_PORT,
+        description="Port to listen on (0 picks a free one); a Kubernetes service link "
+        "(tcp://IP:PORT) here is ignored",
     )
     # With no token in the store, a service bound to loopback answers without
     # authentication so a first `railover serve` is usable on a laptop. It never
@@ -317,6 +331,15 @@ class Settings(BaseSettings):
     @classmethod
     def _store_url(cls, value: str) -> str:
         check_store_url(value)
+        return value
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_a_service_link(cls, value: object) -> object:
+        # Kubernetes sets RAILOVER_PORT=tcp://IP:8080 for the Service named railover:
+        # the Service's address, not this process's port.
+        if isinstance(value, str) and SERVICE_LINK_VALUE.match(value.strip()):
+            return DEFAULT_PORT
         return value
 
     @field_validator("default_k", mode="before")

@@ -144,3 +144,29 @@ def test_notify_url_without_a_signing_secret_is_refused(tmp_path: Path) -> None:
     with local_service(signed) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0"])
         assert http.post("/v1/jobs", json=body).status_code == 201
+
+
+def test_kubernetes_service_links_are_neither_settings_nor_misspellings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a pod in the railover namespace gets for the Services railover and railover-agent."""
+    links = {
+        "RAILOVER_SERVICE_HOST": "10.96.0.10",
+        "RAILOVER_SERVICE_PORT": "8080",
+        "RAILOVER_SERVICE_PORT_HTTP": "8080",
+        "RAILOVER_PORT": "tcp://10.96.0.10:8080",
+        "RAILOVER_PORT_8080_TCP": "tcp://10.96.0.10:8080",
+        "RAILOVER_PORT_8080_TCP_PROTO": "tcp",
+        "RAILOVER_PORT_8080_TCP_PORT": "8080",
+        "RAILOVER_PORT_8080_TCP_ADDR": "10.96.0.10",
+        "RAILOVER_AGENT_SERVICE_HOST": "10.96.0.11",
+        "RAILOVER_AGENT_PORT": "tcp://10.96.0.11:9465",
+        "RAILOVER_AGENT_PORT_9465_TCP_ADDR": "10.96.0.11",
+    }
+    assert service_variable_warnings(links) == []
+    assert agent_unknown(links) == []
+    for name, value in links.items():
+        monkeypatch.setenv(name, value)
+    assert Settings().port == 8080
+    monkeypatch.setenv("RAILOVER_PORT", "9090")
+    assert Settings().port == 9090
