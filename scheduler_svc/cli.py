@@ -21,7 +21,13 @@ import typer
 from pydantic import ValidationError
 
 from scheduler_svc import __version__, console
-from scheduler_svc.config import Settings, describe_errors, is_loopback, service_variable_warnings
+from scheduler_svc.config import (
+    Settings,
+    describe_errors,
+    is_loopback,
+    service_variable_warnings,
+    sqlite_path,
+)
 from scheduler_svc.console import refuse
 from scheduler_svc.planning import cli as planning_cli
 from scheduler_svc.schemas import Role
@@ -83,6 +89,12 @@ def _settings(db: str | None = None, **overrides: object) -> Settings:
             var = f"RAILOVER_{field.upper()}"
             lines = [f"{flag}/{line}" if line.startswith(var) else line for line in lines]
         refuse("; ".join(lines), "`railover config` lists every setting with its type and default")
+    store_file = sqlite_path(settings.db_url) if settings.db_url.startswith("sqlite") else None
+    if store_file is not None and not store_file.parent.is_dir():
+        refuse(
+            f"the folder {store_file.parent} for the SQLite store {store_file} does not exist",
+            f"create it (mkdir -p {store_file.parent}) or give another --db / RAILOVER_DB_URL",
+        )
     global _store_shown  # noqa: PLW0603  # named by the error a failing store raises later
     _store_shown = _without_password(settings.db_url)
     return settings

@@ -64,29 +64,26 @@ def is_loopback(host: str) -> bool:
 
 
 def check_store_url(url: str) -> None:
-    """Refuse, before anything connects, a store URL that cannot work."""
-    scheme, sep, rest = url.partition("://")
+    """Refuse, before anything connects, a store URL that cannot work (no I/O here)."""
+    scheme, sep, _ = url.partition("://")
     backend = scheme.split("+", 1)[0].lower()
     if not sep or backend not in ("sqlite", "postgresql", "postgres"):
         raise ValueError(
             "only SQLite (sqlite:///path/railover.db) and PostgreSQL "
             "(postgresql://user@host/db) stores are supported"
         )
-    if backend != "sqlite":
-        return
-    path = rest[1:] if rest.startswith("/") else rest
-    path = path.split("?", 1)[0]
-    if not path or path == ":memory:":
+    if backend == "sqlite" and sqlite_path(url) is None:
         raise ValueError(
             "an in-memory SQLite store is gone when the command exits (and each command "
             "would get its own); give a file: sqlite:///path/railover.db"
         )
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise ValueError(
-            f"the folder {folder} for the SQLite file does not exist; create it or give "
-            "another path"
-        )
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a sqlite:/// URL; None for an in-memory store."""
+    rest = url.partition("://")[2]
+    path = (rest[1:] if rest.startswith("/") else rest).split("?", 1)[0]
+    return None if not path or path == ":memory:" else Path(path)
 
 
 def parse_list(value: object) -> object:

@@ -74,7 +74,7 @@ def test_in_memory_sqlite_is_refused(tmp_path: Path) -> None:
 def test_sqlite_in_a_missing_folder(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/no/such/dir/r.db"
     r = run(RAILOVER, "db", "upgrade", "--db", url, tmp=tmp_path)
-    refused(r, "does not exist", str(tmp_path / "no/such/dir"))
+    refused(r, "does not exist", str(tmp_path / "no/such/dir"), "mkdir -p")
     assert not (tmp_path / "no").exists()
 
 

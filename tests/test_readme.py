@@ -105,3 +105,32 @@ def test_runnable_block(doc: str, index: int, block: str, tmp_path: Path) -> Non
         # The job was stored as the README's body gives it, and the calls after it answered.
         assert '"job_id":"llama"' in out, out[-2000:]
         assert '"recommendation"' in out or '"action"' in out, out[-2000:]
+
+
+def test_make_demo_installs_the_runtime_only(tmp_path: Path) -> None:
+    """`make demo` on a fresh clone: `pip install -e .`, no extras, so no torch or Playwright."""
+    import tomllib
+
+    venv = tmp_path / "venv"  # never created: `make -n` only prints what it would run
+    plan = subprocess.run(
+        ["make", "-n", "demo", f"VENV={venv}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line]
+    assert installs, plan
+    assert all("[" not in line for line in installs), installs  # no extra at all
+    assert any(line.rstrip().endswith("-e .") for line in installs), installs
+    assert plan.rstrip().endswith(f"{venv}/bin/railover demo")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = " ".join(project["dependencies"]).lower()
+    for heavy in ("torch", "playwright", "pytest", "mypy", "hypothesis", "matplotlib"):
+        assert heavy not in runtime, heavy
+    # ...and `make test` gets them, through the dev extra.
+    extras = project["optional-dependencies"]
+    assert extras["dev"] == ["railover[test,lint]"]
+    assert any(d.startswith("torch") for d in extras["test"])
+    assert not venv.exists()
