@@ -130,7 +130,16 @@ def test_analytic_table(app: typer.Typer) -> None:
 
 def test_mirror_plan_json_shape(app: typer.Typer) -> None:
     doc = run_json(app, "mirror-plan", "--loss", "1e-9", "--dp", "8", "--packets", "50000")
-    assert set(doc) == {"parameters", "p_fail", "recommended_monitors", "placement"}
+    assert set(doc) == {
+        "parameters",
+        "p_fail",
+        "failed_per_year",
+        "recommended_monitors",
+        "placement",
+    }
+    assert list(doc["failed_per_year"]) == list(doc["p_fail"])
+    per_year = doc["parameters"]["iterations_per_year"]
+    assert doc["failed_per_year"]["2"] == pytest.approx(doc["p_fail"]["2"] * per_year)
     assert list(doc["p_fail"]) == [str(m) for m in range(1, 9)]
     assert doc["p_fail"]["3"] > 0.0  # far below 1e-16, still not cancelled to zero
     assert isinstance(doc["recommended_monitors"], int)
