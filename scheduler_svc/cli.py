@@ -146,6 +146,15 @@ def serve(
         port=settings.port,
         log_level=settings.log_level.lower(),
     )
+    # uvicorn says where it listens only for sockets it bound itself.
+    bound_host, bound_port = listener.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    logging.getLogger("railover").info(
+        "railover %s on http://%s:%d/ (status page; API docs at /docs)",
+        __version__,
+        shown,
+        bound_port,
+    )
     uvicorn.Server(config).run(sockets=[listener])
 
 

@@ -75,6 +75,7 @@ def test_marker_parsing_takes_only_marked_shell_blocks() -> None:
     [pytest.param(*d, id=f"{d[0]}#{d[1]}") for d in _documents()],
 )
 def test_runnable_block(doc: str, index: int, block: str, tmp_path: Path) -> None:
+    assert shutil.which("curl"), "the README's examples need curl (apt-get install curl)"
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     script = block.replace("8080", str(_free_port()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAILOVER_")}
