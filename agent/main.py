@@ -94,8 +94,10 @@ def _check_metrics_port(settings: AgentSettings) -> None:
 
 def main() -> None:
     _parse_args(sys.argv[1:])
+    # Logging starts before the settings are read; a bad level is refused with them below.
+    level = os.environ.get("RAILOVER_AGENT_LOG_LEVEL", "INFO").strip().upper()
     logging.basicConfig(
-        level=os.environ.get("RAILOVER_AGENT_LOG_LEVEL", "INFO").upper(),
+        level=level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for warning in unknown_variables(os.environ):

@@ -222,3 +222,13 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 def test_demo_without_the_plugin_built(tmp_path: Path) -> None:
     r = run(RAILOVER, "demo", tmp=tmp_path, RAILOVER_PLUGIN_LIB=str(tmp_path / "missing.so"))
     refused(r, "missing.so", "is not built", "make -C native_plugin")
+
+
+def test_agent_bad_log_level(tmp_path: Path) -> None:
+    r = run(AGENT, tmp=tmp_path, RAILOVER_AGENT_LOG_LEVEL="verbose")
+    refused(r, "RAILOVER_AGENT_LOG_LEVEL=VERBOSE", "DEBUG")
+
+
+def test_service_bad_log_level(tmp_path: Path) -> None:
+    r = run(RAILOVER, "serve", tmp=tmp_path, RAILOVER_LOG_LEVEL="verbose")
+    refused(r, "RAILOVER_LOG_LEVEL=VERBOSE", "DEBUG")
