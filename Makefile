@@ -2,20 +2,27 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+# One stamp per install: the runtime alone (`make demo`), then the dev extras (`make test`).
+STAMP_RUNTIME := $(VENV)/.installed-runtime
+STAMP := $(VENV)/.installed-dev
 PYSRC := scheduler_svc agent native_plugin railover_testing
 
-.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
+.PHONY: all venv venv-runtime plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
 
 all: venv plugin
 
-$(STAMP): pyproject.toml
+$(STAMP_RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(STAMP_RUNTIME)
+
+$(STAMP): $(STAMP_RUNTIME)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+venv-runtime: $(STAMP_RUNTIME)
 
 plugin:
 	$(MAKE) -C native_plugin
@@ -55,7 +62,8 @@ test-python: venv plugin tools
 
 test: lint typecheck test-plugin test-python
 
-demo: venv plugin
+# Light: the runtime dependencies only (no torch, playwright or test tools).
+demo: venv-runtime plugin
 	$(BIN)/railover demo
 
 openapi: venv

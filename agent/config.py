@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import json
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -21,6 +24,12 @@ DEFAULT_COUNTER_EVENTS = (
     "resp_cqe_error",
     "rnr_nak_retry_err",
     "symbol_error",
+)
+PREFIX = "RAILOVER_AGENT_"
+# Kubernetes' docker-link variables for the Service named railover-agent (its
+# RAILOVER_AGENT_SERVICE_HOST, RAILOVER_AGENT_PORT_9465_TCP, ...): not settings.
+SERVICE_LINK = re.compile(
+    r"^RAILOVER_AGENT_(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT|PORT_\d+_(?:TCP|UDP|SCTP)\w*)$"
 )
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
@@ -41,49 +50,130 @@ def is_loopback_host(host: str) -> bool:
 class AgentSettings(BaseSettings):
     """Everything ``railover-agent`` needs; no command-line arguments."""
 
-    model_config = SettingsConfigDict(env_prefix="RAILOVER_AGENT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
-    service_url: str = "http://127.0.0.1:8080"
-    node_name: str = Field(default_factory=_default_node_name)
-    token: SecretStr | None = None
+    service_url: str = Field(
+        default="http://127.0.0.1:8080", description="The Railover service (https off loopback)"
+    )
+    node_name: str = Field(
+        default_factory=_default_node_name,
+        description="This node's name, as the jobs' rank placement names it",
+        json_schema_extra={"doc_default": "short host name"},
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="Agent token for this node (railover token create --role agent --node N); "
+        "required off loopback",
+    )
     # Plain http to a non-loopback service would send the bearer token in the clear.
-    allow_insecure_http: bool = False
-
-    sysfs_root: Path = Path("/sys")
-    proc_root: Path = Path("/proc")
-    rail_map: Path | None = None
-    spool_dir: Path = Path("/var/lib/railover-agent")
-    spool_max_events: int = Field(default=100_000, ge=100, le=10_000_000)
-    socket: Path = Path("/run/railover/agent.sock")
-    socket_mode: int = Field(default=0o660, ge=0, le=0o777)
-
-    poll_interval_s: float = Field(default=1.0, ge=0.05, le=3600)
-    topology_interval_s: float = Field(default=60.0, ge=1, le=86_400)
-    # A collector's run that takes longer counts as failed (collector_success 0); each
-    # collector has its own thread, so one stuck read delays no other collector.
-    collector_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    metrics_host: str = "0.0.0.0"  # noqa: S104  # Prometheus scrapes the pod IP
-    # 0 picks a free port (tests); the chosen one is logged.
-    metrics_port: int = Field(default=9465, ge=0, le=65535)
-    disabled_collectors: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Counters whose rise is reported as an event (names as the driver writes them).
-    counter_events: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(DEFAULT_COUNTER_EVENTS)
+    allow_insecure_http: bool = Field(
+        default=False, description="Allow plain http to a service that is not on loopback"
     )
 
-    batch_max: int = Field(default=500, ge=1, le=1000)
-    request_timeout_s: float = Field(default=5.0, gt=0, le=120)
-    command_wait_s: float = Field(default=20.0, ge=0, le=300)
-    retry_max_backoff_s: float = Field(default=30.0, gt=0, le=600)
-    # How long a command waits for a matching plugin client before it is acked failed.
-    command_hold_s: float = Field(default=30.0, ge=0, le=3600)
+    sysfs_root: Path = Field(default=Path("/sys"), description="Where sysfs is mounted")
+    proc_root: Path = Field(default=Path("/proc"), description="Where procfs is mounted")
+    rail_map: Path | None = Field(
+        default=None,
+        description="YAML/JSON file naming each port's fabric switch and rail; sysfs cannot know",
+    )
+    spool_dir: Path = Field(
+        default=Path("/var/lib/railover-agent"),
+        description="Events wait here while the service is away (created at start)",
+    )
+    spool_max_events: int = Field(
+        default=100_000, ge=100, le=10_000_000, description="Spooled events kept at most"
+    )
+    socket: Path = Field(
+        default=Path("/run/railover/agent.sock"),
+        description="Unix socket the native plugin connects to (its directory is created)",
+    )
+    socket_mode: int = Field(
+        default=0o660,
+        ge=0,
+        le=0o777,
+        description="Permission bits of the plugin socket, octal (660 or 0o660)",
+        json_schema_extra={"doc_default": "0o660", "doc_octal": True},
+    )
+
+    poll_interval_s: float = Field(
+        default=1.0, ge=0.05, le=3600, description="How often ports and counters are read"
+    )
+    topology_interval_s: float = Field(
+        default=60.0, ge=1, le=86_400, description="How often the PCIe topology is re-read"
+    )
+    # Each collector has its own thread, so one stuck sysfs read delays no other collector.
+    collector_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A collector run taking longer counts as failed (collector_success 0)",
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0",  # noqa: S104  # Prometheus scrapes the pod IP
+        description="Address of /healthz and /metrics",
+    )
+    # 0 picks a free port (tests); the chosen one is logged.
+    metrics_port: int = Field(
+        default=9465, ge=0, le=65535, description="Port of /healthz and /metrics (0: a free one)"
+    )
+    disabled_collectors: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Collectors not to run (comma list or JSON)",
+        json_schema_extra={"doc_default": "none"},
+    )
+    # Counters whose rise is reported as an event (names as the driver writes them).
+    counter_events: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_COUNTER_EVENTS),
+        description="Counters whose rise is reported as an event (comma list or JSON)",
+    )
+
+    batch_max: int = Field(default=500, ge=1, le=1000, description="Events sent per request")
+    request_timeout_s: float = Field(
+        default=5.0, gt=0, le=120, description="Timeout of one request to the service"
+    )
+    command_wait_s: float = Field(
+        default=20.0, ge=0, le=300, description="Long-poll for commands, seconds"
+    )
+    retry_max_backoff_s: float = Field(
+        default=30.0, gt=0, le=600, description="Longest wait between retries to the service"
+    )
+    command_hold_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="A command with no matching plugin client after this long is acked failed",
+    )
+    # Read before the settings (logging starts first); a field so it is listed and checked.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of the agent"
+    )
 
     @field_validator("disabled_collectors", "counter_events", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().startswith("["):
+            try:
+                return json.loads(v)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON list ({exc.msg}); or write it as a,b,c") from exc
         if isinstance(v, str):
             return [p.strip() for p in v.split(",") if p.strip()]
         return v
+
+    @field_validator("socket_mode", mode="before")
+    @classmethod
+    def _octal(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return int(v.strip(), 8)
+            except ValueError:
+                raise ValueError(f"{v!r} is not octal permission bits such as 660") from None
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
 
     @field_validator("node_name")
     @classmethod
@@ -146,6 +236,28 @@ class AgentSettings(BaseSettings):
         return {"Authorization": f"Bearer {self.token.get_secret_value()}"}
 
 
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each RAILOVER_AGENT_* variable that names no setting, with the nearest."""
+    known = [PREFIX + name.upper() for name in AgentSettings.model_fields]
+    warnings = []
+    for name in sorted(environ):
+        if not name.upper().startswith(PREFIX) or name.upper() in known:
+            continue
+        if SERVICE_LINK.match(name.upper()):
+            continue
+        # Matched without the shared prefix, which would make every name look alike.
+        near = difflib.get_close_matches(
+            name.upper().removeprefix(PREFIX), [k.removeprefix(PREFIX) for k in known], cutoff=0.7
+        )
+        hint = (
+            f"; did you mean {PREFIX}{near[0]}?"
+            if near
+            else "; `railover config` lists every setting"
+        )
+        warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
+
+
 def describe_errors(exc: Exception) -> str:
     """One line per problem, naming the variable, for the start-up refusal."""
     if not isinstance(exc, ValidationError):
@@ -154,5 +266,5 @@ def describe_errors(exc: Exception) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         var = f"RAILOVER_AGENT_{loc.upper()}" if loc else "settings"
-        lines.append(f"{var}: {err['msg']}")
+        lines.append(f"{var}: {str(err['msg']).removeprefix('Value error, ')}")
     return "\n".join(lines)

@@ -4,10 +4,11 @@ Each rank calls `RailoverHook.from_env()` after `init_process_group`. The ranks
 exchange where they run (node name, local GPU) over the process group, rank 0
 registers the whole job with the service, and from then on rank 0 reports
 checkpoints and iteration times. Reporting never stops training: a service
-that is down costs a warning, not the job.
+that is down (or no RAILOVER_URL) costs a warning, not the job; the hook then
+stays quiet for the rest of the run.
 
 Environment (beside torchrun's RANK, WORLD_SIZE, LOCAL_RANK):
-    RAILOVER_URL              service base URL (required)
+    RAILOVER_URL              service base URL (unset: a warning, and no reports)
     RAILOVER_TOKEN            fleet token (optional on an open loopback service)
     RAILOVER_JOB_ID           job id; default SLURM_JOB_ID, else TORCHELASTIC_RUN_ID
     RAILOVER_NODE_NAME        this node's name as its agent registered it; default hostname
@@ -51,8 +52,9 @@ def this_rank() -> dict[str, Any]:
 
 class RailoverHook:
     def __init__(
-        self, client: RailoverClient, job_id: str, rank: int, report_every: int = 10
+        self, client: RailoverClient | None, job_id: str, rank: int, report_every: int = 10
     ) -> None:
+        # None: the job runs without Railover (no URL, or registration failed).
         self.client = client
         self.job_id = job_id
         self.rank = rank
@@ -66,7 +68,12 @@ class RailoverHook:
         me = this_rank()
         placement: list[dict[str, Any] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(placement, me)
-        client = RailoverClient(os.environ["RAILOVER_URL"], os.environ.get("RAILOVER_TOKEN"))
+        url = os.environ.get("RAILOVER_URL")
+        if not url:
+            if me["rank"] == 0:
+                log.warning("railover: RAILOVER_URL is not set; training without Railover")
+            return cls(None, job_id, me["rank"])
+        client = RailoverClient(url, os.environ.get("RAILOVER_TOKEN"))
         hook = cls(client, job_id, me["rank"])
         if hook.rank == 0:
             body: dict[str, Any] = {
@@ -82,31 +89,42 @@ class RailoverHook:
             }
             if os.environ.get("RAILOVER_NOTIFY_URL"):
                 body["notify_url"] = os.environ["RAILOVER_NOTIFY_URL"]
-            client.register_job(JobIn.model_validate(body), replace=replace)
+            try:
+                client.register_job(JobIn.model_validate(body), replace=replace)
+            except Exception as exc:  # the job goes on; the service just won't know it
+                log.warning(
+                    "railover: registering job %s at %s failed, training without Railover: %s",
+                    job_id,
+                    url,
+                    exc,
+                )
+                client.close()
+                hook.client = None
         # Nobody reports before the job exists.
         dist.barrier()
         return hook
 
     def checkpoint_saved(self, iteration: int) -> None:
-        if self.rank == 0:
+        if self.rank == 0 and self.client is not None:
             self._quietly(self.client.report_checkpoint, self.job_id, iteration=iteration)
 
     def iteration_done(self, seconds: float) -> None:
         """Batched: one request per `report_every` iterations, not one per step."""
-        if self.rank != 0:
+        if self.rank != 0 or self.client is None:
             return
         self._times.append(seconds)
         if len(self._times) >= self.report_every:
             self.flush()
 
     def flush(self) -> None:
-        if self._times:
+        if self._times and self.client is not None:
             times, self._times = self._times, []
             self._quietly(self.client.report_iteration_times, self.job_id, times)
 
     def close(self) -> None:
         self.flush()
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
 
     def _quietly(self, call: Any, *args: Any, **kw: Any) -> None:
         try:

@@ -1,8 +1,16 @@
-"""`railover`: run the service, manage tokens, play the demo, plan with the tools."""
+"""`railover`: run the service, manage tokens, play the demo, plan with the tools.
+
+Expected failures (a bad setting or store URL, a store that cannot be reached, a port
+in use, an output path that cannot be written) end in one or two lines on stderr,
+the problem and then its fix, and exit status 2. A traceback means a bug, or that
+`--debug` was given.
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -10,8 +18,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
-from scheduler_svc.config import Settings, is_loopback
+from scheduler_svc import __version__, console
+from scheduler_svc.config import (
+    Settings,
+    describe_errors,
+    is_loopback,
+    service_variable_warnings,
+    sqlite_path,
+)
+from scheduler_svc.console import refuse
 from scheduler_svc.planning import cli as planning_cli
 from scheduler_svc.schemas import Role
 
@@ -20,12 +37,37 @@ app = typer.Typer(
     help="Railover: cluster-wide RDMA NIC failover decisions for GPU training jobs.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Store maintenance.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 planning_cli.register(app)
+
+_store_shown = "(as given)"
+# The flags that set a setting, so an error names what the user typed.
+FLAGS = {"db_url": "--db", "host": "--host", "port": "--port"}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"railover {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks for the failures explained in a line.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    console.debug = debug
+
 
 DbOpt = Annotated[
     str | None,
@@ -37,7 +79,34 @@ def _settings(db: str | None = None, **overrides: object) -> Settings:
     values = {k: v for k, v in overrides.items() if v is not None}
     if db is not None:
         values["db_url"] = db
-    return Settings(**values)  # type: ignore[arg-type]  # validated by pydantic at run time
+    for warning in service_variable_warnings():
+        typer.echo(f"railover: warning: {warning}", err=True)
+    try:
+        settings = Settings(**values)  # type: ignore[arg-type]  # validated by pydantic
+    except ValidationError as exc:
+        lines = describe_errors(exc, Settings)
+        for field, flag in FLAGS.items():
+            var = f"RAILOVER_{field.upper()}"
+            lines = [f"{flag}/{line}" if line.startswith(var) else line for line in lines]
+        refuse("; ".join(lines), "`railover config` lists every setting with its type and default")
+    store_file = sqlite_path(settings.db_url) if settings.db_url.startswith("sqlite") else None
+    if store_file is not None and not store_file.parent.is_dir():
+        refuse(
+            f"the folder {store_file.parent} for the SQLite store {store_file} does not exist",
+            f"create it (mkdir -p {store_file.parent}) or give another --db / RAILOVER_DB_URL",
+        )
+    global _store_shown  # noqa: PLW0603  # named by the error a failing store raises later
+    _store_shown = _without_password(settings.db_url)
+    return settings
+
+
+def _without_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL is refused when it is used; show none of it
+        return "(as given)"
 
 
 @app.command()
@@ -54,6 +123,8 @@ def serve(
     from scheduler_svc.store.repositories import TokenRepo
 
     settings = _settings(db, host=host, port=port)
+    # Bound (not yet listening) before the store is touched: a port in use is said first.
+    listener = _bind(settings.host, settings.port)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
@@ -69,12 +140,58 @@ def serve(
         raise typer.Exit(2)
     if not is_loopback(settings.host):
         settings = settings.model_copy(update={"allow_anonymous_loopback": False})
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings, migrate=False),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
     )
+    # uvicorn says where it listens only for sockets it bound itself.
+    bound_host, bound_port = listener.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    logging.getLogger("railover").info(
+        "railover %s on http://%s:%d/ (status page; API docs at /docs)",
+        __version__,
+        shown,
+        bound_port,
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The service's socket, bound but not listening (uvicorn listens on it).
+
+    Binding here rather than in uvicorn says a port in use in two lines, not a traceback.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except socket.gaierror as exc:
+        refuse(
+            f"cannot listen on {host}: {exc.strerror}",
+            "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
+        )
+    try:
+        # As uvicorn would: a port left in TIME_WAIT by a previous run is not "in use".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        return sock
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            refuse(
+                f"port {port} on {host} is in use by another program",
+                "stop it, or choose another port: --port N or RAILOVER_PORT",
+            )
+        if exc.errno == errno.EACCES:
+            refuse(
+                f"no permission to listen on port {port}",
+                "use a port above 1023: --port N or RAILOVER_PORT",
+            )
+        refuse(
+            f"cannot listen on {host}:{port}: {exc.strerror}",
+            "give an address of this machine: --host or RAILOVER_HOST (127.0.0.1, 0.0.0.0)",
+        )
 
 
 @token_app.command("create")
@@ -158,7 +275,15 @@ def demo(
     keep_running: Annotated[bool, typer.Option(help="Leave the service up afterwards")] = False,
 ) -> None:
     """Start the service on SQLite, inject faults into a small cluster and show the decisions."""
+    from native_plugin.binding import library_path
+
     run_demo = _load_demo()
+    # Said before a cluster is built, not as a traceback from the first simulated rank.
+    if not library_path().is_file():
+        refuse(
+            f"the native plugin library {library_path()} is not built",
+            "make -C native_plugin (or `make demo`, which builds it)",
+        )
     raise typer.Exit(run_demo(keep_running=keep_running))
 
 
@@ -169,16 +294,45 @@ def _load_demo() -> Callable[..., int]:
     except ModuleNotFoundError:
         checkout = Path(__file__).resolve().parents[1]
         if not (checkout / "railover_testing" / "demo.py").is_file():
-            typer.echo(
-                "railover demo runs from a source checkout: clone the repository and run "
-                "`make demo`",
-                err=True,
+            refuse(
+                "railover demo runs from a source checkout, not from an installed wheel",
+                "clone the repository and run `make demo`",
             )
-            raise typer.Exit(2) from None
         sys.path.insert(0, str(checkout))
         from railover_testing.demo import run_demo
     return run_demo
 
 
+@app.command("config")
+def config_command(
+    markdown: Annotated[bool, typer.Option(help="Print the README's Markdown tables.")] = False,
+) -> None:
+    """List every setting of the service and the agent: variable, type, default, meaning."""
+    from scheduler_svc import settings_doc
+
+    if markdown:
+        typer.echo(settings_doc.markdown(), nl=False)
+        return
+    for program, cls in settings_doc.settings_classes():
+        typer.echo(f"{program} (variable  type  [default]):\n")
+        for doc in settings_doc.describe(cls):
+            typer.echo(f"{doc.variable}  {doc.type}  [{doc.default}]\n    {doc.meaning}")
+        typer.echo("")
+
+
 def main() -> None:
-    app()
+    """The console script: two lines for each expected failure, a traceback for bugs."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        app()
+    except OperationalError as exc:  # raised from deep in any command that opens the store
+        if console.debug:
+            raise
+        first = str(exc.orig or exc).strip().splitlines()[0]
+        console.explain(
+            f"the store {_store_shown} cannot be reached or opened: {first}",
+            "check that the database runs and that --db or RAILOVER_DB_URL names it "
+            "(user, host, database)",
+        )
+        sys.exit(2)

@@ -1,15 +1,56 @@
-"""Service settings: one class, environment prefix RAILOVER_."""
+"""Service settings: one class, environment prefix RAILOVER_.
+
+Every field carries its meaning in `description`: `railover config` and the README's
+settings table are generated from these classes (`scheduler_svc.settings_doc`).
+"""
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DB_URL = "sqlite:///railover.db"
+DEFAULT_PORT = 8080
+
+# RAILOVER_* variables that belong to other programs, so the service does not call
+# them misspellings: the agent's and the plugin's own prefixes, the torchrun hook's
+# variables (examples/railover_torchrun.py) and the test suite's switches.
+FOREIGN_PREFIXES = ("RAILOVER_AGENT_", "RAILOVER_PLUGIN_", "RAILOVER_TEST_")
+FOREIGN_NAMES = frozenset(
+    {
+        "RAILOVER_URL",
+        "RAILOVER_TOKEN",
+        "RAILOVER_JOB_ID",
+        "RAILOVER_NODE_NAME",
+        "RAILOVER_CHECKPOINT_INTERVAL_S",
+        "RAILOVER_RELOAD_S",
+        "RAILOVER_TIMEOUT_S",
+        "RAILOVER_NOTIFY_URL",
+        "RAILOVER_WEBHOOK_SECRET",
+        "RAILOVER_VIEWER_TOKEN",
+        "RAILOVER_REQUIRE_TOOLS",
+    }
+)
+
+
+# Kubernetes gives every pod docker-link variables for each Service in its namespace:
+# the Services `railover` and `railover-agent` yield RAILOVER_SERVICE_HOST,
+# RAILOVER_PORT=tcp://10.0.0.1:8080, RAILOVER_AGENT_PORT_9465_TCP_ADDR and so on.
+# They are not settings, and not misspellings of one.
+SERVICE_LINK = re.compile(
+    r"^RAILOVER_(?:AGENT_)?(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT|PORT_\d+_(?:TCP|UDP|SCTP)\w*)$"
+)
+SERVICE_LINK_VALUE = re.compile(r"^(?:tcp|udp|sctp)://[^/]+:\d+$")
 
 
 def is_loopback(host: str) -> bool:
@@ -22,78 +63,291 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_store_url(url: str) -> None:
+    """Refuse, before anything connects, a store URL that cannot work (no I/O here)."""
+    scheme, sep, _ = url.partition("://")
+    backend = scheme.split("+", 1)[0].lower()
+    if not sep or backend not in ("sqlite", "postgresql", "postgres"):
+        raise ValueError(
+            "only SQLite (sqlite:///path/railover.db) and PostgreSQL "
+            "(postgresql://user@host/db) stores are supported"
+        )
+    if backend == "sqlite" and sqlite_path(url) is None:
+        raise ValueError(
+            "an in-memory SQLite store is gone when the command exits (and each command "
+            "would get its own); give a file: sqlite:///path/railover.db"
+        )
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a sqlite:/// URL; None for an in-memory store."""
+    rest = url.partition("://")[2]
+    path = (rest[1:] if rest.startswith("/") else rest).split("?", 1)[0]
+    return None if not path or path == ":memory:" else Path(path)
+
+
+def parse_list(value: object) -> object:
+    """A list setting from the environment: `1.2,1.5` or JSON `[1.2, 1.5]`."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list ({exc.msg}); or write it as a,b,c") from exc
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def env_names(settings_cls: type[BaseSettings]) -> list[str]:
+    """The variable name of every field of a settings class."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    return [prefix + name.upper() for name in settings_cls.model_fields]
+
+
+def unknown_variables(
+    environ: Mapping[str, str],
+    settings_cls: type[BaseSettings],
+    *,
+    ignore_prefixes: Iterable[str] = (),
+    ignore_names: Iterable[str] = (),
+) -> list[str]:
+    """One warning per variable with the class's prefix that names no setting."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    known = env_names(settings_cls)
+    skip_prefixes = tuple(ignore_prefixes)
+    skip_names = set(ignore_names)
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(prefix) or upper in known or upper in skip_names:
+            continue
+        if (skip_prefixes and upper.startswith(skip_prefixes)) or SERVICE_LINK.match(upper):
+            continue
+        # Matched without the shared prefix, which would make every name look alike.
+        near = difflib.get_close_matches(
+            upper.removeprefix(prefix), [k.removeprefix(prefix) for k in known], n=1, cutoff=0.7
+        )
+        hint = (
+            f"; did you mean {prefix}{near[0]}?"
+            if near
+            else "; `railover config` lists every setting"
+        )
+        warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
+
+
+def service_variable_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    return unknown_variables(
+        os.environ if environ is None else environ,
+        Settings,
+        ignore_prefixes=FOREIGN_PREFIXES,
+        ignore_names=FOREIGN_NAMES,
+    )
+
+
+def describe_errors(exc: ValidationError, settings_cls: type[BaseSettings]) -> list[str]:
+    """One line per invalid setting, naming its variable and the value given."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    lines = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        var = prefix + field.upper() if field else "settings"
+        given = err.get("input")
+        shown = "" if given is None or isinstance(given, dict) else f"={given!s}"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{var}{shown}: {msg}")
+    return lines
+
+
 class Settings(BaseSettings):
-    """Everything `railover serve` can be told; see README for each variable."""
+    """Everything `railover serve` can be told: `railover config` lists each variable."""
 
     model_config = SettingsConfigDict(env_prefix="RAILOVER_", extra="ignore")
 
-    db_url: str = Field(default=DEFAULT_DB_URL, description="SQLAlchemy URL of the store")
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    db_url: str = Field(
+        default=DEFAULT_DB_URL,
+        description="The store: sqlite:///path/file.db (one replica) or "
+        "postgresql://user@host/db (replicas side by side)",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on; a routable one needs API tokens to exist first",
+    )
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=DEFAULT_PORT,
+        description="Port to listen on (0 picks a free one); a Kubernetes service link "
+        "(tcp://IP:PORT) here is ignored",
+    )
     # With no token in the store, a service bound to loopback answers without
     # authentication so a first `railover serve` is usable on a laptop. It never
     # does so on a routable address (`serve` refuses to start there).
-    allow_anonymous_loopback: bool = True
-    # Tie-break cap for s-Bond: GPUs that may back up onto RNICs behind one PCIe
-    # switch. None spreads them evenly over the switches that hold fabric RNICs.
-    backup_cap_per_switch: Annotated[int | None, Field(ge=1)] = None
-    default_k: tuple[float, ...] = (1.03, 1.20, 1.50)
-    commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = 30.0
-    max_events_per_request: Annotated[int, Field(ge=1)] = 1000
-    log_level: str = "INFO"
+    allow_anonymous_loopback: bool = Field(
+        default=True,
+        description="On loopback with no token in the store, answer without authentication",
+    )
+    backup_cap_per_switch: Annotated[int | None, Field(ge=1)] = Field(
+        default=None,
+        description="s-Bond tie-break: GPUs that may back up onto the RNICs behind one PCIe "
+        "switch; unset spreads them evenly",
+    )
+    default_k: Annotated[tuple[float, ...], NoDecode] = Field(
+        default=(1.03, 1.20, 1.50),
+        description="Slowdown k failed over by concurrent faults, when nothing better is "
+        "known (1.03,1.2,1.5 or JSON)",
+    )
+    commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = Field(
+        default=30.0, description="Longest long-poll an agent may ask for on /v1/commands"
+    )
+    max_events_per_request: Annotated[int, Field(ge=1)] = Field(
+        default=1000, description="Events one agent request may carry"
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of the service"
+    )
 
     # --- cluster-wide coordination ---
-    # A command not acknowledged by this deadline is re-issued (a new id, so
-    # the agent hands it on again), and after the last attempt marked failed.
-    command_ack_timeout_s: Annotated[float, Field(gt=0)] = 15.0
-    command_max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    command_ack_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=15.0,
+        description="A command not acknowledged by then is re-issued under a new id",
+    )
+    command_max_attempts: Annotated[int, Field(ge=1, le=20)] = Field(
+        default=3, description="Issues of one command before it is failed and the job re-decided"
+    )
     # DCR / fail-back switch point: highest ops_done + max(min, rate x latency x safety).
-    switch_min_offset_ops: Annotated[int, Field(ge=1)] = 20
-    switch_safety: Annotated[float, Field(ge=1)] = 2.0
-    # Used until commands have been delivered and their latency measured.
-    delivery_latency_default_s: Annotated[float, Field(gt=0)] = 0.5
-    # Fail over at once; fail back only after this long up and quiet.
-    failback_damping_s: Annotated[float, Field(ge=0)] = 120.0
-    # More than this many downs in the window keeps the port on its backup, flagged.
-    flap_max: Annotated[int, Field(ge=1)] = 4
-    flap_window_s: Annotated[float, Field(gt=0)] = 600.0
-    # Port faults on one fabric switch from this many nodes within the window: the switch.
-    correlation_window_s: Annotated[float, Field(gt=0)] = 2.0
-    correlation_min_nodes: Annotated[int, Field(ge=2)] = 3
-    # Repair time assumed for a failed RNIC/link when deciding at a checkpoint.
-    default_repair_s: Annotated[float, Field(gt=0)] = 86400.0
-    # Iteration-time samples needed on each side before a measured k is trusted.
-    measured_k_min_samples: Annotated[int, Field(ge=2)] = 5
-    # A measured k this far from the one used (relative) re-decides.
-    measured_k_tolerance: Annotated[float, Field(gt=0)] = 0.02
-    # NVL transit costs GPU memory per channel; the job's cap on it.
-    nvl_mb_per_channel: Annotated[float, Field(gt=0)] = 40.0
-    nvl_cap_mb: Annotated[float, Field(ge=0)] = 512.0
-    coordinator_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
-    coordinator: bool = True
+    switch_min_offset_ops: Annotated[int, Field(ge=1)] = Field(
+        default=20, description="Smallest switch-point offset, in collective ops"
+    )
+    switch_safety: Annotated[float, Field(ge=1)] = Field(
+        default=2.0,
+        description="Switch-point offset = op rate × delivery latency × this, at least the minimum",
+    )
+    delivery_latency_default_s: Annotated[float, Field(gt=0)] = Field(
+        default=0.5, description="Command delivery latency assumed until one has been measured"
+    )
+    failback_damping_s: Annotated[float, Field(ge=0)] = Field(
+        default=120.0, description="A port up and quiet this long fails back (failover is at once)"
+    )
+    flap_max: Annotated[int, Field(ge=1)] = Field(
+        default=4,
+        description="More downs than this within the flap window: stay on the backup, flagged",
+    )
+    flap_window_s: Annotated[float, Field(gt=0)] = Field(
+        default=600.0, description="Window over which a port's downs are counted"
+    )
+    correlation_window_s: Annotated[float, Field(gt=0)] = Field(
+        default=2.0, description="Port faults on one fabric switch within this window are grouped"
+    )
+    correlation_min_nodes: Annotated[int, Field(ge=2)] = Field(
+        default=3, description="Nodes with a fault on one switch in the window: a switch failure"
+    )
+    default_repair_s: Annotated[float, Field(gt=0)] = Field(
+        default=86400.0,
+        description="Repair time assumed for a failed RNIC or link at checkpoint re-decisions",
+    )
+    measured_k_min_samples: Annotated[int, Field(ge=2)] = Field(
+        default=5,
+        description="Iteration times needed on each side before a measured k is trusted",
+    )
+    measured_k_tolerance: Annotated[float, Field(gt=0)] = Field(
+        default=0.02, description="A measured k this far (relative) from the one used re-decides"
+    )
+    nvl_mb_per_channel: Annotated[float, Field(gt=0)] = Field(
+        default=40.0, description="GPU memory one NVL-transit channel costs, MB"
+    )
+    nvl_cap_mb: Annotated[float, Field(ge=0)] = Field(
+        default=512.0, description="GPU memory a job may give to NVL transit, MB"
+    )
+    coordinator_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=0.5, description="How often command retries and damped fail-backs are swept"
+    )
+    coordinator: bool = Field(
+        default=True, description="Run the retry and fail-back sweeper in this replica"
+    )
     # --- fleet notification (scheduler_svc.fleet) ---
-    # Signs deliveries to each job's notify_url (subscriptions carry their own secret);
-    # with none set, events are delivered to subscriptions only.
-    notify_secret: SecretStr | None = None
-    webhook_timeout_s: Annotated[float, Field(gt=0, le=60)] = 10.0
-    webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = 12
-    webhook_backoff_base_s: Annotated[float, Field(gt=0)] = 1.0
-    webhook_backoff_max_s: Annotated[float, Field(gt=0)] = 600.0
-    # Idle re-read of the outbox: how soon other replicas' events and due retries go out.
-    delivery_poll_s: Annotated[float, Field(gt=0, le=60)] = 1.0
-    delivery_concurrency: Annotated[int, Field(ge=1, le=64)] = 4
-    delivery_worker: bool = True
-    k8s_enabled: bool = False
-    # Empty: in-cluster service account, else ~/.kube/config. Set for a plain API URL.
-    k8s_api_url: str | None = None
-    k8s_token_file: str | None = None
-    k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = "taint"
-    k8s_taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
-    k8s_event_namespace: str = "default"
-    slurm_enabled: bool = False
+    notify_secret: SecretStr | None = Field(
+        default=None,
+        description="Signs CloudEvents to jobs' notify_url; unset: a job with a notify_url "
+        "is refused (422). Subscriptions carry their own secret",
+    )
+    webhook_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=10.0, description="Timeout of one webhook delivery"
+    )
+    webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=12, description="Delivery attempts before an event is dead-lettered"
+    )
+    webhook_backoff_base_s: Annotated[float, Field(gt=0)] = Field(
+        default=1.0, description="First retry delay; doubles per attempt"
+    )
+    webhook_backoff_max_s: Annotated[float, Field(gt=0)] = Field(
+        default=600.0, description="Longest retry delay"
+    )
+    delivery_poll_s: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=1.0,
+        description="Idle re-read of the outbox: how soon other replicas' events and due "
+        "retries go out",
+    )
+    delivery_concurrency: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=4, description="Deliveries in flight at once per replica"
+    )
+    delivery_worker: bool = Field(
+        default=True, description="Deliver webhooks and fleet actions from this replica"
+    )
+    k8s_enabled: bool = Field(
+        default=False, description="Act on Kubernetes nodes (conditions, taints, cordon, events)"
+    )
+    k8s_api_url: str | None = Field(
+        default=None,
+        description="Kubernetes API URL; unset: in-cluster service account, else ~/.kube/config",
+    )
+    k8s_token_file: str | None = Field(
+        default=None, description="Bearer token file for k8s_api_url"
+    )
+    k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = Field(
+        default="taint", description="What a failed node gets beside its condition"
+    )
+    k8s_taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="NoSchedule", description="Effect of the taint on a failed node"
+    )
+    k8s_event_namespace: str = Field(
+        default="default", description="Namespace of the Kubernetes events written"
+    )
+    slurm_enabled: bool = Field(
+        default=False, description="Drain failed nodes and requeue restarting jobs in Slurm"
+    )
     # Split like a shell line first, then each word is formatted: values never re-split.
-    slurm_drain_command: str = 'scontrol update NodeName={node} State=DRAIN Reason="{reason}"'
-    slurm_requeue_command: str = "scontrol requeue {job_id}"
+    slurm_drain_command: str = Field(
+        default='scontrol update NodeName={node} State=DRAIN Reason="{reason}"',
+        description="Command that drains a node ({node}, {reason})",
+    )
+    slurm_requeue_command: str = Field(
+        default="scontrol requeue {job_id}", description="Command that requeues a job ({job_id})"
+    )
+
+    @field_validator("db_url")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        check_store_url(value)
+        return value
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_a_service_link(cls, value: object) -> object:
+        # Kubernetes sets RAILOVER_PORT=tcp://IP:8080 for the Service named railover:
+        # the Service's address, not this process's port.
+        if isinstance(value, str) and SERVICE_LINK_VALUE.match(value.strip()):
+            return DEFAULT_PORT
+        return value
+
+    @field_validator("default_k", mode="before")
+    @classmethod
+    def _k_list(cls, value: object) -> object:
+        return parse_list(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("default_k")
     @classmethod

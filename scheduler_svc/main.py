@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from scheduler_svc import metrics
-from scheduler_svc.api import commands, evaluate, events, fabric, health, jobs, nodes, status
+from scheduler_svc import __version__, metrics
+from scheduler_svc.api import commands, docs, evaluate, events, fabric, health, jobs, nodes, status
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.errors import RailoverError
@@ -70,10 +70,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
 
     app = FastAPI(
         title="Railover",
-        version="1.0.0",
+        version=__version__,
         summary="Cluster-wide RDMA NIC failover decisions for GPU training jobs",
         lifespan=lifespan,
+        docs_url=None,  # served by add_docs, from the package rather than a CDN
+        redoc_url=None,
     )
+    docs.add_docs(app)
     app.state.settings = settings
     app.state.notifier = CommandNotifier()
     app.state.anonymous = False

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from scheduler_svc import __version__
 from scheduler_svc.api import routing
 from scheduler_svc.schemas import Health
 from scheduler_svc.services import status
@@ -18,8 +19,8 @@ router = routing.router(tags=["health"])
 
 @router.get("/healthz", operation_id="healthz")
 def healthz() -> Health:
-    """The process is up."""
-    return Health(status="ok")
+    """The process is up, and which version it runs."""
+    return Health(status="ok", detail={"version": __version__})
 
 
 @router.get("/readyz", operation_id="readyz", responses={503: {"model": Health}})

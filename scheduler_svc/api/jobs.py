@@ -94,8 +94,20 @@ def command_out(c: m.Command) -> CommandOut:
     operation_id="create_job",
     responses=responses(Unauthorized, Forbidden, Conflict, Unprocessable),
 )
-def create_job(body: JobIn, session: SessionDep, _: FleetAuth) -> JobOut:
+def create_job(body: JobIn, session: SessionDep, _: FleetAuth, settings: SettingsDep) -> JobOut:
     """Register a job: rank placement, checkpoint settings and where to notify."""
+    # Deliveries to a notify_url are always signed: without a secret the job is refused
+    # here rather than accepted and never notified.
+    if body.notify_url is not None and settings.notify_secret is None:
+        raise Unprocessable(
+            [
+                {
+                    "field": "notify_url",
+                    "problem": "this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
+                    "with; set it, or subscribe under /v1/subscriptions (own secret)",
+                }
+            ]
+        )
     return job_out(session, registry.create_job(session, body, datetime.now(UTC)))
 
 

@@ -2,13 +2,16 @@
 
 Every command takes its parameters from flags, from a YAML file (`--config`,
 same keys as the flags with underscores; flags win), or from the defaults,
-which are the ReCCL paper's setup. Bad values exit with status 2 and name the
-flag. Each prints the parameters it used, as a table or inside `--json`.
+which are the ReCCL paper's setup. Bad values exit with status 2 and two lines,
+the flag with its problem and where to read more. Each prints the parameters it
+used, as a table or inside `--json`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from scheduler_svc.console import refuse
 from scheduler_svc.planning import analytic as analytic_model
 from scheduler_svc.planning import mirror
 from scheduler_svc.planning import simulate as sim
@@ -121,19 +125,20 @@ Config = Annotated[
     typer.Option(help="YAML file of parameters (keys as the flags, underscored); flags win."),
 ]
 
+# mirror-plan tables longer than this are summarised unless --all is given.
+SUMMARY_ROWS = 32
 SIMULATE_HELP = (sim.__doc__ or "").split("The kernels step")[0]
 
 
-def _fail(exc: ParamError) -> typer.BadParameter:
-    return typer.BadParameter(exc.message, param_hint=f"'{exc.flag}'")
-
-
 @contextmanager
-def _param_errors() -> Iterator[None]:
+def _param_errors(command: str) -> Iterator[None]:
     try:
         yield
     except ParamError as exc:
-        raise _fail(exc) from exc
+        refuse(
+            f"{exc.flag}: {exc.message}",
+            f"`railover {command} --help` states every option and its default",
+        )
 
 
 def _print_parameters(console: Console, params: dict[str, Any], title: str) -> None:
@@ -189,7 +194,11 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
     seed: Seed = None,
     json_out: JsonOut = False,
     plot: Annotated[
-        Path | None, typer.Option(help="Write the CDF of GPU-hours per policy to this PNG.")
+        Path | None,
+        typer.Option(
+            help="Write the CDF of GPU-hours per policy to this file, in the format its "
+            "suffix names (.png, .svg or .pdf; needs matplotlib)."
+        ),
     ] = None,
     config: Config = None,
 ) -> None:
@@ -214,8 +223,10 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
         "runs": runs,
         "seed": seed,
     }
-    with _param_errors():
+    with _param_errors("simulate"):
         model, options = simulate_params(config, flags)
+    if plot is not None:
+        check_plot_path(plot)  # before the run, which may take minutes
     err = Console(stderr=True)
     total = options.runs * len(sim.POLICIES)
     with Progress(
@@ -252,6 +263,34 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
         "GPU-hours (GPU-hours above the fault-free job)."
         + (f" Plot written to {plot}." if plot is not None else "")
     )
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse a plot that could not be written, before anything is computed."""
+    from scheduler_svc.planning.plot import FORMATS  # noqa: PLC0415  # matplotlib-free module
+
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        refuse(
+            f"--plot {path}: cannot tell the format from the suffix {path.suffix or '(none)'!r}",
+            f"end the name in one of {', '.join('.' + f for f in FORMATS)}",
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        refuse(
+            f"--plot {path}: the folder {folder} does not exist",
+            f"create it first (mkdir -p {folder}) or write the plot elsewhere",
+        )
+    if not os.access(folder, os.W_OK):
+        refuse(
+            f"--plot {path}: the folder {folder} is not writable",
+            "write the plot to a folder you may write to",
+        )
+    if importlib.util.find_spec("matplotlib") is None:
+        refuse(
+            "--plot needs matplotlib, which is not installed",
+            "pip install 'railover[plot]' (or drop --plot)",
+        )
 
 
 def _simulate_tables(result: sim.SimulationResult) -> list[Table]:
@@ -333,9 +372,10 @@ def analytic_command(  # noqa: PLR0917  # one parameter per option; click passes
         "runs": runs,
         "seed": seed,
     }
-    with _param_errors():
+    with _param_errors("analytic"):
         models, n_runs, n_seed = analytic_params(config, flags)
     rows = analytic_model.expected_hours(models)
+    hours_ff = models[0].hours
     params = models[0].describe()
     params.pop("derived")
     params["gpus"] = [m.gpus for m in models]
@@ -343,15 +383,7 @@ def analytic_command(  # noqa: PLR0917  # one parameter per option; click passes
     params["seed"] = n_seed
     document: dict[str, Any] = {
         "parameters": params,
-        "results": [
-            {
-                "gpus": row.gpus,
-                "restart_hours": row.restart_hours,
-                "failover_hours": row.failover_hours,
-                "improvement": row.improvement,
-            }
-            for row in rows
-        ],
+        "results": [_analytic_row(row, hours_ff) for row in rows],
     }
     checks: list[dict[str, float]] = []
     if n_runs > 0:
@@ -388,18 +420,17 @@ def analytic_command(  # noqa: PLR0917  # one parameter per option; click passes
         "extra saved",
     ):
         table.add_column(head, justify="right")
-    hours_ff = models[0].hours
-    for row in rows:
-        extra_r, extra_f = row.restart_hours - hours_ff, row.failover_hours - hours_ff
+    for doc in document["results"]:
+        saved = doc["extra_saved"]
         cells = [
-            f"{row.gpus:,}",
-            f"{row.expected_faults:.1f}",
-            f"{row.restart_hours:.2f}",
-            f"{row.failover_hours:.2f}",
-            f"{extra_r:.2f}",
-            f"{extra_f:.2f}",
-            f"{row.improvement:.2%}",
-            f"{1 - extra_f / extra_r:.1%}" if extra_r > 0 else "—",
+            f"{doc['gpus']:,}",
+            f"{doc['expected_faults']:.1f}",
+            f"{doc['restart_hours']:.2f}",
+            f"{doc['failover_hours']:.2f}",
+            f"{doc['restart_extra_hours']:.2f}",
+            f"{doc['failover_extra_hours']:.2f}",
+            f"{doc['improvement']:.2%}",
+            f"{saved:.1%}" if saved is not None else "—",
         ]
         table.add_row(*cells)
     console.print(table)
@@ -420,6 +451,22 @@ def analytic_command(  # noqa: PLR0917  # one parameter per option; click passes
                 f"{c['failover_hours']:.2f} ± {c['failover_ci95']:.2f}",
             )
         console.print(check)
+
+
+def _analytic_row(row: analytic_model.AnalyticRow, hours_ff: float) -> dict[str, Any]:
+    """Every number of one table row: `improvement` is "time saved", `extra_saved` the
+    share of the extra hours (above the fault-free job) that failover saves."""
+    extra_r, extra_f = row.restart_hours - hours_ff, row.failover_hours - hours_ff
+    return {
+        "gpus": row.gpus,
+        "expected_faults": row.expected_faults,
+        "restart_hours": row.restart_hours,
+        "failover_hours": row.failover_hours,
+        "restart_extra_hours": extra_r,
+        "failover_extra_hours": extra_f,
+        "improvement": row.improvement,
+        "extra_saved": 1 - extra_f / extra_r if extra_r > 0 else None,
+    }
 
 
 # --- mirror-plan ----------------------------------------------------------------------
@@ -447,6 +494,14 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
     ] = None,
     json_out: JsonOut = False,
     config: Config = None,
+    all_rows: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help=f"Print every row; by default tables longer than {SUMMARY_ROWS} rows are "
+            "summarised (--json always has every row).",
+        ),
+    ] = False,
 ) -> None:
     flags: dict[str, object | None] = {
         "loss": loss,
@@ -457,7 +512,7 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
         "rails": rails,
         "ranks_per_switch": ranks_per_switch,
     }
-    with _param_errors():
+    with _param_errors("mirror-plan"):
         params = mirror_params(config, flags)
     result = mirror.plan(params)
     document = result.as_json()
@@ -469,9 +524,15 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
     table = Table(title="P_fail by monitored ranks M", title_justify="left", box=box.SIMPLE_HEAD)
     for head in ("M", "P_fail per iteration", "failed iterations / year", ""):
         table.add_column(head, justify="right")
-    for i, (prob, per_year) in enumerate(zip(result.p_fail, result.failed_per_year, strict=True)):
-        mark = "◀ recommended" if result.recommended == i + 1 else ""
-        table.add_row(str(i + 1), f"{prob:.4e}", f"{per_year:.4g}", mark)
+    shown = _summary_rows(len(result.p_fail), result.recommended, all_rows)
+    previous = 0
+    for m in shown:
+        if m > previous + 1:
+            table.add_row("…", "", "", f"{m - previous - 1:,} rows left out (--all)")
+        prob, per_year = result.p_fail[m - 1], result.failed_per_year[m - 1]
+        mark = "◀ recommended" if result.recommended == m else ""
+        table.add_row(str(m), f"{prob:.4e}", f"{per_year:.4g}", mark)
+        previous = m
     console.print(table)
     if result.recommended is None:
         console.print(
@@ -482,7 +543,20 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
     placement = Table(title="Where to mirror", title_justify="left", box=box.SIMPLE_HEAD)
     for head in ("rank", "rail", "switch", "note"):
         placement.add_column(head)
-    for mon in result.placement:
+    monitors = result.placement if all_rows else result.placement[:SUMMARY_ROWS]
+    for mon in monitors:
         note = "shares its switch with another monitor" if mon.shares_switch else ""
         placement.add_row(str(mon.rank), str(mon.rail), mon.switch, note)
+    if len(monitors) < len(result.placement):
+        placement.add_row("…", "", "", f"{len(result.placement) - len(monitors):,} more (--all)")
     console.print(placement)
+
+
+def _summary_rows(count: int, recommended: int | None, everything: bool) -> list[int]:
+    """The M values a summary shows: the first rows, those around the recommendation, the last."""
+    if everything or count <= SUMMARY_ROWS:
+        return list(range(1, count + 1))
+    keep = set(range(1, 11)) | {count}
+    if recommended is not None:
+        keep |= set(range(max(1, recommended - 2), min(count, recommended + 2) + 1))
+    return sorted(keep)

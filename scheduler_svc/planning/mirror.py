@@ -86,6 +86,8 @@ class MirrorPlan:
         return {
             "parameters": params,
             "p_fail": {str(i + 1): float(v) for i, v in enumerate(self.p_fail)},
+            # The table's third column: p_fail × iterations per year.
+            "failed_per_year": {str(i + 1): float(v) for i, v in enumerate(self.failed_per_year)},
             "recommended_monitors": self.recommended,
             "placement": [m.as_json() for m in self.placement],
         }

@@ -1,4 +1,4 @@
-"""The CDF of GPU-hours per policy as a PNG; matplotlib is imported only here, only when asked."""
+"""The CDF of GPU-hours per policy as PNG, SVG or PDF; matplotlib is imported only when asked."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ LABELS = {
 }
 # Failover and Railover coincide when repairs are slow: a wide solid line under a dashed
 # one keeps both visible.
+# The formats `--plot` writes, named by the file's suffix.
+FORMATS = ("png", "svg", "pdf")
 STYLES: dict[str, dict[str, object]] = {
     "failover": {"linewidth": 3.2, "alpha": 0.7},
     "railover": {"linewidth": 1.6, "linestyle": "--"},
@@ -25,11 +27,14 @@ STYLES: dict[str, dict[str, object]] = {
 
 
 def plot_cdf(result: SimulationResult, path: Path) -> None:
-    """Write the CDF figure to `path` as a PNG."""
+    """Write the CDF figure to `path` in the format its suffix names (one of FORMATS)."""
     import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy, see cdf_figure
 
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise ValueError(f"{path}: the suffix must name one of {FORMATS}")
     fig = cdf_figure(result)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=suffix)
     plt.close(fig)
 
 

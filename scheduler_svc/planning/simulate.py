@@ -103,8 +103,15 @@ class PolicyStats:
     mean_extra_gpu_hours: float
     ci95_gpu_hours: float  # half-width of the 95 % confidence interval of the mean
 
-    def as_json(self) -> dict[str, dict[str, float]]:
-        return {"gpu_hours": self.gpu_hours, "extra_gpu_hours": self.extra_gpu_hours}
+    def as_json(self) -> dict[str, Any]:
+        """Every number the tables show: the mean with its 95 % CI, and the quantiles."""
+        return {
+            "mean_gpu_hours": self.mean_gpu_hours,
+            "ci95_gpu_hours": self.ci95_gpu_hours,
+            "mean_extra_gpu_hours": self.mean_extra_gpu_hours,
+            "gpu_hours": self.gpu_hours,
+            "extra_gpu_hours": self.extra_gpu_hours,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -92,3 +93,43 @@ def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
     ]
     assert job.checkpoint_interval_s == 1800 and job.dp_size == 2
     assert job.last_checkpoint_iteration == 20  # both checkpoints reported, the newest counts
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_torchrun_hook_trains_on_when_the_service_is_down(tmp_path: Path) -> None:
+    """Registration against a port nobody listens on: a warning, and the job still ends 0."""
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_closed_port()),
+        "RAILOVER_URL": f"http://127.0.0.1:{_closed_port()}",
+        "RAILOVER_JOB_ID": "offline-job",
+        "DEMO_STEPS": "12",
+        "DEMO_CHECKPOINT_EVERY": "5",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "railover_torchrun.py")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "registering job offline-job" in done.stderr, done.stderr[-3000:]
+    assert "training without Railover" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    # Once registration failed the hook stays quiet: no report is tried, none warns.
+    assert "report_checkpoint failed" not in done.stderr

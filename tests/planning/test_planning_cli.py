@@ -47,9 +47,20 @@ def test_simulate_json_shape(app: typer.Typer) -> None:
     assert set(doc) == {"parameters", "policies", "reductions", "runtime_s"}
     assert set(doc["policies"]) == set(POLICIES)
     for body in doc["policies"].values():
-        assert set(body) == {"gpu_hours", "extra_gpu_hours"}
+        assert set(body) == {
+            "mean_gpu_hours",
+            "ci95_gpu_hours",
+            "mean_extra_gpu_hours",
+            "gpu_hours",
+            "extra_gpu_hours",
+        }
         assert set(body["gpu_hours"]) == QUANTS
         assert set(body["extra_gpu_hours"]) == QUANTS
+        assert body["ci95_gpu_hours"] >= 0
+    restart = doc["policies"]["restart"]
+    assert restart["mean_extra_gpu_hours"] == pytest.approx(
+        restart["mean_gpu_hours"] - doc["policies"]["fault_free"]["mean_gpu_hours"]
+    )
     assert doc["parameters"]["gpus"] == 1024
     assert doc["parameters"]["runs"] == 200
     assert doc["parameters"]["k"] == [1.03, 1.2, 1.5]
@@ -88,10 +99,25 @@ def test_analytic_json_shape(app: typer.Typer) -> None:
     doc = run_json(app, "analytic", "--gpus", "1024,4096")
     assert set(doc) == {"parameters", "results"}
     assert [row["gpus"] for row in doc["results"]] == [1024, 4096]
+    hours = doc["parameters"]["hours"]
     for row in doc["results"]:
-        assert set(row) == {"gpus", "restart_hours", "failover_hours", "improvement"}
+        assert set(row) == {
+            "gpus",
+            "expected_faults",
+            "restart_hours",
+            "failover_hours",
+            "restart_extra_hours",
+            "failover_extra_hours",
+            "improvement",
+            "extra_saved",
+        }
         assert row["failover_hours"] <= row["restart_hours"]
         assert row["improvement"] == pytest.approx(1 - row["failover_hours"] / row["restart_hours"])
+        assert row["restart_extra_hours"] == pytest.approx(row["restart_hours"] - hours)
+        assert row["extra_saved"] == pytest.approx(
+            1 - row["failover_extra_hours"] / row["restart_extra_hours"]
+        )
+        assert row["expected_faults"] > 0
     assert doc["parameters"]["gpus"] == [1024, 4096]
 
 
@@ -104,7 +130,16 @@ def test_analytic_table(app: typer.Typer) -> None:
 
 def test_mirror_plan_json_shape(app: typer.Typer) -> None:
     doc = run_json(app, "mirror-plan", "--loss", "1e-9", "--dp", "8", "--packets", "50000")
-    assert set(doc) == {"parameters", "p_fail", "recommended_monitors", "placement"}
+    assert set(doc) == {
+        "parameters",
+        "p_fail",
+        "failed_per_year",
+        "recommended_monitors",
+        "placement",
+    }
+    assert list(doc["failed_per_year"]) == list(doc["p_fail"])
+    per_year = doc["parameters"]["iterations_per_year"]
+    assert doc["failed_per_year"]["2"] == pytest.approx(doc["p_fail"]["2"] * per_year)
     assert list(doc["p_fail"]) == [str(m) for m in range(1, 9)]
     assert doc["p_fail"]["3"] > 0.0  # far below 1e-16, still not cancelled to zero
     assert isinstance(doc["recommended_monitors"], int)
@@ -184,6 +219,75 @@ def test_bad_value_in_yaml_names_the_flag(app: typer.Typer, tmp_path: Path) -> N
     result = run(app, "simulate", "--config", str(study))
     assert result.exit_code == 2
     assert "--k" in result.output
+
+
+def test_simulate_json_carries_every_number_of_the_table(app: typer.Typer) -> None:
+    """The table's headline column, mean ± 95 % CI, is in the JSON with the same digits."""
+    doc = run_json(app, "simulate", *SMALL)
+    table = run(app, "simulate", *SMALL).output
+    for body in doc["policies"].values():
+        shown = f"{body['mean_gpu_hours'] / 1e6:.4f} ± {body['ci95_gpu_hours'] / 1e6:.4f}"
+        assert shown in table
+
+
+def test_analytic_json_carries_every_number_of_the_table(app: typer.Typer) -> None:
+    doc = run_json(app, "analytic", "--gpus", "1024,65536")
+    table = run(app, "analytic", "--gpus", "1024,65536").output
+    for row in doc["results"]:
+        for cell in (
+            f"{row['expected_faults']:.1f}",
+            f"{row['restart_extra_hours']:.2f}",
+            f"{row['failover_extra_hours']:.2f}",
+            f"{row['extra_saved']:.1%}",
+        ):
+            assert cell in table, cell
+
+
+def test_mirror_plan_summarises_a_large_ring_unless_all(app: typer.Typer) -> None:
+    args = ["mirror-plan", "--dp", "5000", "--loss", "1e-6"]
+    short = run(app, *args).output
+    assert short.count("\n") < 80, short
+    assert "rows left out (--all)" in short
+    assert "◀ recommended" in short
+    assert " 5000 " in short  # the last row stays
+    whole = run(app, *args, "--all").output
+    assert "rows left out" not in whole
+    assert whole.count("\n") > 5000
+    assert len(run_json(app, *args)["p_fail"]) == 5000
+
+
+@pytest.mark.parametrize(
+    ("suffix", "magic"), [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")]
+)
+def test_plot_writes_the_format_its_suffix_names(
+    app: typer.Typer, tmp_path: Path, suffix: str, magic: bytes
+) -> None:
+    out = tmp_path / f"cdf{suffix}"
+    result = run(
+        app,
+        "simulate",
+        "--gpus",
+        "64",
+        "--dp",
+        "2",
+        "--hours",
+        "10",
+        "--runs",
+        "20",
+        "--plot",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes().startswith(magic)
+    if suffix == ".svg":
+        assert b"<svg" in out.read_bytes()[:2000]
+
+
+def test_plot_path_is_checked_before_the_run(app: typer.Typer, tmp_path: Path) -> None:
+    result = run(app, "simulate", "--runs", "5000000", "--plot", str(tmp_path / "no" / "x.png"))
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+    assert result.stdout == ""
 
 
 def test_plot_writes_a_png(app: typer.Typer, tmp_path: Path) -> None:

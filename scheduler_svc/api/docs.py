@@ -1,0 +1,47 @@
+"""Swagger UI at /docs and ReDoc at /redoc, with every asset served by this process.
+
+The assets come from the `fastapi-offline` package (MIT), which ships the Swagger UI
+bundle and the ReDoc standalone script; nothing is fetched from a CDN, so the pages
+work in an air-gapped cluster.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+ASSETS = "/docs/assets"
+
+
+def asset_dir() -> Path:
+    return Path(str(files("fastapi_offline") / "static"))
+
+
+def add_docs(app: FastAPI) -> None:
+    app.mount(ASSETS, StaticFiles(directory=asset_dir()), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{ASSETS}/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            redoc_js_url=f"{ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
