@@ -30,14 +30,20 @@ typecheck: venv
 test-plugin:
 	$(MAKE) -C native_plugin test
 
-# Programs the deploy and status-page tests drive, from Debian: promtool and prometheus
-# (package prometheus), chromium (driven by Playwright, which never downloads a browser).
+# Programs the deploy, status-page, image and Slurm tests drive, from Debian: promtool and
+# prometheus (package prometheus), chromium (driven by Playwright, which never downloads a
+# browser), podman + runc + debootstrap (tests/image), slurm-wlm + munge (tests/slurm).
 # kubectl with its built-in kustomize comes with the machine; Debian's is too old.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 tools:
 	@missing=""; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v runc >/dev/null || missing="$$missing runc"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing from Debian"; \
 		$(SUDO) apt-get update -qq && \

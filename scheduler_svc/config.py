@@ -87,13 +87,22 @@ class Settings(BaseSettings):
     # Empty: in-cluster service account, else ~/.kube/config. Set for a plain API URL.
     k8s_api_url: str | None = None
     k8s_token_file: str | None = None
-    k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = "taint"
+    # What a node with a degraded RNIC gets besides the condition and an Event. A cordon
+    # comes only with a restart decision (the job leaves the node); a failover keeps its
+    # job there on the backup RNIC. A repair takes the taint and condition off again and
+    # uncordons the node if Railover cordoned it.
+    k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = (
+        "taint_and_cordon"
+    )
     k8s_taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
     k8s_event_namespace: str = "default"
     slurm_enabled: bool = False
     # Split like a shell line first, then each word is formatted: values never re-split.
     slurm_drain_command: str = 'scontrol update NodeName={node} State=DRAIN Reason="{reason}"'
     slurm_requeue_command: str = "scontrol requeue {job_id}"
+    # Every other Slurm step: comment a degraded node, resume a repaired one, requeue a job
+    # without a node, and the reads that keep each step safe to repeat.
+    slurm_scontrol: str = "scontrol"
 
     @field_validator("default_k")
     @classmethod
