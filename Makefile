@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYSRC := scheduler_svc agent native_plugin railover_testing
 
-.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
+.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check image image-name image-test
 
 all: venv plugin
 
@@ -60,6 +60,23 @@ test-python: venv plugin tools
 	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q
 
 test: lint typecheck test-plugin test-python
+
+# One OCI image with both programs and the plugin (deploy/image/Containerfile), built with
+# podman; its tag is the package version, which the kustomize base names (tests/deploy).
+# BASE=docker.io/library/python:3.11-slim where a registry is reachable; without BASE a
+# minimal Debian base is made once with debootstrap. WHEELS=1: no PyPI inside the build.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= railover:$(VERSION)
+image-name:
+	@echo $(IMAGE)
+
+image: tools
+	IMAGE=$(IMAGE) BASE=$(BASE) WHEELS=$(WHEELS) bash deploy/image/build.sh
+
+# Build the image, then run its tests (under `make test` they run only when it is built).
+image-test: venv image
+	RAILOVER_REQUIRE_TOOLS=1 RAILOVER_IMAGE=$(IMAGE) RAILOVER_IMAGE_REQUIRED=1 \
+		$(BIN)/pytest -q tests/image
 
 demo: venv plugin
 	$(BIN)/railover demo

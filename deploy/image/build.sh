@@ -38,7 +38,7 @@ ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
 if [ ! -s "$ca" ]; then ca=$(mktemp); cleanup+=("$ca"); fi
 args+=(--secret "id=pip-ca,src=$ca")
 if [ "${WHEELS:-0}" = 1 ]; then
-  python3 -m pip wheel -q -w "$root/deploy/image/wheels" "$root"
+  "${PYTHON:-python3}" -m pip wheel -q -w "$root/deploy/image/wheels" "$root" setuptools wheel
   args+=(--build-arg PIP_NO_INDEX=1)
 fi
 "$podman" build -q -f "$root/deploy/image/Containerfile" "${args[@]}" -t "$image" "$root" >/dev/null
