@@ -15,6 +15,7 @@ resumes a node whose drain reason, or clears a comment, that Railover wrote.
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import subprocess
@@ -23,9 +24,11 @@ from scheduler_svc.config import Settings
 from scheduler_svc.fleet.actions import NodeClear, NodeFlag, Requeue, SlurmMark
 from scheduler_svc.fleet.webhooks import DeliveryFailed
 
+log = logging.getLogger("railover.fleet")
 TIMEOUT_S = 30.0
 # Railover's own marks start with this, so a repair never undoes an administrator's.
 MARK = "railover:"
+SEPARATOR = " | "
 REQUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
 
@@ -72,21 +75,37 @@ class SlurmActions:
 
     def flag(self, flag: NodeFlag) -> None:
         reason = one_line(f"{MARK} {flag.reason}")
+        node = self._show("node", flag.node)
         if flag.slurm == SlurmMark.DRAIN:
-            run(render(self.settings.slurm_drain_command, node=flag.node, reason=reason))
-        else:
-            run([*self.scontrol, "update", f"NodeName={flag.node}", f"Comment={reason}"])
+            theirs = "DRAIN" in node.get("State", "") and not _ours(node.get("Reason", ""))
+            if not theirs:  # an administrator's drain keeps its reason (and its owner)
+                run(render(self.settings.slurm_drain_command, node=flag.node, reason=reason))
+            return
+        # An administrator's comment stays in front of ours, and comes back on repair.
+        kept = _without_ours(node.get("Comment", ""))
+        comment = f"{kept}{SEPARATOR}{reason}" if kept else reason
+        run([*self.scontrol, "update", f"NodeName={flag.node}", f"Comment={comment}"])
 
     def clear(self, clear: NodeClear) -> None:
         node = self._show("node", clear.node)
-        if "DRAIN" in node.get("State", "") and node.get("Reason", "").startswith(MARK):
+        if "DRAIN" in node.get("State", "") and _ours(node.get("Reason", "")):
             run([*self.scontrol, "update", f"NodeName={clear.node}", "State=RESUME"])
-        if node.get("Comment", "").startswith(MARK):
-            run([*self.scontrol, "update", f"NodeName={clear.node}", "Comment="])
+        comment = node.get("Comment", "")
+        if _ours(comment) or SEPARATOR + MARK in comment:
+            kept = _without_ours(comment)
+            run([*self.scontrol, "update", f"NodeName={clear.node}", f"Comment={kept}"])
 
     def requeue(self, job: Requeue) -> None:
+        try:
+            state = self._show("job", job.job_id).get("JobState", "")
+        except DeliveryFailed as exc:
+            if "Invalid job id" not in str(exc):
+                raise
+            # Not a Slurm job (or long gone): nothing to requeue, and retrying cannot help.
+            log.warning("slurm does not know job %s; not requeued", job.job_id)
+            return
         # Already back in the queue: a retry after the requeue went through.
-        done = self._show("job", job.job_id).get("JobState", "") in REQUEUED
+        done = state in REQUEUED
         if not job.exclude:
             if not done:
                 run(render(self.settings.slurm_requeue_command, job_id=job.job_id))
@@ -104,3 +123,14 @@ class SlurmActions:
     def _hostnames(self, hostlist: str) -> list[str]:
         """`gpu[01-03]` as gpu01, gpu02, gpu03."""
         return run([*self.scontrol, "show", "hostnames", hostlist]).split()
+
+
+def _ours(text: str) -> bool:
+    return text.startswith(MARK)
+
+
+def _without_ours(comment: str) -> str:
+    """An administrator's part of a node comment, without what Railover appended."""
+    if _ours(comment) or comment == "(null)":
+        return ""
+    return comment.split(SEPARATOR + MARK, 1)[0]

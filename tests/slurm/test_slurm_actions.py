@@ -110,13 +110,22 @@ def test_failover_marks_the_node_degraded_in_sinfo_and_failback_clears_it(
     assert slurm.squeue(job) == "R"
 
 
-def test_repair_leaves_an_administrators_drain_alone(slurm: SlurmCluster) -> None:
+def test_an_administrators_drain_and_comment_are_left_alone(slurm: SlurmCluster) -> None:
+    settings = Settings(slurm_enabled=True)
     slurm.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN", "Reason=bad DIMM")
-    slurm.run("scontrol", "update", "NodeName=gpu03", "Comment=ticket 4711")
-    deliver(Settings(slurm_enabled=True), DC, decision("failback", "1", "gpu03"))
+    slurm.run("scontrol", "update", "NodeName=gpu02", "Comment=ticket 4711")
+    # A restart decision about an already drained node keeps the administrator's reason ...
+    deliver(settings, DC, decision("restart", "999999", "gpu03"))
+    assert slurm.node("gpu03")["Reason"].startswith("bad DIMM")
+    # ... and a failover adds to their comment rather than replacing it.
+    deliver(settings, DC, decision("failover", "999999", "gpu02", "d-9"))
+    assert slurm.node("gpu02")["Comment"].startswith("ticket 4711 | railover: decision d-9: ")
+    # The repair takes only Railover's marks off.
+    deliver(settings, DC, decision("failback", "999999", "gpu03"))
+    deliver(settings, DC, decision("failback", "999999", "gpu02"))
     node = slurm.node("gpu03")
     assert "DRAIN" in node["State"] and node["Reason"].startswith("bad DIMM")
-    assert node["Comment"] == "ticket 4711"
+    assert slurm.node("gpu02")["Comment"] == "ticket 4711"
 
 
 def test_service_restart_decision_drains_through_the_outbox(
