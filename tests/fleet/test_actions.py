@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ from scheduler_svc.fleet.kubernetes import (
 )
 from scheduler_svc.fleet.slurm import render
 from scheduler_svc.fleet.webhooks import DeliveryFailed
+from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
+from scheduler_svc.store.repositories import CoordinationRepo
 from tests.fleet.conftest import SMP, K8sStandIn
 from tests.fleet.helpers import fast, fault, two_jobs
 
@@ -292,3 +295,53 @@ def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
     assert f"decision {decision}" in event["message"]
     assert len(events_about(k8s, "n3")) == 1
     assert os.access(script, os.X_OK)
+
+
+def test_clearing_a_maintenance_flag_repairs_the_node(tmp_path: Path, k8s: K8sStandIn) -> None:
+    """DELETE /v1/maintenance-flags/{id}: Railover's taint and condition come off, in
+    Kubernetes (the stand-in's stored node) and in Slurm (comment and drain reads)."""
+    script, log = scontrol(tmp_path)
+    db = f"sqlite:///{tmp_path / 'railover.db'}"
+    settings = fast(
+        db,
+        k8s_enabled=True,
+        k8s_api_url=k8s.url,
+        slurm_enabled=True,
+        slurm_drain_command=f'{script} update NodeName={{node}} State=DRAIN Reason="{{reason}}"',
+        slurm_scontrol=str(script),
+    )
+
+    def wait(what: str, probe: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        while not probe():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        two_jobs(http)
+        sessions = make_sessionmaker(make_engine(db))
+        with sessions(info={CONFIG_KEY: FleetTargets(k8s=True, slurm=True)}) as s, s.begin():
+            row = CoordinationRepo(s).flag(
+                m.MaintenanceFlag(
+                    node="n3", device="mlx5_1", port=1, flagged_at=NOW, reason="flapped 5x"
+                )
+            )
+            assert row is not None
+            emit(
+                s,
+                EventType.MAINTENANCE_FLAG,
+                job_id=None,
+                subject="node/n3/mlx5_1/1",
+                data={"node": "n3", "device": "mlx5_1", "port": 1, "reason": "flapped 5x"},
+            )
+            flag_id = row.id
+        wait("tainted", lambda: TAINT_KEY in [t["key"] for t in taints(k8s, "n3")])
+        r = http.delete(f"/v1/maintenance-flags/{flag_id}")
+        assert r.status_code == 200, r.text
+        wait("untainted", lambda: TAINT_KEY not in [t["key"] for t in taints(k8s, "n3")])
+        wait("repair event", lambda: len(events_about(k8s, "n3")) == 2)
+    assert k8s.condition("n3", CONDITION_TYPE) is None
+    assert k8s.refused() == []
+    repaired = [e for e in events_about(k8s, "n3") if e["reason"] == "RNICRepaired"]
+    assert "maintenance flag" in repaired[0]["message"]
+    wait("slurm read the node", lambda: log.read_text().count('"show", "node"') >= 2)
