@@ -7,7 +7,7 @@ STAMP_RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 PYSRC := scheduler_svc agent native_plugin railover_testing
 
-.PHONY: all venv venv-runtime plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
+.PHONY: all venv venv-runtime plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check image image-name image-test
 
 all: venv plugin
 
@@ -37,14 +37,20 @@ typecheck: venv
 test-plugin:
 	$(MAKE) -C native_plugin test
 
-# Programs the deploy and status-page tests drive, from Debian: promtool and prometheus
-# (package prometheus), chromium (driven by Playwright, which never downloads a browser).
+# Programs the deploy, status-page, image and Slurm tests drive, from Debian: promtool and
+# prometheus (package prometheus), chromium (driven by Playwright, which never downloads a
+# browser), podman + runc + debootstrap (tests/image), slurm-wlm + munge (tests/slurm).
 # kubectl with its built-in kustomize comes with the machine; Debian's is too old.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 tools:
 	@missing=""; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v runc >/dev/null || missing="$$missing runc"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing from Debian"; \
 		$(SUDO) apt-get update -qq && \
@@ -61,6 +67,23 @@ test-python: venv plugin tools
 	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q
 
 test: lint typecheck test-plugin test-python
+
+# One OCI image with both programs and the plugin (deploy/image/Containerfile), built with
+# podman; its tag is the package version, which the kustomize base names (tests/deploy).
+# BASE=docker.io/library/python:3.11-slim where a registry is reachable; without BASE a
+# minimal Debian base is made once with debootstrap. WHEELS=1: no PyPI inside the build.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= railover:$(VERSION)
+image-name:
+	@echo $(IMAGE)
+
+image: tools
+	IMAGE=$(IMAGE) BASE=$(BASE) WHEELS=$(WHEELS) bash deploy/image/build.sh
+
+# Build the image, then run its tests (under `make test` they run only when it is built).
+image-test: venv image
+	RAILOVER_REQUIRE_TOOLS=1 RAILOVER_IMAGE=$(IMAGE) RAILOVER_IMAGE_REQUIRED=1 \
+		$(BIN)/pytest -q tests/image
 
 # Light: the runtime dependencies only (no torch, playwright or test tools).
 demo: venv-runtime plugin

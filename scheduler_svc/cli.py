@@ -228,6 +228,42 @@ def token_create(
     typer.echo(plain)
 
 
+@token_app.command("bootstrap")
+def token_bootstrap(db: DbOpt = None) -> None:
+    """On a store with no active token: create a fleet and a viewer token, print both.
+
+    For installs (deploy/README.md): safe to run from several places at once or again,
+    since only the first run on an empty store creates anything (under a store lock).
+    Prints `fleet <token>` and `viewer <token>`, or nothing when tokens exist.
+    """
+    from scheduler_svc.store.db import (
+        make_engine,
+        make_sessionmaker,
+        take_bootstrap_lock,
+        upgrade,
+    )
+    from scheduler_svc.store.repositories import TokenRepo
+
+    settings = _settings(db)
+    upgrade(settings.sqlalchemy_url)
+    engine = make_engine(settings.sqlalchemy_url)
+    created: list[tuple[str, str]] = []
+    with make_sessionmaker(engine)() as session, session.begin():
+        take_bootstrap_lock(session)
+        repo = TokenRepo(session)
+        if repo.count_active() == 0:
+            now = datetime.now(UTC)
+            for role, what in (("fleet", "bootstrap"), ("viewer", "status page")):
+                _, plain = repo.create(role=role, node=None, description=what, now=now)
+                created.append((role, plain))
+    engine.dispose()
+    if not created:
+        typer.echo("tokens exist already; none created", err=True)
+        return
+    for role, plain in created:
+        typer.echo(f"{role} {plain}")
+
+
 @token_app.command("list")
 def token_list(db: DbOpt = None) -> None:
     """List tokens (ids and roles, never secrets)."""

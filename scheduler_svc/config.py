@@ -303,8 +303,12 @@ class Settings(BaseSettings):
     k8s_token_file: str | None = Field(
         default=None, description="Bearer token file for k8s_api_url"
     )
+    # A cordon comes only with a restart decision (the job leaves the node); a failover
+    # keeps its job there on the backup RNIC. A repair takes the taint and condition off
+    # again and uncordons the node if Railover cordoned it.
     k8s_node_policy: Literal["condition", "taint", "cordon", "taint_and_cordon"] = Field(
-        default="taint", description="What a failed node gets beside its condition"
+        default="taint_and_cordon",
+        description="What a node with a degraded RNIC gets beside its condition and an Event",
     )
     k8s_taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
         default="NoSchedule", description="Effect of the taint on a failed node"
@@ -322,6 +326,11 @@ class Settings(BaseSettings):
     )
     slurm_requeue_command: str = Field(
         default="scontrol requeue {job_id}", description="Command that requeues a job ({job_id})"
+    )
+    slurm_scontrol: str = Field(
+        default="scontrol",
+        description="scontrol for the other Slurm steps: comment, resume, requeue without a "
+        "node, and the reads that keep each step safe to repeat",
     )
 
     @field_validator("db_url")

@@ -9,6 +9,7 @@ from fastapi import Query
 from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, Reader, SessionDep
 from scheduler_svc.errors import Forbidden, NotFound, Unauthorized, responses
+from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.schemas import FabricState, MaintenanceFlagOut, SwitchFaultOut
 from scheduler_svc.services.status import fault_out
 from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo
@@ -46,4 +47,17 @@ def clear_maintenance_flag(flag_id: int, session: SessionDep, _: FleetAuth) -> M
     row = CoordinationRepo(session).clear_flag(flag_id, datetime.now(UTC))
     if row is None:
         raise NotFound(f"no open maintenance flag {flag_id}")
+    # Kubernetes and Slurm take Railover's marks off the node (fleet.actions).
+    emit(
+        session,
+        EventType.MAINTENANCE_CLEARED,
+        job_id=None,
+        subject=f"node/{row.node}/{row.device}/{row.port}",
+        data={
+            "node": row.node,
+            "device": row.device,
+            "port": row.port,
+            "reason": f"maintenance flag {flag_id} on {row.device}/{row.port} cleared",
+        },
+    )
     return MaintenanceFlagOut.model_validate(row, from_attributes=True)

@@ -1,18 +1,38 @@
 """What an event asks of the fleet manager's own tools: pure, so tests read as tables.
 
-Two triggers act on nodes: a restart decision caused by a fault on a node, and a
-maintenance flag (a port that keeps flapping, emitted by the coordination code).
-A restart decision also asks Slurm to requeue the job.
+A node whose RNIC is in trouble is *flagged*; a repaired one is *cleared*:
+
+- restart decision: flagged; Kubernetes condition, taint, cordon and an Event; Slurm
+  drains the node, then requeues the job.
+- restart_scaled decision: flagged; condition, taint, Event; Slurm comments the node
+  and requeues the job excluding it.
+- failover decision: flagged; condition, taint, Event; Slurm comments the node (the
+  comment shows in `sinfo -O NodeList,Comment`).
+- maintenance.flagged (a port that keeps flapping): flagged; condition, taint,
+  Event; Slurm drains the node.
+- failback decision, maintenance.cleared (an operator cleared the flag): cleared;
+  condition and taint removed, uncordoned if Railover cordoned it, an Event; Slurm
+  resumes the node if Railover drained it and clears Railover's comment.
+
+Cordon is for restart only: the job is leaving the node, so nothing should land on it
+until it is repaired. After a failover the job keeps running there on its backup RNIC;
+the taint keeps new work off without touching what runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from scheduler_svc.fleet.types import EventType
 
-RESTART_ACTIONS = frozenset({"restart", "restart_scaled"})
+
+class SlurmMark(StrEnum):
+    """How a flagged node is marked in Slurm."""
+
+    DRAIN = "drain"  # State=DRAIN: nothing new is scheduled there
+    COMMENT = "comment"  # Comment=railover: ...; running work stays, sinfo shows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +43,45 @@ class NodeFlag:
     reason: str
     device: str | None = None
     port: int | None = None
+    decision_id: str | None = None
+    # restart only (see the module docstring)
+    cordon: bool = False
+    slurm: SlurmMark = SlurmMark.COMMENT
+
+
+@dataclass(frozen=True, slots=True)
+class NodeClear:
+    """A node whose RNIC was repaired: take Railover's marks off it again."""
+
+    node: str
+    reason: str
+    decision_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """A Slurm job to requeue; `exclude` keeps it off those nodes when it runs again."""
+
+    job_id: str
+    exclude: tuple[str, ...] = ()
+
+
+NODE_ACTIONS = frozenset({"restart", "restart_scaled", "failover"})
+
+
+def _where(fault: dict[str, Any]) -> str:
+    where = str(fault.get("device") or "RNIC")
+    if fault.get("port"):
+        where = f"{where}/{fault['port']}"
+    return f"{where} {fault.get('kind') or 'fault'}"
+
+
+def _fault_node(data: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    fault = data.get("fault") or {}
+    node = fault.get("node") if isinstance(fault, dict) else None
+    if not isinstance(node, str) or not node:
+        return None
+    return node, fault
 
 
 def node_flags(event_type: str, data: dict[str, Any]) -> list[NodeFlag]:
@@ -31,32 +90,72 @@ def node_flags(event_type: str, data: dict[str, Any]) -> list[NodeFlag]:
         if not isinstance(node, str) or not node:
             return []
         reason = str(data.get("reason") or "RNIC flagged for maintenance")
-        return [NodeFlag(node, reason, data.get("device"), data.get("port"))]
-    if event_type == EventType.DECISION_CREATED and data.get("action") in RESTART_ACTIONS:
-        fault = data.get("fault") or {}
-        node = fault.get("node")
+        return [NodeFlag(node, reason, data.get("device"), data.get("port"), slurm=SlurmMark.DRAIN)]
+    if event_type != EventType.DECISION_CREATED or data.get("action") not in NODE_ACTIONS:
+        return []
+    found = _fault_node(data)
+    if found is None:
+        return []
+    node, fault = found
+    action = data["action"]
+    decision = data.get("decision_id")
+    verb = {"restart": "restarts", "restart_scaled": "restarts without it"}.get(
+        action, "failed over"
+    )
+    reason = f"decision {decision}: job {data.get('job_id')} {verb}: {_where(fault)}"
+    return [
+        NodeFlag(
+            node,
+            reason,
+            fault.get("device"),
+            fault.get("port"),
+            decision_id=decision if isinstance(decision, str) else None,
+            cordon=action == "restart",
+            slurm=SlurmMark.DRAIN if action == "restart" else SlurmMark.COMMENT,
+        )
+    ]
+
+
+def node_clears(event_type: str, data: dict[str, Any]) -> list[NodeClear]:
+    if event_type == EventType.MAINTENANCE_CLEARED:
+        node = data.get("node")
         if not isinstance(node, str) or not node:
             return []
-        where = fault.get("device") or "RNIC"
-        if fault.get("port"):
-            where = f"{where}/{fault['port']}"
-        reason = f"job {data.get('job_id')} restarts: {where} {fault.get('kind', 'fault')}"
-        return [NodeFlag(node, reason, fault.get("device"), fault.get("port"))]
-    return []
+        return [NodeClear(node, str(data.get("reason") or "maintenance flag cleared"))]
+    if event_type != EventType.DECISION_CREATED or data.get("action") != "failback":
+        return []
+    found = _fault_node(data)
+    if found is None:
+        return []
+    node, fault = found
+    decision = data.get("decision_id")
+    return [
+        NodeClear(
+            node,
+            f"decision {decision}: job {data.get('job_id')} fails back: {_where(fault)} repaired",
+            decision if isinstance(decision, str) else None,
+        )
+    ]
 
 
-def requeue_job(event_type: str, data: dict[str, Any]) -> str | None:
-    """The job to requeue, for a restart decision."""
-    if event_type == EventType.DECISION_CREATED and data.get("action") in RESTART_ACTIONS:
-        job = data.get("job_id")
-        return job if isinstance(job, str) else None
+def requeue_job(event_type: str, data: dict[str, Any]) -> Requeue | None:
+    """The job to requeue, for a restart decision (Railover's job id is Slurm's)."""
+    if event_type != EventType.DECISION_CREATED:
+        return None
+    job = data.get("job_id")
+    if not isinstance(job, str):
+        return None
+    if data.get("action") == "restart":
+        return Requeue(job)
+    if data.get("action") == "restart_scaled":
+        found = _fault_node(data)
+        return Requeue(job, (found[0],) if found else ())
     return None
 
 
 def wants_k8s(event_type: str, data: dict[str, Any]) -> bool:
-    return bool(node_flags(event_type, data))
+    return bool(node_flags(event_type, data) or node_clears(event_type, data))
 
 
 def wants_slurm(event_type: str, data: dict[str, Any]) -> bool:
-    drains = event_type == EventType.MAINTENANCE_FLAG and bool(node_flags(event_type, data))
-    return drains or requeue_job(event_type, data) is not None
+    return wants_k8s(event_type, data) or requeue_job(event_type, data) is not None

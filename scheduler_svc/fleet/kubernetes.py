@@ -1,27 +1,32 @@
 """Kubernetes actions for a degraded node, through the official `kubernetes` client.
 
-For each flagged node, in this order (each step is idempotent, so a retried
-delivery repeats it harmlessly):
+Flagging a node (fleet.actions says when), in this order (each step is
+idempotent, so a retried delivery repeats it harmlessly):
 
 1. PATCH /api/v1/nodes/{name}/status, strategic merge: a `RailoverRNICDegraded`
    condition. Node conditions merge by `type`, so the kubelet's own conditions
    are left alone and the kubelet keeps ours when it updates its own.
 2. Per policy, PATCH /api/v1/nodes/{name}, strategic merge: the
-   `railover.io/rnic-degraded` taint and/or `spec.unschedulable: true` (cordon,
-   what `kubectl cordon` sends). `spec.taints` has no merge key, so a patch
-   replaces the whole list: the node is read first and the patch carries
-   `metadata.resourceVersion`, so a concurrent change makes it fail with 409
-   and the delivery is retried on fresh data rather than dropping a taint.
-3. POST /api/v1/namespaces/{ns}/events: a core/v1 Event about the Node. core/v1
-   rather than events.k8s.io/v1: both store the same object, but the kubelet
-   writes its node events through core/v1 in "default", `kubectl describe node`
-   lists them by involvedObject, and the RBAC rule is the long-standing core one.
-   The Event is named after the Railover event id, so a retry gets 409
-   AlreadyExists, taken as done.
+   `railover.io/rnic-degraded` taint, and for a restart decision
+   `spec.unschedulable: true` (cordon, what `kubectl cordon` sends) with the
+   annotation `railover.io/cordoned`, so a repair uncordons only what Railover
+   cordoned. `spec.taints` has no merge key, so a patch replaces the whole list:
+   the node is read first and the patch carries `metadata.resourceVersion`, so a
+   concurrent change makes it fail with 409 Conflict and the delivery is retried
+   on fresh data rather than dropping someone else's taint.
+3. POST /api/v1/namespaces/{ns}/events: a core/v1 Event about the Node whose
+   message names the decision. core/v1 rather than events.k8s.io/v1: both store
+   the same object, but the kubelet writes its node events through core/v1 in
+   "default", `kubectl describe node` lists them by involvedObject, and the RBAC
+   rule is the long-standing core one. The Event is named after the Railover
+   event id, so a retry gets 409 AlreadyExists, taken as done.
 
-RBAC (a ClusterRole, since nodes are cluster-scoped; bind it to the service's
-ServiceAccount with a ClusterRoleBinding, or grant `events` through a Role in
-the event namespace only):
+Clearing a repaired node undoes 1 and 2 (the condition deleted by its merge key,
+the taint list rewritten without ours under the same resourceVersion guard, the
+cordon lifted if ours) and records a Normal Event.
+
+RBAC, exactly these verbs (deploy/k8s/base/rbac.yaml; tests/deploy checks it
+against every call the stand-in API server records):
 
     - apiGroups: [""]
       resources: ["nodes"]
@@ -46,11 +51,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from scheduler_svc.config import Settings
-from scheduler_svc.fleet.actions import NodeFlag
+from scheduler_svc.fleet.actions import NodeClear, NodeFlag
 from scheduler_svc.fleet.webhooks import DeliveryFailed
 
 CONDITION_TYPE = "RailoverRNICDegraded"
 TAINT_KEY = "railover.io/rnic-degraded"
+# On a node Railover cordoned (value: the decision id): a repair uncordons only these.
+CORDON_ANNOTATION = "railover.io/cordoned"
 COMPONENT = "railover-scheduler"
 
 
@@ -79,10 +86,22 @@ class KubernetesActions:
         try:
             self._condition(flag, now)
             self._taint_or_cordon(flag, now)
-            self._event(flag, event_id, now)
+            self._event(flag.node, "RNICDegraded", flag.reason, "Warning", event_id, now)
         except ApiException as exc:
             raise DeliveryFailed(
                 f"kubernetes {exc.status} {exc.reason}: node {flag.node}", exc.status
+            ) from exc
+
+    def clear_node(self, clear: NodeClear, *, event_id: str, now: datetime) -> None:
+        try:
+            # Deleting by merge key leaves the kubelet's conditions alone; absent, a no-op.
+            body = {"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}}
+            self.core.patch_node_status(clear.node, body)
+            self._untaint_and_uncordon(clear.node)
+            self._event(clear.node, "RNICRepaired", clear.reason, "Normal", event_id, now)
+        except ApiException as exc:
+            raise DeliveryFailed(
+                f"kubernetes {exc.status} {exc.reason}: node {clear.node}", exc.status
             ) from exc
 
     def _condition(self, flag: NodeFlag, now: datetime) -> None:
@@ -108,8 +127,8 @@ class KubernetesActions:
         policy = self.settings.k8s_node_policy
         spec: dict[str, Any] = {}
         patch: dict[str, Any] = {"spec": spec}
+        node = self.core.read_node(flag.node)
         if policy in ("taint", "taint_and_cordon"):
-            node = self.core.read_node(flag.node)
             taints = [t.to_dict() for t in (node.spec.taints or [])]
             if not any(t["key"] == TAINT_KEY for t in taints):
                 taint: dict[str, Any] = {
@@ -122,25 +141,44 @@ class KubernetesActions:
                 wire = [_taint_wire(t) for t in taints]
                 spec["taints"] = [*wire, taint]
                 patch["metadata"] = {"resourceVersion": node.metadata.resource_version}
-        if policy in ("cordon", "taint_and_cordon"):
+        if flag.cordon and policy in ("cordon", "taint_and_cordon") and not node.spec.unschedulable:
             spec["unschedulable"] = True
+            meta = patch.setdefault("metadata", {})
+            meta["resourceVersion"] = node.metadata.resource_version
+            meta["annotations"] = {CORDON_ANNOTATION: flag.decision_id or "true"}
         if spec:
             self.core.patch_node(flag.node, patch)
 
-    def _event(self, flag: NodeFlag, event_id: str, now: datetime) -> None:
-        digest = hashlib.sha256(f"{event_id}/{flag.node}".encode()).hexdigest()[:16]
-        name = f"{flag.node[:200]}.railover-{digest}"
+    def _untaint_and_uncordon(self, name: str) -> None:
+        node = self.core.read_node(name)
+        spec: dict[str, Any] = {}
+        meta: dict[str, Any] = {"resourceVersion": node.metadata.resource_version}
+        taints = [t.to_dict() for t in (node.spec.taints or [])]
+        if any(t["key"] == TAINT_KEY for t in taints):
+            spec["taints"] = [_taint_wire(t) for t in taints if t["key"] != TAINT_KEY]
+        if CORDON_ANNOTATION in (node.metadata.annotations or {}):
+            spec["unschedulable"] = False
+            meta["annotations"] = {CORDON_ANNOTATION: None}  # null deletes a key
+        if spec:
+            self.core.patch_node(name, {"metadata": meta, "spec": spec})
+
+    def _event(  # noqa: PLR0917  (private; every call reads as one sentence)
+        self, node: str, reason: str, message: str, kind: str, event_id: str, now: datetime
+    ) -> None:
+        digest = hashlib.sha256(f"{event_id}/{node}".encode()).hexdigest()[:16]
+        name = f"{node[:200]}.railover-{digest}"
         stamp = _time(now)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": self.settings.k8s_event_namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": flag.node},
-            "reason": "RNICDegraded",
-            "message": flag.reason,
-            "type": "Warning",
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,

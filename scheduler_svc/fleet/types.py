@@ -14,6 +14,8 @@ class EventType(enum.StrEnum):
     COMMAND_SUPERSEDED = "io.railover.command.superseded"
     SWITCH_FAULT = "io.railover.switch_fault.detected"
     MAINTENANCE_FLAG = "io.railover.maintenance.flagged"
+    # An operator cleared a flag (DELETE /v1/maintenance-flags/{id}): the port is repaired.
+    MAINTENANCE_CLEARED = "io.railover.maintenance.cleared"
 
 
 def command_type(state: str) -> str:

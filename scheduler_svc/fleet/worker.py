@@ -30,7 +30,6 @@ from scheduler_svc.config import Settings
 from scheduler_svc.fleet import actions, slurm
 from scheduler_svc.fleet.events import WROTE_KEY
 from scheduler_svc.fleet.repositories import DEAD, DELIVERED, OutboxRepo, SubscriptionRepo
-from scheduler_svc.fleet.types import EventType
 from scheduler_svc.fleet.webhooks import DeliveryFailed, post_event
 from scheduler_svc.store import models as m
 
@@ -190,16 +189,18 @@ class DeliveryWorker:
                 self._k8s = KubernetesActions(self.settings)
             for flag in actions.node_flags(ev.type, ev.data):
                 self._k8s.flag_node(flag, event_id=ev.event_id, now=now)
+            for clear in actions.node_clears(ev.type, ev.data):
+                self._k8s.clear_node(clear, event_id=ev.event_id, now=now)
             return
-        if ev.type == EventType.MAINTENANCE_FLAG:
-            for flag in actions.node_flags(ev.type, ev.data):
-                reason = slurm.one_line(f"railover: {flag.reason}")
-                slurm.run(
-                    slurm.render(self.settings.slurm_drain_command, node=flag.node, reason=reason)
-                )
+        scontrol = slurm.SlurmActions(self.settings)
+        # Mark the node before the requeue, so the job cannot start there again.
+        for flag in actions.node_flags(ev.type, ev.data):
+            scontrol.flag(flag)
+        for clear in actions.node_clears(ev.type, ev.data):
+            scontrol.clear(clear)
         job = actions.requeue_job(ev.type, ev.data)
         if job is not None:
-            slurm.run(slurm.render(self.settings.slurm_requeue_command, job_id=job))
+            scontrol.requeue(job)
 
     def _record(self, item: Work, outcome: DeliveryFailed | int) -> None:
         now = datetime.now(UTC)

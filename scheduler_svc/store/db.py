@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)
@@ -81,6 +85,59 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+# PostgreSQL advisory lock keys ("railover" in ASCII, and the next one): shared by every
+# Railover process on a database, so two of them never migrate or bootstrap at once.
+MIGRATION_LOCK = 0x7261696C6F766572
+BOOTSTRAP_LOCK = MIGRATION_LOCK + 1
+
+
 def upgrade(url: str) -> None:
-    """Bring the schema to the newest migration; safe to run on every start."""
-    command.upgrade(alembic_config(url), "head")
+    """Bring the schema to the newest migration; safe to run on every start, concurrently.
+
+    Several replicas' init containers start together on an empty store. Without a
+    lock each would find no schema and create it, and all but one would fail on a
+    half-made one. The lock serialises them: the first migrates, the others then
+    find the newest schema and have nothing to do. PostgreSQL: a session advisory
+    lock, released when its connection closes even if this process dies. SQLite: an
+    exclusive flock on a file next to the database.
+    """
+    with migration_lock(url):
+        command.upgrade(alembic_config(url), "head")
+
+
+@contextmanager
+def migration_lock(url: str) -> Iterator[None]:
+    if url.startswith("postgresql"):
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    path = make_url(url).database if url.startswith("sqlite") else None
+    if not path or path == ":memory:":
+        yield
+        return
+    with open(f"{path}.migrate-lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def take_bootstrap_lock(session: Session) -> None:
+    """Serialise bootstrap transactions: until this one commits, no other bootstraps.
+
+    PostgreSQL: a transaction advisory lock. SQLite: the write lock BEGIN IMMEDIATE
+    already holds (see _sqlite_immediate_transactions).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOTSTRAP_LOCK})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import posixpath
 import subprocess
+import tomllib
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,13 +24,18 @@ import yaml
 from agent.config import AgentSettings
 from agent.railmap import parse_rail_map
 from scheduler_svc.config import Settings
+from scheduler_svc.fleet.actions import NodeClear, NodeFlag
+from scheduler_svc.fleet.kubernetes import KubernetesActions
 from tests.deploy.tools import need_tool
+from tests.fleet.conftest import K8sStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
 KUBE_VERSION = "1.37.0"
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+WORKLOADS = {"Deployment", "DaemonSet", "Job"}
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 Doc = dict[str, Any]
 
 
@@ -95,6 +102,7 @@ def test_overlay_validates_strictly(overlay: str, tmp_path: Path) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "ServiceAccount",
+        "Job",
     } <= kinds
 
 
@@ -347,8 +355,32 @@ def pod_labels(workload: Doc) -> dict[str, str]:
     return labels
 
 
+def rbac_for(method: str, path: str) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) the API server authorises a core/v1 request as."""
+    parts = path.split("?", maxsplit=1)[0].strip("/").split("/")
+    assert parts[:2] == ["api", "v1"], path
+    if parts[2] == "namespaces":
+        resource, named = parts[4], len(parts) > 5
+    else:
+        resource, named = "/".join([parts[2], *parts[4:5]]), len(parts) > 3
+    verb = {"GET": "get" if named else "list", "PATCH": "patch", "POST": "create"}[method]
+    return ("", resource, verb)
+
+
+def used_by_a_full_cycle(k8s: K8sStandIn) -> set[tuple[str, str, str]]:
+    """Every request Railover's Kubernetes actions make: flag (each kind), then repair."""
+    actions = KubernetesActions(Settings(k8s_enabled=True, k8s_api_url=k8s.url))
+    restart = NodeFlag("n0", "decision d: restart", "mlx5_0", 1, "d", cordon=True)
+    failover = NodeFlag("n1", "decision e: failover", "mlx5_0", 1, "e")
+    for i, flag in enumerate((restart, failover)):
+        actions.flag_node(flag, event_id=f"flag-{i}", now=NOW)
+        actions.clear_node(NodeClear(flag.node, "repaired"), event_id=f"clear-{i}", now=NOW)
+    assert k8s.refused() == []
+    return {rbac_for(c.method, c.path) for c in k8s.calls}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_rbac_is_nodes_and_events_only(overlay: str) -> None:
+def test_rbac_grants_exactly_the_verbs_used(overlay: str, k8s: K8sStandIn) -> None:
     _, docs = build(overlay)
     roles = [d for d in docs if d["kind"] in {"ClusterRole", "Role"}]
     assert len(roles) == 1
@@ -359,17 +391,61 @@ def test_rbac_is_nodes_and_events_only(overlay: str) -> None:
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert granted == {
-        ("", "nodes", "get"),
-        ("", "nodes", "patch"),
-        ("", "nodes/status", "get"),
-        ("", "nodes/status", "patch"),
-        ("", "events", "create"),
-        ("events.k8s.io", "events", "create"),
-    }
+    assert granted == used_by_a_full_cycle(k8s)
     binding = one(docs, "ClusterRoleBinding", roles[0]["metadata"]["name"])
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "railover", "namespace": "railover"}
     ]
     dep = one(docs, "Deployment", "railover")
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "railover"
+
+
+def image_name() -> str:
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "image-name"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_the_image_make_image_builds(overlay: str) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert image_name() == f"railover:{version}"
+    _, docs = build(overlay)
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in WORKLOADS]
+    images = {c["image"] for pod in pods for c in pod["containers"] + pod.get("initContainers", [])}
+    assert images == {image_name()}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_bootstrap_job_shares_the_services_store(overlay: str) -> None:
+    _, docs = build(overlay)
+    job = one(docs, "Job", "railover-bootstrap")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["railover", "token", "bootstrap"]
+    assert pod["automountServiceAccountToken"] is False
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    service = one(docs, "Deployment", "railover")["spec"]["template"]["spec"]
+    svc = service["containers"][0]
+    assert c["envFrom"] == svc["envFrom"]
+    assert env_of(c).get("RAILOVER_DB_URL") == env_of(svc).get("RAILOVER_DB_URL")
+    (init,) = service["initContainers"]
+    assert init["args"][0].startswith("railover db upgrade\n")
+    if overlay == "sqlite-single":
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["data"] == {m["name"]: m["mountPath"] for m in svc["volumeMounts"]}["data"]
+        claim = {v["name"]: v for v in pod["volumes"]}["data"]["persistentVolumeClaim"]
+        assert claim["claimName"] == "railover-data"
+        # ReadWriteOnce: only beside the service's pod.
+        term = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert (
+            term["labelSelector"]["matchLabels"].items()
+            <= pod_labels(one(docs, "Deployment", "railover")).items()
+        )
