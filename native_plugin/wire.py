@@ -30,6 +30,7 @@ __all__ = [
     "AckStatus",
     "Command",
     "CommandKind",
+    "Communicator",
     "CqeError",
     "FrameDecoder",
     "Hello",
@@ -38,6 +39,7 @@ __all__ = [
     "PathSwitch",
     "PortEvent",
     "Progress",
+    "Stall",
     "SwitchReason",
     "WireError",
     "decode_frame",
@@ -75,6 +77,8 @@ class MsgType(IntEnum):
     PATH_SWITCH = 3
     PROGRESS = 4
     HELLO = 5
+    COMMUNICATOR = 6
+    STALL = 7
     COMMAND = 16
     ACK = 17
 
@@ -195,7 +199,38 @@ class Ack:
     pid: int
 
 
-Message = CqeError | PortEvent | PathSwitch | Progress | Hello | Command | Ack
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Communicator:
+    """A CCL communicator the process joined (NCCL profiler plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.COMMUNICATOR
+    comm_id: int
+    timestamp_ns: int
+    rank: int
+    nranks: int
+    n_nodes: int
+    pid: int
+    host: str
+    job: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stall:
+    """A collective open for the stall time, reported once (NCCL profiler plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.STALL
+    comm_id: int
+    seq_number: int
+    timestamp_ns: int
+    open_ns: int
+    rank: int
+    pid: int
+    func: str
+
+
+Message = (
+    CqeError | PortEvent | PathSwitch | Progress | Hello | Communicator | Stall | Command | Ack
+)
 
 # Payload layouts in wire order, as (field name, struct code). "reserved" fields are
 # padding to 8-byte alignment, matching the C structs field for field.
@@ -243,6 +278,25 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("rank", "I"),
         ("reserved", "I"),
     ),
+    MsgType.COMMUNICATOR: (
+        ("comm_id", "Q"),
+        ("timestamp_ns", "Q"),
+        ("rank", "I"),
+        ("nranks", "I"),
+        ("n_nodes", "I"),
+        ("pid", "I"),
+        ("host", "64s"),
+        ("job", "64s"),
+    ),
+    MsgType.STALL: (
+        ("comm_id", "Q"),
+        ("seq_number", "Q"),
+        ("timestamp_ns", "Q"),
+        ("open_ns", "Q"),
+        ("rank", "I"),
+        ("pid", "I"),
+        ("func", "64s"),
+    ),
     MsgType.COMMAND: (
         ("command_id", "Q"),
         ("comm_id", "Q"),
@@ -260,7 +314,8 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
 }
 
 _CLASSES: Final[Mapping[MsgType, type[Message]]] = {
-    cls.TYPE: cls for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Command, Ack)
+    cls.TYPE: cls
+    for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Communicator, Stall, Command, Ack)
 }
 
 _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = {

@@ -24,6 +24,8 @@ C_STRUCTS = {
     wire.MsgType.PATH_SWITCH: "railover_wire_path_switch",
     wire.MsgType.PROGRESS: "railover_wire_progress",
     wire.MsgType.HELLO: "railover_wire_hello",
+    wire.MsgType.COMMUNICATOR: "railover_wire_communicator",
+    wire.MsgType.STALL: "railover_wire_stall",
     wire.MsgType.COMMAND: "railover_wire_command",
     wire.MsgType.ACK: "railover_wire_ack",
 }
