@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from railover_testing.local import local_service
+from scheduler_svc.config import Settings
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 NCCL = {
@@ -149,3 +154,107 @@ def test_bad_ccl_declarations_are_refused(
     assert r.status_code == 422
     assert needle in str(r.json()["detail"])
     assert http.get("/v1/jobs/j1").status_code == 404
+
+
+def _decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = http.get(f"/v1/jobs/{job}/decisions").json()["decisions"]
+    return out
+
+
+def test_nccl_failover_domain_changes_the_answer(http: httpx.Client) -> None:
+    """50 min into the hour, failing over beats restarting, if anything can fail over."""
+    register_nodes(http, ["n0", "n1", "n2", "n3"])
+    # The same job twice: on stock NCCL, and (on two other nodes) on Railover's CCL.
+    assert http.post("/v1/jobs", json=job_body("nccl", ["n0", "n1"], ccl=NCCL)).status_code == 201
+    assert http.post("/v1/jobs", json=job_body("railover", ["n2", "n3"])).status_code == 201
+
+    # One device of the merged pair: NCCL fails over to mlx5_1 by itself.
+    r = post(http, event("n0", device="mlx5_0", after_s=3000))
+    assert r.status_code == 202, r.text
+    (d,) = _decisions(http, "nccl")
+    assert d["action"] == "failover"
+    assert "NCCL fails over to its healthy partner itself" in d["reason"]
+    assert d["plan"]["mitigation"] == "nccl"
+    assert d["plan"]["nccl"]["degraded_ranks"] == [0, 1]
+    assert d["plan"]["nccl"]["bandwidth_left"] == 0.5
+    assert http.get("/v1/jobs/nccl/commands").json()["commands"] == []  # nothing sent to NCCL
+    assert http.get("/v1/jobs/nccl").json()["mode"] == "failed_over"
+
+    # A device NCCL merged with nothing: Railover's s-Bond fails it over, stock NCCL cannot.
+    post(
+        http, event("n1", device="mlx5_2", after_s=3010), event("n2", device="mlx5_2", after_s=3010)
+    )
+    latest = _decisions(http, "nccl")[0]
+    assert latest["action"] == "restart" and "no partner" in latest["reason"]
+    assert latest["inputs"]["path_available"] is False
+    (s_bond,) = _decisions(http, "railover")
+    assert s_bond["action"] == "failover"
+    assert "nccl" not in s_bond["plan"]
+    kinds = {c["kind"] for c in http.get("/v1/jobs/railover/commands").json()["commands"]}
+    assert kinds == {"failover"}
+
+    # The merged pair's other device too: that virtual NIC is gone as well.
+    post(http, event("n0", device="mlx5_1", after_s=3020))
+    latest = _decisions(http, "nccl")[0]
+    assert latest["action"] == "restart"
+    assert "every device of the virtual NIC is lost" in latest["reason"]
+    assert latest["plan"]["nccl"]["fatal_ranks"] == [0, 1, 10]
+    assert http.get("/v1/jobs/nccl/commands").json()["commands"] == []
+
+
+def test_nccl_without_port_failover_restarts(http: httpx.Client) -> None:
+    register_nodes(http, ["n0"])
+    body = job_body("j1", ["n0"], ccl={**NCCL, "port_failover": False})
+    assert http.post("/v1/jobs", json=body).status_code == 201
+    post(http, event("n0", device="mlx5_0", after_s=3000))
+    (d,) = _decisions(http, "j1")
+    assert d["action"] == "restart" and "port failover is not active" in d["reason"]
+    # A device no rank's virtual NIC holds: nothing for NCCL to do.
+    body = job_body("j2", ["n1"], gpus=1, ccl=NCCL)
+    register_nodes(http, ["n1"])
+    assert http.post("/v1/jobs", json=body).status_code == 201
+    post(http, event("n1", device="mlx5_5", after_s=3000))
+    (d,) = _decisions(http, "j2")
+    assert d["action"] == "none"
+
+
+def test_fail_back_is_nccls_port_recovery_railover_only_records_it(db_url: str) -> None:
+    settings = Settings(db_url=db_url, port=0, failback_damping_s=1.0, coordinator_interval_s=0.1)
+    with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        register_nodes(http, ["n0", "n1"])
+        checkpoint = (datetime.now(UTC) - timedelta(seconds=3000)).isoformat()
+        pairs = [["mlx5_2", "mlx5_3"]]
+        for job, node, version in (("new", "n0", "2.30.1"), ("old", "n1", "2.29.7")):
+            ccl = {**NCCL, "version": version, "merged_nics": pairs}
+            body = job_body(job, [node], last_checkpoint_at=checkpoint, ccl=ccl)
+            assert http.post("/v1/jobs", json=body).status_code == 201
+        t0 = datetime.now(UTC) - timedelta(seconds=5)
+
+        def port(node: str, kind: str, at: datetime) -> dict[str, Any]:
+            return {
+                "event_id": str(uuid.uuid4()),
+                "node": node,
+                "kind": kind,
+                "device": "mlx5_3",
+                "port": 1,
+                "observed_at": at.isoformat(),
+            }
+
+        post(http, port("n0", "port_down", t0), port("n1", "port_down", t0))
+        assert [_decisions(http, j)[0]["action"] for j in ("new", "old")] == ["failover"] * 2
+        post(
+            http,
+            port("n0", "port_up", t0 + timedelta(seconds=3)),
+            port("n1", "port_up", t0 + timedelta(seconds=3)),
+        )
+        deadline = time.monotonic() + 30
+        while not all(_decisions(http, j)[0]["action"] == "failback" for j in ("new", "old")):
+            assert time.monotonic() < deadline, [_decisions(http, j)[0] for j in ("new", "old")]
+            time.sleep(0.05)
+        new, old = (_decisions(http, j)[0] for j in ("new", "old"))
+        assert "recovers n0/mlx5_3/1 by itself (port recovery)" in new["reason"]
+        assert http.get("/v1/jobs/new").json()["mode"] == "normal"
+        assert "has no port recovery (2.30+)" in old["reason"]
+        assert http.get("/v1/jobs/old").json()["mode"] == "failed_over"
+        for job in ("new", "old"):
+            assert http.get(f"/v1/jobs/{job}/commands").json()["commands"] == []
