@@ -9,6 +9,8 @@
  *   agent_1t      one thread, one communicator, a listener draining the socket
  *   agent_4t      four threads, a communicator each (NCCL's usual shape)
  *   agent_4t_1c   four threads on one communicator: the slot counter is shared
+ *   agent_1t_2ch  one thread, a collective on two channels as NCCL reports it:
+ *                 start, two KernelCh start/stop pairs, stop (the whole set timed)
  * Output: one JSON object per line.
  * Usage: bench_nccl_profiler [pairs_per_thread]
  */
@@ -81,6 +83,7 @@ static void* listener_main(void* arg) {
 typedef struct {
   void* ctx;
   uint32_t* lat;
+  int channels;
 } job;
 
 static void* driver(void* arg) {
@@ -92,8 +95,18 @@ static void* driver(void* arg) {
   for (uint64_t i = 0; i < pairs; i++) {
     void* h = NULL;
     d.u.coll.seq_number = i;
+    d.u.coll.n_channels = (uint8_t)j->channels;
     uint64_t t0 = now_ns();
     api->start_event(j->ctx, &h, &d);
+    for (int c = 0; c < j->channels; c++) {
+      rvn_descr_v5 k;
+      k.type = RVN_PROFILE_KERNEL_CH;
+      k.parent_obj = h;
+      void* kh = NULL;
+      api->start_event(j->ctx, &kh, &k);
+      api->record_event_state(kh, 22, NULL);
+      api->stop_event(kh);
+    }
     api->stop_event(h);
     uint64_t t1 = now_ns();
     j->lat[i] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
@@ -109,13 +122,13 @@ static void* init_comm(uint64_t comm_id, int rank) {
 }
 
 /* threads drivers; shared = all on one communicator. */
-static void run(const char* name, uint32_t threads, int shared) {
+static void run(const char* name, uint32_t threads, int shared, int channels) {
   uint32_t* lat = malloc(sizeof(uint32_t) * pairs * threads);
   pthread_t th[8];
   job jobs[8];
   void* one = shared ? init_comm(0xBE7C4, 0) : NULL;
   for (uint32_t t = 0; t < threads; t++) {
-    jobs[t] = (job){shared ? one : init_comm(0xBE7C0 + t, (int)t), lat + t * pairs};
+    jobs[t] = (job){shared ? one : init_comm(0xBE7C0 + t, (int)t), lat + t * pairs, channels};
     pthread_create(&th[t], NULL, driver, &jobs[t]);
   }
   for (uint32_t t = 0; t < threads; t++) pthread_join(th[t], NULL);
@@ -141,7 +154,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof(path), "%s/agent.sock", dir);
   setenv("RAILOVER_PLUGIN_SOCKET", path, 1);
 
-  run("no_agent", 1, 0);
+  run("no_agent", 1, 0, 0);
 
   listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un a;
@@ -151,9 +164,10 @@ int main(int argc, char** argv) {
   if (bind(listen_fd, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(listen_fd, 8) != 0) return 1;
   pthread_t lt;
   pthread_create(&lt, NULL, listener_main, NULL);
-  run("agent_1t", 1, 0);
-  run("agent_4t", 4, 0);
-  run("agent_4t_1c", 4, 1);
+  run("agent_1t", 1, 0, 0);
+  run("agent_4t", 4, 0, 0);
+  run("agent_4t_1c", 4, 1, 0);
+  run("agent_1t_2ch", 1, 0, 2);
   atomic_store(&listener_stop, 1);
   pthread_join(lt, NULL);
   close(listen_fd);

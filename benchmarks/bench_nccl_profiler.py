@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "native_plugin"
 LIBRARY = PLUGIN / "build" / "libnccl-profiler-railover.so"
 SCENARIOS = ("no_agent", "agent_1t", "agent_4t", "agent_4t_1c")
+WITH_CHANNELS = "agent_1t_2ch"
 
 
 def build(out_dir: Path) -> Path:
@@ -58,6 +59,12 @@ def report(records: list[dict[str, Any]]) -> str:
             f"{name:<12} {r['pairs']:>9} {r['median_ns']:>7} {r['p99_ns']:>7} "
             f"{r['p999_ns']:>7} {r['max_ns']:>10} {r['pairs_over_10us']:>6}"
         )
+    r = by[WITH_CHANNELS]
+    lines.append(
+        f"{WITH_CHANNELS:<12} {r['pairs']:>9} {r['median_ns']:>7} {r['p99_ns']:>7} "
+        f"{r['p999_ns']:>7} {r['max_ns']:>10} {r['pairs_over_10us']:>6}  "
+        "(a collective on 2 channels: its pair and 2 KernelCh pairs)"
+    )
     worst = max(by[n]["median_ns"] for n in SCENARIOS)
     lines.append(f"aim median < 100 ns: {'met' if worst < 100 else 'NOT met'} (worst {worst} ns)")
     return "\n".join(lines)

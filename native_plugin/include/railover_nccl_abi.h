@@ -18,6 +18,11 @@
  *     carries {seqNumber, func, ...} at the start of the union in v4, v5 and v6.
  *   - seqNumber counts collectives of one function (AllReduce, AllGather, ...)
  *     within the communicator, from 0.
+ *   - a collective's stopEvent marks that it was enqueued, not that it finished;
+ *     with ncclProfileKernelCh (1<<6) enabled, NCCL's proxy starts and stops one
+ *     KernelCh event per channel the collective runs on (parentObj = the
+ *     collective's handle) as the kernel starts and finishes that channel's work,
+ *     which is what tells a finished collective from an enqueued one.
  *   - every call returns ncclSuccess (0) except init, whose failure disables the
  *     plugin.
  */
@@ -35,19 +40,29 @@ typedef int rvn_result;
 
 /* Event type bits (eActivationMask and descriptor `type`). */
 #define RVN_PROFILE_COLL (1 << 1)
+#define RVN_PROFILE_KERNEL_CH (1 << 6)
 
 /* NCCL's log levels as its logger takes them. */
 #define RVN_LOG_WARN 2
 #define RVN_LOG_INFO 3
+/* NCCL's INIT subsystem flag: NCCL_DEBUG=INFO shows INFO lines of this subsystem. */
+#define RVN_SUBSYS_INIT 1UL
 
 /* ncclDebugLogger_t: printf-like, with level, subsystem flags, file and line. */
 typedef void (*rvn_logger)(int level, unsigned long flags, const char* file, int line,
                            const char* fmt, ...);
 
-/* The leading fields of a collective's descriptor member (v4, v5 and v6 alike). */
+/* The leading fields of a collective's descriptor member (v4, v5 and v6 alike),
+ * up to nChannels. */
 typedef struct rvn_coll_head {
   uint64_t seq_number;
   const char* func;
+  const void* send_buff;
+  void* recv_buff;
+  size_t count;
+  int root;
+  const char* datatype;
+  uint8_t n_channels;
 } rvn_coll_head;
 
 /* ncclProfilerEventDescr_v4_t, as far as Railover reads it. */
@@ -81,6 +96,8 @@ _Static_assert(offsetof(rvn_descr_v4, u.coll.func) == 32, "v4 func offset");
 _Static_assert(offsetof(rvn_descr_v5, rank) == 16, "v5 rank offset");
 _Static_assert(offsetof(rvn_descr_v5, u.coll.seq_number) == 24, "v5 seqNumber offset");
 _Static_assert(offsetof(rvn_descr_v5, u.coll.func) == 32, "v5 func offset");
+_Static_assert(offsetof(rvn_descr_v4, u.coll.n_channels) == 80, "v4 nChannels offset");
+_Static_assert(offsetof(rvn_descr_v5, u.coll.n_channels) == 80, "v5 nChannels offset");
 #endif
 
 /* ncclProfiler_v4_t. */

@@ -9,6 +9,13 @@
  *     or when a function's count passes another RAILOVER_NCCL_PROGRESS_OPS;
  *   - STALL: a collective open for RAILOVER_NCCL_STALL_MS, once per collective.
  *
+ * A collective's own stopEvent only says NCCL enqueued it. It is finished when
+ * its kernel has finished on every channel, which NCCL reports as one KernelCh
+ * event per channel (parent: the collective). So a collective holds a count of
+ * 1 + nChannels: its stopEvent and each KernelCh stop take one off, and the
+ * last one makes it done. RAILOVER_NCCL_TRACK_KERNEL=0 asks for collectives
+ * only and counts them done when enqueued.
+ *
  * The hot path (startEvent/stopEvent, on NCCL's host and proxy threads) takes no
  * lock, makes no syscall (not even a clock read) and allocates nothing: it claims
  * a preallocated event slot with one CAS, keeps a per-function high-water mark of
@@ -19,7 +26,7 @@
  *
  * ops_done: NCCL numbers collectives per function within a communicator
  * (seqNumber of AllReduce and of AllGather each count from 0), so ops_done is the
- * sum over functions of the highest seqNumber + 1 seen stopped. For a job that
+ * sum over functions of the highest seqNumber + 1 seen done. For a job that
  * issues one function it is exactly seqNumber + 1. Every rank issues the same
  * collectives in the same order, so every rank reaches the same ops_done.
  */
@@ -65,8 +72,13 @@ typedef struct {
   _Alignas(RV_CACHE_LINE) _Atomic uint64_t gen;
   _Atomic uint64_t seq;
   _Atomic uint32_t func;
-  rvn_comm* comm; /* fixed at init */
+  _Atomic uint32_t pending; /* stops still to come: its own + one per channel */
+  rvn_comm* comm;           /* fixed at init */
 } rvn_event;
+
+/* A KernelCh event's handle is its collective's slot with the low bit set
+ * (slots are cache-line aligned), so a child needs no memory of its own. */
+#define CHILD_TAG ((uintptr_t)1)
 
 /* Per collective function: its name (NCCL's static string) and stopped count. */
 typedef struct {
@@ -80,6 +92,7 @@ struct rvn_comm {
   uint32_t rank, nranks, n_nodes, slot;
   uint64_t created_ns; /* CLOCK_REALTIME */
   uint64_t progress_ops;
+  int track_kernel; /* count a collective done when its kernel is, not when enqueued */
   void* rep; /* the process's reporter, which outlives every communicator */
   rvn_event* events;
   uint64_t event_mask;
@@ -123,7 +136,7 @@ typedef struct {
 } rvn_reporter;
 
 typedef struct {
-  uint64_t progress_ms, progress_ops, stall_ms, slots;
+  uint64_t progress_ms, progress_ops, stall_ms, slots, track_kernel;
 } rvn_config;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -146,7 +159,7 @@ static uint64_t realtime_ns(void) {
 
 #define LOG(rep, level, ...)                                                 \
   do {                                                                       \
-    if ((rep)->log) (rep)->log((level), 0, __FILE__, __LINE__, __VA_ARGS__); \
+    if ((rep)->log) (rep)->log((level), RVN_SUBSYS_INIT, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 static void put_name(char* dst, const char* src) {
@@ -168,7 +181,7 @@ static int env_u64(const char* name, uint64_t lo, uint64_t hi, uint64_t* out, rv
   unsigned long long x = strtoull(v, &end, 10);
   if (errno != 0 || *end != '\0' || v[0] == '-' || x < lo || x > hi) {
     if (log)
-      log(RVN_LOG_WARN, 0, __FILE__, __LINE__,
+      log(RVN_LOG_WARN, RVN_SUBSYS_INIT, __FILE__, __LINE__,
           "railover: %s=\"%.64s\" is not an integer in %llu..%llu; profiler plugin disabled",
           name, v, (unsigned long long)lo, (unsigned long long)hi);
     return -1;
@@ -182,7 +195,9 @@ static int read_config(rvn_config* cfg, rvn_logger log) {
   cfg->progress_ops = 1000;
   cfg->stall_ms = 10000; /* well under NCCL's own ~30 s watchdogs */
   cfg->slots = 1024;
-  if (env_u64("RAILOVER_NCCL_PROGRESS_MS", 1, 60000, &cfg->progress_ms, log) ||
+  cfg->track_kernel = 1;
+  if (env_u64("RAILOVER_NCCL_TRACK_KERNEL", 0, 1, &cfg->track_kernel, log) ||
+      env_u64("RAILOVER_NCCL_PROGRESS_MS", 1, 60000, &cfg->progress_ms, log) ||
       env_u64("RAILOVER_NCCL_PROGRESS_OPS", 0, 1ULL << 32, &cfg->progress_ops, log) ||
       env_u64("RAILOVER_NCCL_STALL_MS", 0, 600000, &cfg->stall_ms, log) ||
       env_u64("RAILOVER_NCCL_EVENT_SLOTS", 16, 65536, &cfg->slots, log))
@@ -215,7 +230,8 @@ static inline int func_slot(rvn_comm* c, const char* name) {
   return -1;
 }
 
-static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, const char* func) {
+static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, const char* func,
+                                    uint8_t n_channels) {
   int f = func_slot(c, func ? func : "?");
   uint64_t pos = atomic_fetch_add_explicit(&c->next_event, 1, memory_order_relaxed);
   for (int t = 0; f >= 0 && t < CLAIM_TRIES; t++) {
@@ -226,6 +242,9 @@ static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, co
                                                 memory_order_relaxed)) {
       atomic_store_explicit(&e->seq, seq, memory_order_release);
       atomic_store_explicit(&e->func, (uint32_t)f, memory_order_release);
+      /* NCCL hands the handle to its children only after this returns. */
+      atomic_store_explicit(&e->pending, 1u + (c->track_kernel ? n_channels : 0u),
+                            memory_order_relaxed);
       *handle = e;
       return RVN_SUCCESS;
     }
@@ -236,21 +255,33 @@ static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, co
   return RVN_SUCCESS;
 }
 
+/* A KernelCh event: its handle is the parent's slot, tagged. */
+static inline rvn_result start_child(void** handle, void* parent) {
+  *handle = parent ? (void*)((uintptr_t)parent | CHILD_TAG) : NULL;
+  return RVN_SUCCESS;
+}
+
 static rvn_result start_event_v5(void* context, void** handle, rvn_descr_v5* d) {
   *handle = NULL;
-  if (context == NULL || d == NULL || d->type != RVN_PROFILE_COLL) return RVN_SUCCESS;
-  return start_coll(context, handle, d->u.coll.seq_number, d->u.coll.func);
+  if (context == NULL || d == NULL) return RVN_SUCCESS;
+  if (d->type == RVN_PROFILE_KERNEL_CH) return start_child(handle, d->parent_obj);
+  if (d->type != RVN_PROFILE_COLL) return RVN_SUCCESS;
+  return start_coll(context, handle, d->u.coll.seq_number, d->u.coll.func, d->u.coll.n_channels);
 }
 
 static rvn_result start_event_v4(void* context, void** handle, rvn_descr_v4* d) {
   *handle = NULL;
-  if (context == NULL || d == NULL || d->type != RVN_PROFILE_COLL) return RVN_SUCCESS;
-  return start_coll(context, handle, d->u.coll.seq_number, d->u.coll.func);
+  if (context == NULL || d == NULL) return RVN_SUCCESS;
+  if (d->type == RVN_PROFILE_KERNEL_CH) return start_child(handle, d->parent_obj);
+  if (d->type != RVN_PROFILE_COLL) return RVN_SUCCESS;
+  return start_coll(context, handle, d->u.coll.seq_number, d->u.coll.func, d->u.coll.n_channels);
 }
 
+/* Takes one of the collective's pending stops; the last makes it done. */
 static rvn_result stop_event(void* handle) {
-  rvn_event* e = handle;
-  if (e == NULL) return RVN_SUCCESS;
+  if (handle == NULL) return RVN_SUCCESS;
+  rvn_event* e = (rvn_event*)((uintptr_t)handle & ~CHILD_TAG);
+  if (atomic_fetch_sub_explicit(&e->pending, 1, memory_order_acq_rel) != 1) return RVN_SUCCESS;
   rvn_comm* c = e->comm;
   uint64_t done = atomic_load_explicit(&e->seq, memory_order_relaxed) + 1;
   rvn_func* fn = &c->funcs[atomic_load_explicit(&e->func, memory_order_relaxed)];
@@ -284,7 +315,7 @@ static rvn_result record_event_state(void* handle, int state, void* args) {
   (void)handle;
   (void)state;
   (void)args;
-  return RVN_SUCCESS; /* collectives have no states; nothing else is enabled */
+  return RVN_SUCCESS; /* a KernelCh's stop state carries only a GPU timestamp */
 }
 
 /* ---------------------------------------------------------- sender thread */
@@ -356,6 +387,10 @@ static void scan_stalls(rvn_reporter* r, rvn_comm* c, int64_t now) {
     uint64_t seq = atomic_load_explicit(&e->seq, memory_order_acquire);
     uint32_t f = atomic_load_explicit(&e->func, memory_order_acquire);
     if (atomic_load_explicit(&e->gen, memory_order_acquire) != g) continue; /* just stopped */
+    /* A later collective of its function finished, so this one did too (one
+     * stream per communicator) and only a stop went missing: not a stall. */
+    if (f < MAX_FUNCS && seq < atomic_load_explicit(&c->funcs[f].done, memory_order_relaxed))
+      continue;
     railover_wire_stall m;
     memset(&m, 0, sizeof(m));
     m.comm_id = c->comm_id;
@@ -539,7 +574,7 @@ static rvn_reporter* new_reporter(const rvn_config* cfg, rvn_logger log) {
   if (path == NULL || *path == '\0') path = DEFAULT_SOCKET;
   if (strlen(path) >= sizeof(((struct sockaddr_un*)0)->sun_path)) {
     if (log)
-      log(RVN_LOG_WARN, 0, __FILE__, __LINE__,
+      log(RVN_LOG_WARN, RVN_SUBSYS_INIT, __FILE__, __LINE__,
           "railover: socket path is %zu bytes, too long; profiler plugin disabled",
           strlen(path));
     return NULL;
@@ -604,6 +639,7 @@ static rvn_comm* new_comm(const rvn_config* cfg, uint64_t comm_id, int n_nodes, 
     atomic_init(&c->events[i].gen, 0);
     atomic_init(&c->events[i].seq, 0);
     atomic_init(&c->events[i].func, 0);
+    atomic_init(&c->events[i].pending, 0);
     c->events[i].comm = c;
   }
   for (uint32_t i = 0; i < MAX_FUNCS; i++) {
@@ -620,6 +656,7 @@ static rvn_comm* new_comm(const rvn_config* cfg, uint64_t comm_id, int n_nodes, 
   c->n_nodes = n_nodes < 0 ? 0 : (uint32_t)n_nodes;
   c->created_ns = realtime_ns();
   c->progress_ops = cfg->progress_ops;
+  c->track_kernel = cfg->track_kernel != 0;
   return c;
 }
 
@@ -647,7 +684,7 @@ static rvn_result init_common(void** context, int* mask, uint64_t comm_id, int n
   r->comms = c;
   pthread_mutex_unlock(&r->lock);
   pthread_mutex_unlock(&g_lock);
-  *mask = RVN_PROFILE_COLL;
+  *mask = RVN_PROFILE_COLL | (c->track_kernel ? RVN_PROFILE_KERNEL_CH : 0);
   *context = c;
   return RVN_SUCCESS;
 }

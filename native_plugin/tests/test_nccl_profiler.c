@@ -3,10 +3,13 @@
  * against a stand-in agent on a real unix socket.
  *
  * Two communicators are created (one through ncclProfiler_v5, one through the v4
- * table). For each, a "host" thread starts collectives in seqNumber order and a
- * "proxy" thread stops them, as NCCL starts a collective where it is enqueued and
- * stops it where its work completes. One collective of the first communicator is
- * then left open until the agent has reported it stalled; then both are finalized.
+ * table). For each, a "host" thread starts collectives in seqNumber order. On A
+ * (no channels) a "proxy" thread stops them. On B each collective runs on two
+ * channels, as NCCL reports it: the host stops the collective once enqueued, and
+ * the proxy thread starts and stops one KernelCh event per channel as the kernel
+ * runs, in whatever order the two threads get there. One collective of B is then
+ * left with a channel unfinished (a kernel that hangs) until the agent has
+ * reported it stalled; then both communicators are finalized.
  *
  * The agent checks: both communicators announced with their id, rank and nranks;
  * ops_done per (comm, rank) never going back and ending at the number of
@@ -249,6 +252,7 @@ typedef struct {
   int v4; /* use the v4 table and descriptor */
   int two_funcs;
   int paced; /* every PACE collectives, wait until the agent has heard of them */
+  uint8_t n_channels; /* KernelCh events per collective */
   uint64_t n;
   handoff q;
 } comm_driver;
@@ -262,6 +266,7 @@ static void start_one(comm_driver* d, uint64_t seq, const char* func, void** h) 
     e.rank = RANK_B;
     e.u.coll.seq_number = seq;
     e.u.coll.func = func;
+    e.u.coll.n_channels = d->n_channels;
     rc = ncclProfiler_v4.start_event(d->ctx, h, &e);
   } else {
     rvn_descr_v5 e;
@@ -270,10 +275,34 @@ static void start_one(comm_driver* d, uint64_t seq, const char* func, void** h) 
     e.rank = RANK_A;
     e.u.coll.seq_number = seq;
     e.u.coll.func = func;
+    e.u.coll.n_channels = d->n_channels;
     rc = ncclProfiler_v5.start_event(d->ctx, h, &e);
   }
   CHECK(rc == RVN_SUCCESS, "startEvent returned %d", rc);
   CHECK(*h != NULL, "no handle for seq %llu", (unsigned long long)seq);
+}
+
+static rvn_result stop(comm_driver* d, void* h) {
+  return (d->v4 ? ncclProfiler_v4.stop_event : ncclProfiler_v5.stop_event)(h);
+}
+
+/* NCCL's proxy reporting one channel's kernel work starting (v4 table). */
+static void* start_channel(comm_driver* d, void* parent, uint8_t channel) {
+  rvn_descr_v4 e;
+  memset(&e, 0, sizeof(e));
+  e.type = RVN_PROFILE_KERNEL_CH;
+  e.parent_obj = parent;
+  e.u.align_ = channel;
+  void* h = NULL;
+  CHECK(ncclProfiler_v4.start_event(d->ctx, &h, &e) == RVN_SUCCESS && h != NULL,
+        "KernelCh start");
+  return h;
+}
+
+static void stop_channel(comm_driver* d, void* h) {
+  CHECK(ncclProfiler_v4.record_event_state(h, 22 /* KernelChStop */, NULL) == RVN_SUCCESS,
+        "KernelCh state");
+  CHECK(stop(d, h) == RVN_SUCCESS, "KernelCh stop");
 }
 
 static void* host_main(void* arg) {
@@ -284,6 +313,8 @@ static void* host_main(void* arg) {
     void* h = NULL;
     start_one(d, seq[f]++, f ? "AllGather" : "AllReduce", &h);
     push(&d->q, h);
+    /* Enqueued: NCCL stops the collective itself; its kernel may not have run yet. */
+    if (d->n_channels) CHECK(stop(d, h) == RVN_SUCCESS, "stopEvent");
     if (d->paced && (i + 1) % PACE == 0) {
       /* Progress for a multiple of PROGRESS_OPS is sent on the M-ops rule alone
        * (the time rule is set to a minute), once the proxy thread stops it. */
@@ -305,8 +336,13 @@ static void* proxy_main(void* arg) {
   comm_driver* d = arg;
   void* h;
   while (pop(&d->q, &h)) {
-    rvn_result rc = (d->v4 ? ncclProfiler_v4.stop_event : ncclProfiler_v5.stop_event)(h);
-    CHECK(rc == RVN_SUCCESS, "stopEvent returned %d", rc);
+    if (d->n_channels == 0) {
+      CHECK(stop(d, h) == RVN_SUCCESS, "stopEvent");
+      continue;
+    }
+    void* ch[2] = {start_channel(d, h, 0), start_channel(d, h, 1)};
+    stop_channel(d, ch[1]);
+    stop_channel(d, ch[0]);
   }
   return NULL;
 }
@@ -360,14 +396,15 @@ int main(int argc, char** argv) {
   da.paced = 1;
   db.v4 = 1;
   db.two_funcs = 1;
+  db.n_channels = 2;
   int mask = 0;
   CHECK(ncclProfiler_v5.init(&da.ctx, COMM_A, &mask, "comm-a", 2, NRANKS_A, RANK_A,
                              quiet_log) == RVN_SUCCESS, "init v5");
-  CHECK(mask == RVN_PROFILE_COLL, "activation mask %d", mask);
+  CHECK(mask == (RVN_PROFILE_COLL | RVN_PROFILE_KERNEL_CH), "activation mask %d", mask);
   mask = 0;
   CHECK(ncclProfiler_v4.init(&db.ctx, &mask, "comm-b", COMM_B, 1, NRANKS_B, RANK_B, NULL) ==
             RVN_SUCCESS, "init v4");
-  CHECK(mask == RVN_PROFILE_COLL, "v4 activation mask %d", mask);
+  CHECK(mask == (RVN_PROFILE_COLL | RVN_PROFILE_KERNEL_CH), "v4 activation mask %d", mask);
 
   /* Events other than collectives get no handle, and a NULL handle is accepted. */
   rvn_descr_v5 other;
@@ -396,11 +433,15 @@ int main(int argc, char** argv) {
   CHECK(agent.n_stalls == 0, "%d stalls before any collective was left open", agent.n_stalls);
   pthread_mutex_unlock(&agent.mu);
 
-  /* One collective of A stays open past the stall time. */
+  /* One collective of B is enqueued and its kernel never finishes channel 0. */
+  uint64_t open_seq = (db.n + 1) / 2; /* AllReduces so far */
   void* open = NULL;
-  start_one(&da, da.n, "AllReduce", &open);
+  start_one(&db, open_seq, "AllReduce", &open);
+  CHECK(stop(&db, open) == RVN_SUCCESS, "enqueued");
+  void* hung = start_channel(&db, open, 0);
+  stop_channel(&db, start_channel(&db, open, 1));
   CHECK(wait_until(have_stall), "no stall reported within %d s", WAIT_LIMIT_S);
-  CHECK(ncclProfiler_v5.stop_event(open) == RVN_SUCCESS, "stop the open collective");
+  stop_channel(&db, hung); /* it finishes after all */
 
   CHECK(ncclProfiler_v5.finalize(da.ctx) == RVN_SUCCESS, "finalize A");
   CHECK(ncclProfiler_v4.finalize(db.ctx) == RVN_SUCCESS, "finalize B");
@@ -432,15 +473,15 @@ int main(int argc, char** argv) {
     CHECK(strcmp(s->host, host) == 0, "host \"%s\"", s->host);
   }
   CHECK(agent.went_back == 0, "ops_done went back %d times", agent.went_back);
-  CHECK(agent.last_ops[0] == da.n + 1, "comm A ends at ops_done %llu, issued %llu",
-        (unsigned long long)agent.last_ops[0], (unsigned long long)(da.n + 1));
-  CHECK(agent.last_ops[1] == db.n, "comm B ends at ops_done %llu, issued %llu",
-        (unsigned long long)agent.last_ops[1], (unsigned long long)db.n);
+  CHECK(agent.last_ops[0] == da.n, "comm A ends at ops_done %llu, issued %llu",
+        (unsigned long long)agent.last_ops[0], (unsigned long long)da.n);
+  CHECK(agent.last_ops[1] == db.n + 1, "comm B ends at ops_done %llu, issued %llu",
+        (unsigned long long)agent.last_ops[1], (unsigned long long)(db.n + 1));
   /* At most one frame per PROGRESS_OPS collectives, plus the first and the
    * last: rate-limited, never one per collective. A was paced, so it must also
    * have had a frame at every PACE. */
   for (int i = 0; i < 2; i++) {
-    uint64_t n = i ? db.n : da.n + 1;
+    uint64_t n = i ? db.n + 1 : da.n;
     int least = i ? 1 : (int)(da.n / PACE);
     int most = (int)(n / PROGRESS_OPS) + 4;
     CHECK(agent.progress_frames[i] >= least && agent.progress_frames[i] <= most,
@@ -449,7 +490,7 @@ int main(int argc, char** argv) {
   }
   CHECK(agent.n_stalls == 1, "%d stalls reported, expected exactly 1", agent.n_stalls);
   railover_wire_stall* st = &agent.stalls[0];
-  CHECK(st->comm_id == COMM_A && st->rank == RANK_A && st->seq_number == da.n,
+  CHECK(st->comm_id == COMM_B && st->rank == RANK_B && st->seq_number == open_seq,
         "stall names comm %llx rank %u seq %llu", (unsigned long long)st->comm_id, st->rank,
         (unsigned long long)st->seq_number);
   CHECK(strcmp(st->func, "AllReduce") == 0, "stall func \"%s\"", st->func);

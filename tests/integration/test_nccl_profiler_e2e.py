@@ -35,6 +35,7 @@ JOB = "nccl-job"
 COMM = 0x9E3779B97F4A7C15
 PAIRS = 300
 PROFILE_COLL = 1 << 1
+PROFILE_KERNEL_CH = 1 << 6
 
 
 class CollHead(ctypes.Structure):
@@ -154,7 +155,7 @@ def test_nccl_profiler_reports_communicators_progress_and_a_stall(
         mask = ctypes.c_int(0)
         rc = profiler.init(ctypes.byref(ctx), COMM, ctypes.byref(mask), b"world", 1, 2, rank, None)
         assert rc == 0
-        assert mask.value == PROFILE_COLL
+        assert mask.value == PROFILE_COLL | PROFILE_KERNEL_CH
         contexts.append(ctx)
 
     def start(rank: int, seq: int) -> ctypes.c_void_p:
