@@ -131,14 +131,20 @@ def record_stalls(session: Session, events: list[EventIn]) -> int:
 # --- the planner: NCCL's own failover domain ---------------------------------------------------
 
 
+def is_stock_nccl(job: m.Job) -> bool:
+    """The job runs stock NCCL: it takes no commands (the profiler plugin reads none)."""
+    return job.ccl is not None and job.ccl.get("kind") == "nccl"
+
+
 def nccl_domain(job: m.Job, view: JobView) -> nccl.NcclAssessment | None:
     """What stock NCCL does by itself about the job's failed devices; None for other CCLs.
 
     Only nodes with a failed device (or one cabled to a failed switch) are
     looked at; a rank's device is the nearest RNIC, its s-Bond primary.
     """
-    if not job.ccl or job.ccl.get("kind") != "nccl":
+    if not is_stock_nccl(job):
         return None
+    assert job.ccl is not None
     spec = nccl.NcclSpec.from_declaration(job.ccl)
     failed = FailedSet(
         rnics=frozenset((f.node, f.device) for f in view.faults if f.port == m.WHOLE_DEVICE_PORT),
@@ -180,8 +186,9 @@ def failback_note(job: m.Job, where: str) -> tuple[str, bool] | None:
     only records it; before 2.30 the ranks stay on the partner device until the
     job restarts.
     """
-    if not job.ccl or job.ccl.get("kind") != "nccl":
+    if not is_stock_nccl(job):
         return None
+    assert job.ccl is not None
     spec = nccl.NcclSpec.from_declaration(job.ccl)
     if spec.recovers_ports:
         return (
