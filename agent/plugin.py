@@ -49,6 +49,8 @@ class PluginClient:
     rank: int | None = None
     pid: int = 0
     hello: bool = False
+    # The NCCL profiler plugin reports but reads no commands.
+    takes_commands: bool = True
 
     def matches(self, comm_id: int, ranks: list[int]) -> bool:
         # A client that did not say its communicator (comm_id 0) gets everything.
@@ -127,6 +129,7 @@ class PluginHub:
             client.rank = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
             client.pid = msg.pid
             client.hello = True
+            client.takes_commands = msg.abi_version != wire.HELLO_NCCL_PROFILER
             self.deliver_pending()
             return
         if isinstance(msg, wire.CqeError):
@@ -279,7 +282,11 @@ class PluginHub:
             assert frame is not None  # checked in on_command
             data = wire.encode(frame)
             ranks = [int(r) for r in cmd.get("ranks") or []]
-            targets = [c for c in self.clients if c.hello and c.matches(frame.comm_id, ranks)]
+            targets = [
+                c
+                for c in self.clients
+                if c.hello and c.takes_commands and c.matches(frame.comm_id, ranks)
+            ]
             for c in targets:
                 try:
                     c.writer.write(data)

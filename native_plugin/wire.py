@@ -20,6 +20,7 @@ from typing import ClassVar, Final
 
 __all__ = [
     "HEADER_SIZE",
+    "HELLO_NCCL_PROFILER",
     "MAGIC",
     "MAX_PAYLOAD",
     "NAME_LEN",
@@ -52,6 +53,8 @@ HEADER_SIZE: Final = 16
 MAX_PAYLOAD: Final = 1024
 NAME_LEN: Final = 64
 RANK_UNKNOWN: Final = 0xFFFFFFFF
+# Hello.abi_version of the NCCL profiler plugin, which reads no commands.
+HELLO_NCCL_PROFILER: Final = 0x4E43
 
 _HEADER: Final = struct.Struct("<IHHII")
 assert _HEADER.size == HEADER_SIZE

@@ -189,6 +189,10 @@ enum railover_wire_type_nccl {
   RAILOVER_MSG_STALL = 7,        /* a collective open far longer than expected */
 };
 
+/* Hello.abi_version sent by the NCCL profiler plugin. It reads no commands, so
+ * the agent sends it none (values 1, 2, ... are railoverPlugin ABI versions). */
+#define RAILOVER_WIRE_HELLO_NCCL_PROFILER 0x4E43u /* "NC" */
+
 /* Type 6: announced once per communicator per connection, so a job learns its
  * communicators (the same comm_id on every rank) without the fleet manager. */
 typedef struct railover_wire_communicator {

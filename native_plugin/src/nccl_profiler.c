@@ -52,7 +52,6 @@
 #define EXPORT __attribute__((visibility("default")))
 
 #define DEFAULT_SOCKET "/run/railover/agent.sock"
-#define RVN_ABI_VERSION 1u /* Hello.abi_version of this library */
 #define MAX_FUNCS 16u      /* distinct collective functions per communicator */
 #define NUDGE_RING 1024u
 #define OUT_BUF_SIZE 65536u
@@ -455,7 +454,7 @@ static void try_connect(rvn_reporter* r, int64_t now) {
   r->quiet = 0;
   r->backoff = RECONNECT_MIN_NS;
   r->conn_gen++;
-  railover_wire_hello h = {0, r->pid, RVN_ABI_VERSION, RAILOVER_RANK_UNKNOWN, 0};
+  railover_wire_hello h = {0, r->pid, RAILOVER_WIRE_HELLO_NCCL_PROFILER, RAILOVER_RANK_UNKNOWN, 0};
   out_frame(r, RAILOVER_MSG_HELLO, &h, sizeof(h));
   LOG(r, RVN_LOG_INFO, "railover: profiler connected to agent at %s", r->socket_path);
 }

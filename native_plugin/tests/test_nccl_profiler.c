@@ -100,6 +100,11 @@ static uint32_t payload_size(uint16_t type) {
 
 static void on_frame(uint16_t type, const unsigned char* p) {
   if (type == RAILOVER_MSG_HELLO) {
+    railover_wire_hello m;
+    memcpy(&m, p, sizeof(m));
+    /* Says it is the profiler, so the agent sends it no commands. */
+    if (m.abi_version != RAILOVER_WIRE_HELLO_NCCL_PROFILER || m.pid != (uint32_t)getpid())
+      agent.bad_frames++;
     agent.hellos++;
   } else if (type == RAILOVER_MSG_COMMUNICATOR) {
     railover_wire_communicator m;

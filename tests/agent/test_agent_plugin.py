@@ -365,3 +365,39 @@ def test_nccl_profiler_frames_become_communicator_and_stall_events(
     (progress,) = [e for e in evs if e["kind"] == "progress"]
     assert progress["ops_done"] == 41
     s.close()
+
+
+def test_the_nccl_profiler_is_sent_no_commands(
+    running: AgentThread, standin: StandInService
+) -> None:
+    profiler = _connect(running)
+    profiler.sendall(
+        wire.encode(
+            wire.Hello(
+                comm_id=0, pid=12, abi_version=wire.HELLO_NCCL_PROFILER, rank=wire.RANK_UNKNOWN
+            )
+        )
+    )
+    assert wait_until(
+        lambda: running.agent.hub is not None and any(c.hello for c in running.agent.hub.clients)
+    )
+    # comm_id 0 would reach every railoverPlugin client; the profiler reads none.
+    standin.add_command(
+        {
+            "command_id": 8,
+            "job_id": "j",
+            "kind": "abort",
+            "epoch": 1,
+            "comm_id": 0,
+            "ops_done": 0,
+            "disabled_channels": [],
+            "ranks": [],
+        }
+    )
+    assert standin.wait_for(
+        lambda st: any(cid == 8 and b["status"] == "failed" for cid, b in st.acks), timeout=6
+    )
+    profiler.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        profiler.recv(1)
+    profiler.close()

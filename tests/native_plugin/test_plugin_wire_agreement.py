@@ -37,6 +37,7 @@ C_CONSTANTS = {
     "RAILOVER_WIRE_MAX_PAYLOAD": wire.MAX_PAYLOAD,
     "RAILOVER_WIRE_NAME_LEN": wire.NAME_LEN,
     "RAILOVER_RANK_UNKNOWN": wire.RANK_UNKNOWN,
+    "RAILOVER_WIRE_HELLO_NCCL_PROFILER": wire.HELLO_NCCL_PROFILER,
     "sizeof(railover_wire_header)": wire.HEADER_SIZE,
     **{f"RAILOVER_MSG_{t.name}": t.value for t in wire.MsgType},
     **{f"RAILOVER_CMD_{k.name}": k.value for k in wire.CommandKind},
