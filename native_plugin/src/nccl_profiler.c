@@ -715,12 +715,14 @@ static rvn_result finalize(void* context) {
   }
   c->next = r->retired;
   r->retired = c;
+  /* Read before unlocking: from then on the sender may free c. */
   uint64_t dropped = atomic_load_explicit(&c->dropped_events, memory_order_relaxed);
+  unsigned long long comm_id = c->comm_id, slots = c->event_mask + 1;
+  uint32_t rank = c->rank;
   pthread_mutex_unlock(&r->lock);
   if (dropped)
     LOG(r, RVN_LOG_WARN, "railover: comm %016llx rank %u: %llu collectives not tracked (all %llu "
-        "event slots open)", (unsigned long long)c->comm_id, c->rank,
-        (unsigned long long)dropped, (unsigned long long)(c->event_mask + 1));
+        "event slots open)", comm_id, rank, (unsigned long long)dropped, slots);
   if (--g_refs == 0) {
     g_rep = NULL; /* the next init starts a fresh reporter */
     last = r;

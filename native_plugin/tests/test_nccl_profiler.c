@@ -14,7 +14,9 @@
  * The agent checks: both communicators announced with their id, rank and nranks;
  * ops_done per (comm, rank) never going back and ending at the number of
  * collectives issued; progress rate-limited to about one frame per M ops; and
- * exactly one stall, naming the open collective.
+ * exactly one stall, naming the open collective. Last, a third communicator with
+ * every event slot held open shows that further collectives go untracked
+ * without harm and that finalize reports how many.
  *
  * Usage: test_nccl_profiler [pairs]   (collective start/stop pairs in all, default 10000)
  */
@@ -22,6 +24,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -352,6 +355,60 @@ static void* proxy_main(void* arg) {
   return NULL;
 }
 
+/* Keeps the plugin's warnings (it logs from its own thread too). */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char warnings[4096];
+
+static void keep_log(int level, unsigned long flags, const char* file, int line,
+                     const char* fmt, ...) {
+  (void)flags;
+  (void)file;
+  (void)line;
+  if (level != RVN_LOG_WARN) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&log_mu);
+  size_t n = strlen(warnings);
+  snprintf(warnings + n, sizeof(warnings) - n, "%s\n", msg);
+  pthread_mutex_unlock(&log_mu);
+}
+
+/* A communicator with every event slot open: the next collectives get no
+ * handle, nothing breaks, and finalize says how many went untracked. */
+static void full_pool(void) {
+  setenv("RAILOVER_NCCL_EVENT_SLOTS", "16", 1);
+  void* ctx = NULL;
+  int mask = 0;
+  CHECK(ncclProfiler_v5.init(&ctx, 0xC0C0, &mask, "comm-c", 1, 2, 0, keep_log) == RVN_SUCCESS,
+        "init C");
+  unsetenv("RAILOVER_NCCL_EVENT_SLOTS");
+  comm_driver dc;
+  memset(&dc, 0, sizeof(dc));
+  dc.ctx = ctx;
+  void* held[16];
+  for (int i = 0; i < 16; i++) start_one(&dc, (uint64_t)i, "AllReduce", &held[i]);
+  for (int i = 0; i < 4; i++) {
+    rvn_descr_v5 e;
+    memset(&e, 0, sizeof(e));
+    e.type = RVN_PROFILE_COLL;
+    e.u.coll.seq_number = 16 + (uint64_t)i;
+    e.u.coll.func = "AllReduce";
+    void* h = &e;
+    CHECK(ncclProfiler_v5.start_event(ctx, &h, &e) == RVN_SUCCESS && h == NULL,
+          "a collective got a handle with every slot open");
+    CHECK(ncclProfiler_v5.stop_event(h) == RVN_SUCCESS, "stop(NULL)");
+  }
+  for (int i = 0; i < 16; i++) CHECK(stop(&dc, held[i]) == RVN_SUCCESS, "stop");
+  CHECK(ncclProfiler_v5.finalize(ctx) == RVN_SUCCESS, "finalize C");
+  pthread_mutex_lock(&log_mu);
+  CHECK(strstr(warnings, "rank 0: 4 collectives not tracked (all 16 event slots open)") != NULL,
+        "finalize logged: %s", warnings);
+  pthread_mutex_unlock(&log_mu);
+}
+
 static void quiet_log(int level, unsigned long flags, const char* file, int line,
                       const char* fmt, ...) {
   (void)level;
@@ -500,6 +557,7 @@ int main(int argc, char** argv) {
         (unsigned long long)st->seq_number);
   CHECK(strcmp(st->func, "AllReduce") == 0, "stall func \"%s\"", st->func);
   CHECK(st->open_ns >= 1000000000ULL, "stall after only %llu ns", (unsigned long long)st->open_ns);
+  full_pool();
   printf("nccl profiler: %llu pairs on 2 communicators, ops_done %llu/%llu, %d+%d progress "
          "frames, 1 stall: ok\n",
          (unsigned long long)pairs, (unsigned long long)agent.last_ops[0],
