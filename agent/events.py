@@ -22,6 +22,8 @@ KINDS = frozenset(
         "path_switch",
         "progress",
         "device_fatal",
+        "communicator",
+        "stall",
     }
 )
 # Samples the service can do without: the next one supersedes them. These are

@@ -49,6 +49,8 @@ class PluginClient:
     rank: int | None = None
     pid: int = 0
     hello: bool = False
+    # The NCCL profiler plugin reports but reads no commands.
+    takes_commands: bool = True
 
     def matches(self, comm_id: int, ranks: list[int]) -> bool:
         # A client that did not say its communicator (comm_id 0) gets everything.
@@ -114,6 +116,9 @@ class PluginHub:
     # Latest progress per (comm_id, rank): the CCL may report every
     # collective; the service needs the newest count, once per poll.
     progress: dict[tuple[int, int | None], Event] = field(default_factory=dict)
+    # (comm_id, rank, pid) already announced: the NCCL profiler re-announces its
+    # communicators on every reconnection, the service needs each once.
+    announced: set[tuple[int, int, int]] = field(default_factory=set)
 
     # -- plugin -> agent ------------------------------------------------------------------------
     def on_message(self, client: PluginClient, msg: wire.Message) -> None:
@@ -126,6 +131,7 @@ class PluginHub:
             client.rank = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
             client.pid = msg.pid
             client.hello = True
+            client.takes_commands = msg.abi_version != wire.HELLO_NCCL_PROFILER
             self.deliver_pending()
             return
         if isinstance(msg, wire.CqeError):
@@ -185,6 +191,35 @@ class PluginHub:
                 ops_done=msg.ops_done,
             )
             return
+        elif isinstance(msg, wire.Communicator):
+            key = (msg.comm_id, msg.rank, msg.pid)
+            if msg.comm_id == 0 or msg.rank == wire.RANK_UNKNOWN or key in self.announced:
+                return
+            if len(self.announced) > 100_000:
+                self.announced.clear()  # bounded; a repeat costs the service one upsert
+            self.announced.add(key)
+            ev = new_event(
+                self.node,
+                "communicator",
+                observed_at=_ts(msg.timestamp_ns),
+                comm_id=msg.comm_id,
+                rank=msg.rank,
+                nranks=msg.nranks,
+                job_id=msg.job or None,
+                detail={"n_nodes": msg.n_nodes, "pid": msg.pid, "host": msg.host},
+            )
+        elif isinstance(msg, wire.Stall):
+            # Evidence that a collective hangs on this node's ranks; not a NIC
+            # fault until sysfs or a CQE says which NIC.
+            ev = new_event(
+                self.node,
+                "stall",
+                observed_at=_ts(msg.timestamp_ns),
+                comm_id=msg.comm_id,
+                rank=None if msg.rank == wire.RANK_UNKNOWN else msg.rank,
+                seq_number=msg.seq_number,
+                detail={"func": msg.func, "open_s": round(msg.open_ns / 1e9, 3), "pid": msg.pid},
+            )
         elif isinstance(msg, (wire.Ack, wire.AckAt)):
             self.on_ack(client, msg)
             return
@@ -258,7 +293,11 @@ class PluginHub:
             assert frame is not None  # checked in on_command
             data = wire.encode(frame)
             ranks = [int(r) for r in cmd.get("ranks") or []]
-            targets = [c for c in self.clients if c.hello and c.matches(frame.comm_id, ranks)]
+            targets = [
+                c
+                for c in self.clients
+                if c.hello and c.takes_commands and c.matches(frame.comm_id, ranks)
+            ]
             for c in targets:
                 try:
                     c.writer.write(data)

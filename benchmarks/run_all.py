@@ -12,6 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 BENCHMARKS = [
     ["bench_plugin.py"],
+    ["bench_nccl_profiler.py"],
     ["bench_decision_latency.py"],
     ["bench_switch_storm.py"],
     ["bench_simulate.py"],

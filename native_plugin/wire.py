@@ -20,6 +20,7 @@ from typing import ClassVar, Final
 
 __all__ = [
     "HEADER_SIZE",
+    "HELLO_NCCL_PROFILER",
     "MAGIC",
     "MAX_PAYLOAD",
     "NAME_LEN",
@@ -31,6 +32,7 @@ __all__ = [
     "AckStatus",
     "Command",
     "CommandKind",
+    "Communicator",
     "CqeError",
     "FrameDecoder",
     "Hello",
@@ -39,6 +41,7 @@ __all__ = [
     "PathSwitch",
     "PortEvent",
     "Progress",
+    "Stall",
     "SwitchReason",
     "WireError",
     "decode_frame",
@@ -51,6 +54,8 @@ HEADER_SIZE: Final = 16
 MAX_PAYLOAD: Final = 1024
 NAME_LEN: Final = 64
 RANK_UNKNOWN: Final = 0xFFFFFFFF
+# Hello.abi_version of the NCCL profiler plugin, which reads no commands.
+HELLO_NCCL_PROFILER: Final = 0x4E43
 
 _HEADER: Final = struct.Struct("<IHHII")
 assert _HEADER.size == HEADER_SIZE
@@ -76,6 +81,8 @@ class MsgType(IntEnum):
     PATH_SWITCH = 3
     PROGRESS = 4
     HELLO = 5
+    COMMUNICATOR = 6
+    STALL = 7
     COMMAND = 16
     ACK = 17
     ACK_AT = 18
@@ -198,6 +205,35 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Communicator:
+    """A CCL communicator the process joined (NCCL profiler plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.COMMUNICATOR
+    comm_id: int
+    timestamp_ns: int
+    rank: int
+    nranks: int
+    n_nodes: int
+    pid: int
+    host: str
+    job: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stall:
+    """A collective open for the stall time, reported once (NCCL profiler plugin → agent)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.STALL
+    comm_id: int
+    seq_number: int
+    timestamp_ns: int
+    open_ns: int
+    rank: int
+    pid: int
+    func: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AckAt:
     """An answer that also says how far the rank was (plugin → agent, ``ack_command_at``).
 
@@ -213,7 +249,18 @@ class AckAt:
     ops_done: int
 
 
-Message = CqeError | PortEvent | PathSwitch | Progress | Hello | Command | Ack | AckAt
+Message = (
+    CqeError
+    | PortEvent
+    | PathSwitch
+    | Progress
+    | Hello
+    | Communicator
+    | Stall
+    | Command
+    | Ack
+    | AckAt
+)
 
 # Payload layouts in wire order, as (field name, struct code). "reserved" fields are
 # padding to 8-byte alignment, matching the C structs field for field.
@@ -261,6 +308,25 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("rank", "I"),
         ("reserved", "I"),
     ),
+    MsgType.COMMUNICATOR: (
+        ("comm_id", "Q"),
+        ("timestamp_ns", "Q"),
+        ("rank", "I"),
+        ("nranks", "I"),
+        ("n_nodes", "I"),
+        ("pid", "I"),
+        ("host", "64s"),
+        ("job", "64s"),
+    ),
+    MsgType.STALL: (
+        ("comm_id", "Q"),
+        ("seq_number", "Q"),
+        ("timestamp_ns", "Q"),
+        ("open_ns", "Q"),
+        ("rank", "I"),
+        ("pid", "I"),
+        ("func", "64s"),
+    ),
     MsgType.COMMAND: (
         ("command_id", "Q"),
         ("comm_id", "Q"),
@@ -284,7 +350,19 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
 }
 
 _CLASSES: Final[Mapping[MsgType, type[Message]]] = {
-    cls.TYPE: cls for cls in (CqeError, PortEvent, PathSwitch, Progress, Hello, Command, Ack, AckAt)
+    cls.TYPE: cls
+    for cls in (
+        CqeError,
+        PortEvent,
+        PathSwitch,
+        Progress,
+        Hello,
+        Communicator,
+        Stall,
+        Command,
+        Ack,
+        AckAt,
+    )
 }
 
 _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = {

@@ -111,3 +111,11 @@ COMMAND_RETRIES = Counter(
 COMMANDS_FAILED = Counter(
     "railover_commands_failed_total", "Commands given up after the last attempt", ["kind"]
 )
+# Stock NCCL (issue 16). result: registered (new communicator), known, unplaced
+# (no single job on the node to attach it to).
+CCL_ANNOUNCEMENTS = Counter(
+    "railover_ccl_announcements_total",
+    "Communicators announced by the NCCL profiler plugin",
+    ["result"],
+)
+CCL_STALLS = Counter("railover_ccl_stalls_total", "Collective stalls recorded on nodes")

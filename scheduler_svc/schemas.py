@@ -115,6 +115,56 @@ class CommunicatorIn(Strict):
     )
 
 
+DeviceName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+]
+
+
+class CclIn(Strict):
+    """The CCL a job runs, when Railover is not the one failing it over (stock NCCL).
+
+    With NCCL >= 2.29.7 and ``port_failover`` (NCCL_IB_RESILIENCY_PORT_FAILOVER=1),
+    a device of a merged virtual NIC that fails is failed over by NCCL itself to
+    its partners; a virtual NIC with no healthy device left is fatal to NCCL.
+    """
+
+    kind: Literal["nccl"]
+    version: Annotated[
+        str, Field(max_length=16, pattern=r"^[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,3})?$")
+    ]
+    port_failover: bool = Field(
+        default=False, description="NCCL_IB_RESILIENCY_PORT_FAILOVER=1 is set for the job"
+    )
+    merge: Literal["explicit", "rail", "pcie_switch"] = Field(
+        default="explicit",
+        description=(
+            "How NCCL merges devices into virtual NICs: explicit = merged_nics (same on every "
+            "node); rail = a node's devices on one rail; pcie_switch = a node's devices behind "
+            "one PCIe switch"
+        ),
+    )
+    merged_nics: Annotated[
+        list[Annotated[list[DeviceName], Field(min_length=1, max_length=16)]],
+        Field(max_length=256),
+    ] = Field(
+        default_factory=list, description="Virtual NICs by device name, e.g. [[mlx5_0, mlx5_1]]"
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> CclIn:
+        if self.merge != "explicit" and self.merged_nics:
+            raise ValueError(
+                f"merged_nics: give groups only with merge 'explicit', not {self.merge!r}"
+            )
+        seen: set[str] = set()
+        for i, group in enumerate(self.merged_nics):
+            for dev in group:
+                if dev in seen:
+                    raise ValueError(f"merged_nics[{i}]: device {dev!r} is in two virtual NICs")
+                seen.add(dev)
+        return self
+
+
 class JobIn(Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
     ranks: Annotated[list[RankIn], Field(min_length=1, max_length=131072)]
@@ -149,6 +199,9 @@ class JobIn(Strict):
     )
     repair_estimate_s: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="How long a failed RNIC/link takes to repair here"
+    )
+    ccl: CclIn | None = Field(
+        default=None, description="The CCL the job runs when it is stock NCCL (not Railover's)"
     )
 
     @model_validator(mode="after")
@@ -202,6 +255,7 @@ class JobOut(BaseModel):
     repair_estimate_s: float | None = None
     measured_k: float | None = Field(default=None, description="k measured from iteration times")
     failed_over_at: datetime | None = None
+    ccl: CclIn | None = None
 
 
 class CheckpointIn(Strict):
@@ -231,6 +285,8 @@ class EventKind(enum.StrEnum):
     PCIE_DEGRADED = "pcie_degraded"
     PATH_SWITCH = "path_switch"
     PROGRESS = "progress"
+    COMMUNICATOR = "communicator"
+    STALL = "stall"
 
 
 class EventIn(Strict):
@@ -247,6 +303,15 @@ class EventIn(Strict):
     comm_id: Annotated[int, Field(ge=0, lt=2**64)] | None = None
     rank: Annotated[int, Field(ge=0)] | None = None
     ops_done: Annotated[int, Field(ge=0)] | None = None
+    nranks: Annotated[int, Field(ge=1, lt=2**31)] | None = Field(
+        default=None, description="communicator: ranks in the communicator"
+    )
+    job_id: (
+        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")] | None
+    ) = Field(default=None, description="communicator: the job the process says it is in")
+    seq_number: Annotated[int, Field(ge=0, lt=2**64)] | None = Field(
+        default=None, description="stall: the CCL's sequence number of the open collective"
+    )
     observed_at: UtcTime
     detail: dict[str, Any] = Field(default_factory=dict)
 
@@ -270,6 +335,18 @@ class EventIn(Strict):
             raise ValueError(f"device: required for {self.kind.value} events")
         if self.kind == EventKind.CQE_ERROR and self.wc_status is None:
             raise ValueError("wc_status: required for cqe_error events")
+        if self.kind in (EventKind.COMMUNICATOR, EventKind.STALL):
+            if not self.comm_id:
+                raise ValueError(f"comm_id: required (non-zero) for {self.kind.value} events")
+            if self.rank is not None and self.rank >= 2**31:
+                raise ValueError(f"rank: must be below 2**31, got {self.rank}")
+        if self.kind == EventKind.COMMUNICATOR:
+            if self.rank is None or self.nranks is None:
+                raise ValueError("rank, nranks: required for communicator events")
+            if self.rank >= self.nranks:
+                raise ValueError(f"rank: {self.rank} is not below nranks {self.nranks}")
+        if self.kind == EventKind.STALL and self.seq_number is None:
+            raise ValueError("seq_number: required for stall events")
         return self
 
 
@@ -416,6 +493,38 @@ class RankPathOut(BaseModel):
     primary_ok: bool
     backup_ok: bool
     active: str | None
+
+
+class CommunicatorOut(BaseModel):
+    comm_id: int
+    channels: int
+    ranks: list[int] = Field(description="Job ranks in this communicator; empty = all")
+    nranks: int | None = Field(description="As the CCL announced it; null = declared by the fleet")
+
+
+class RankProgressOut(BaseModel):
+    comm_id: int
+    rank: int = Field(description="Rank within the communicator, as the CCL reports it")
+    ops_done: int
+    at: datetime
+    rate_ops_per_s: float | None
+
+
+class StallOut(BaseModel):
+    node: str
+    comm_id: int
+    rank: int | None
+    seq_number: int
+    func: str
+    open_s: float | None
+    observed_at: datetime
+
+
+class JobProgressOut(BaseModel):
+    job_id: str
+    communicators: list[CommunicatorOut]
+    progress: list[RankProgressOut]
+    stalls: list[StallOut] = Field(description="Newest first; evidence on nodes, not NIC faults")
 
 
 class JobPathsOut(BaseModel):

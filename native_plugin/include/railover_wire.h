@@ -198,4 +198,53 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack_at, 24);
 /* Largest v1 payload; the plugin's ring slots are sized from it. */
 #define RAILOVER_WIRE_LARGEST_V1_PAYLOAD 160u
 
+/* ---- Appended for the NCCL profiler plugin (libnccl-profiler-railover.so). ----
+ * Kept as a separate block so the frame types above stay untouched: the wire is
+ * append-only. Both frames go plugin -> agent. */
+
+/* Frame types of the profiler plugin. Only ever appended; values never reused. */
+enum railover_wire_type_nccl {
+  RAILOVER_MSG_COMMUNICATOR = 6, /* a CCL communicator this process joined */
+  RAILOVER_MSG_STALL = 7,        /* a collective open far longer than expected */
+};
+
+/* Hello.abi_version sent by the NCCL profiler plugin. It reads no commands, so
+ * the agent sends it none (values 1, 2, ... are railoverPlugin ABI versions). */
+#define RAILOVER_WIRE_HELLO_NCCL_PROFILER 0x4E43u /* "NC" */
+
+/* Type 6: announced once per communicator per connection, so a job learns its
+ * communicators (the same comm_id on every rank) without the fleet manager. */
+typedef struct railover_wire_communicator {
+  uint64_t comm_id;      /* the CCL's communicator id (NCCL commId / commHash) */
+  uint64_t timestamp_ns; /* CLOCK_REALTIME when the CCL created it, ns since epoch */
+  uint32_t rank;         /* this process's rank within comm_id */
+  uint32_t nranks;       /* ranks in comm_id */
+  uint32_t n_nodes;      /* nodes comm_id spans, 0 when not known */
+  uint32_t pid;          /* reporting process */
+  char host[RAILOVER_WIRE_NAME_LEN]; /* gethostname() of the process */
+  char job[RAILOVER_WIRE_NAME_LEN];  /* RAILOVER_JOB_ID of the process, "" when unset */
+} railover_wire_communicator;
+
+/* Type 7: a collective was started and not finished within the stall time. Sent
+ * once per collective. Evidence about the ranks' node, not a fault on any RNIC. */
+typedef struct railover_wire_stall {
+  uint64_t comm_id;      /* communicator of the collective */
+  uint64_t seq_number;   /* the CCL's sequence number of the collective */
+  uint64_t timestamp_ns; /* CLOCK_REALTIME when the stall was seen, ns since epoch */
+  uint64_t open_ns;      /* how long the collective had been open when reported */
+  uint32_t rank;         /* rank within comm_id */
+  uint32_t pid;          /* reporting process */
+  char func[RAILOVER_WIRE_NAME_LEN]; /* collective, e.g. "AllReduce" */
+} railover_wire_stall;
+
+#ifdef __cplusplus
+#define RAILOVER_WIRE_NCCL_ASSERT_SIZE(t, n) static_assert(sizeof(t) == (n), #t " size")
+#else
+#define RAILOVER_WIRE_NCCL_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " size")
+#endif
+RAILOVER_WIRE_NCCL_ASSERT_SIZE(railover_wire_communicator, 160);
+RAILOVER_WIRE_NCCL_ASSERT_SIZE(railover_wire_stall, 104);
+#undef RAILOVER_WIRE_NCCL_ASSERT_SIZE
+/* Both fit RAILOVER_WIRE_LARGEST_V1_PAYLOAD, so that bound still holds. */
+
 #endif /* RAILOVER_WIRE_H */

@@ -19,11 +19,13 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.schemas import (
+    CclIn,
     CheckpointIn,
     CheckpointOut,
     CommandList,
     CommandOut,
     CommunicatorIn,
+    CommunicatorOut,
     DecisionList,
     DecisionOut,
     IterationsIn,
@@ -32,13 +34,17 @@ from scheduler_svc.schemas import (
     JobMode,
     JobOut,
     JobPathsOut,
+    JobProgressOut,
     RankIn,
     RankPathOut,
+    RankProgressOut,
+    StallOut,
 )
 from scheduler_svc.services import redecide, registry
 from scheduler_svc.services.decisions import job_view
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
+    CclRepo,
     CommandRepo,
     CoordinationRepo,
     DecisionRepo,
@@ -77,6 +83,7 @@ def job_out(session: Session, job: m.Job) -> JobOut:
         repair_estimate_s=job.repair_estimate_s,
         measured_k=job.measured_k,
         failed_over_at=job.failed_over_at,
+        ccl=None if job.ccl is None else CclIn.model_validate(job.ccl),
     )
 
 
@@ -238,4 +245,44 @@ def report_iterations(
         trustworthy=measured.trustworthy,
         detail=measured.reason,
         decision_id=None if decision is None else decision.decision_id,
+    )
+
+
+@router.get(
+    "/{job_id}/progress", operation_id="get_progress", responses=responses(Unauthorized, NotFound)
+)
+def get_progress(job_id: str, session: SessionDep, _: Reader) -> JobProgressOut:
+    """The job's communicators, each rank's ops_done, and collective stalls its CCL reported."""
+    registry.get_job(session, job_id)
+    coord = CoordinationRepo(session)
+    # By unsigned id: the store orders ids >= 2**63 (kept as negative BIGINTs) first.
+    comms = sorted(coord.communicators(job_id), key=lambda c: c.comm_id)
+    return JobProgressOut(
+        job_id=job_id,
+        communicators=[
+            CommunicatorOut(comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, nranks=c.nranks)
+            for c in comms
+        ],
+        progress=[
+            RankProgressOut(
+                comm_id=p.comm_id,
+                rank=p.rank,
+                ops_done=p.ops_done,
+                at=p.at,
+                rate_ops_per_s=p.rate_ops_per_s,
+            )
+            for p in coord.progress(job_id)
+        ],
+        stalls=[
+            StallOut(
+                node=s.node,
+                comm_id=s.comm_id,
+                rank=s.rank,
+                seq_number=s.seq_number,
+                func=s.func,
+                open_s=s.open_s,
+                observed_at=s.observed_at,
+            )
+            for s in CclRepo(session).stalls(c.comm_id for c in comms)
+        ],
     )

@@ -33,7 +33,7 @@ from scheduler_svc.engine.paths import (
 )
 from scheduler_svc.engine.slowdown import estimate_k
 from scheduler_svc.fleet import emit_decision
-from scheduler_svc.services import coordination
+from scheduler_svc.services import ccl, coordination
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
     CommandRepo,
@@ -221,6 +221,16 @@ def decide_for_job(
         concurrent_faults=max(1, concurrent),
         table=settings.default_k,
     )
+    # ---- Stock NCCL (issue 16) -------------------------------------------------------------
+    # A job that declared `ccl: nccl` fails over inside NCCL's virtual NICs by itself:
+    # what NCCL survives replaces the s-Bond path check, and Railover sends it no
+    # path commands (no failover, DCR or switch points; a restart goes through the
+    # fleet manager). The lines below marked "stock NCCL" are the rest of this hook.
+    nccl_domain = ccl.nccl_domain(job, view)
+    path_available = conn.all_pairs_survive if nccl_domain is None else nccl_domain.path_available
+    if nccl_domain is not None:
+        affected = nccl_domain.affected
+    # ---- end stock NCCL ---------------------------------------------------------------------
     elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
     inputs = engine.DecisionInputs(
         checkpoint_interval_s=job.checkpoint_interval_s,
@@ -231,7 +241,7 @@ def decide_for_job(
         k=estimate.k,
         k_source=estimate.source.value,
         gpus=len(conn.routes),
-        path_available=conn.all_pairs_survive,
+        path_available=path_available,
         # The port came back before anyone decided (a flap reported with its recovery).
         healed=fault is not None and fault.cleared_at is not None and not affected,
         affected=affected,
@@ -242,7 +252,7 @@ def decide_for_job(
     )
     result = engine.decide(inputs)
     reasons = [result.reason]
-    if not conn.all_pairs_survive:
+    if nccl_domain is None and not conn.all_pairs_survive:
         reasons.insert(
             0,
             f"{conn.broken_pairs} rank pair(s) across nodes have no path left "
@@ -254,8 +264,11 @@ def decide_for_job(
     if note:
         reasons.insert(0, note)
     plan = _plan(view, bw, estimate.detail, result)
+    if nccl_domain is not None:  # stock NCCL: NCCL's own failover is the plan
+        reasons.insert(0, nccl_domain.reason)
+        plan.update(mitigation="nccl", failed_over=[], nccl=nccl_domain.record())
     comm_plans: list[coordination.CommPlan] = []
-    if result.action == engine.Action.FAILOVER:
+    if result.action == engine.Action.FAILOVER and nccl_domain is None:  # stock NCCL: no DCR
         comm_plans = coordination.plan_mitigations(session, job, view, settings)
         plan.update(coordination.describe(comm_plans))
         if comm_plans:
@@ -281,7 +294,8 @@ def decide_for_job(
         job.mode = "failed_over"
     elif result.action in (engine.Action.RESTART, engine.Action.RESTART_SCALED):
         job.mode = "restarting"
-    issue_commands(session, job, row, view, timedelta(seconds=settings.command_ack_timeout_s))
+    if nccl_domain is None:  # stock NCCL: no commands, NCCL takes none
+        issue_commands(session, job, row, view, timedelta(seconds=settings.command_ack_timeout_s))
     rank_nodes = {r.rank: r.node for r in conn.routes}
     for cp in comm_plans:
         # A switch point needs the communicator's id and progress; a job that

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.schemas import EventIn, EventKind
-from scheduler_svc.services import coordination
+from scheduler_svc.services import ccl, coordination
 from scheduler_svc.services.decisions import WHOLE_DEVICE, decide_for_job
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
@@ -97,6 +97,9 @@ def ingest(
     new_events = sorted(
         (e for e in first.values() if e.event_id in inserted), key=lambda e: e.observed_at
     )
+    # Announced communicators first: progress in the same batch then finds its job.
+    ccl.register_announced(session, new_events)
+    ccl.record_stalls(session, new_events)
     coordination.record_progress(session, new_events)
     faults = FaultRepo(session)
     nodes = NodeRepo(session)

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
-from scheduler_svc.services import coordination
+from scheduler_svc.services import ccl, coordination
 from scheduler_svc.services.decisions import (
     decide_for_job,
     inputs_now,
@@ -82,6 +82,7 @@ def on_checkpoint(
     )
     if row is not None and restart:
         job.mode = "restarting"
+    if row is not None and restart and not ccl.is_stock_nccl(job):  # stock NCCL: no commands
         issue_commands(
             session,
             job,

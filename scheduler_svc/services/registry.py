@@ -82,6 +82,7 @@ def create_job(session: Session, body: JobIn, now: datetime) -> m.Job:
         m.JobRank(job_id=body.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
     ]
     job.repair_estimate_s = body.repair_estimate_s
+    job.ccl = None if body.ccl is None else body.ccl.model_dump(mode="json")
     taken = CoordinationRepo(session).jobs_of_comm(c.comm_id for c in body.communicators)
     if taken:
         comm_id, other = next(iter(taken.items()))

@@ -18,7 +18,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.notify import CommandNotifier
-from scheduler_svc.services import coordination, redecide
+from scheduler_svc.services import ccl, coordination, redecide
 from scheduler_svc.services.decisions import inputs_now, job_view, record_decision
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo
@@ -147,6 +147,8 @@ def _fail_back(
     if not returning:
         return
     still_moved = view.conn.failed_over_ranks
+    # Stock NCCL (issue 16): fail-back is NCCL's own port recovery; Railover records it only.
+    nccl_note = ccl.failback_note(job, f"{fault.node}/{key}")
     plan = {
         "mitigation": "failback",
         "returning": [
@@ -163,6 +165,8 @@ def _fail_back(
         reason=(
             f"fail back: {fault.node}/{key} {health.reason}; "
             f"{len(returning)} rank(s) return to their primary at one op count"
+            if nccl_note is None
+            else f"fail back: {nccl_note[0]}"
         ),
         inputs=inputs_now(session, job, now, settings),
         costs_s={},
@@ -173,6 +177,11 @@ def _fail_back(
     if row is None:
         return
     rank_nodes = {r.rank: r.node for r in view.conn.routes}
+    if nccl_note is not None:  # stock NCCL: no switch points
+        if nccl_note[1] and not still_moved:
+            job.mode, job.failed_over_at, job.measured_k = "normal", None, None
+            CoordinationRepo(session).clear_samples(job.job_id, degraded=True)
+        return
     for comm in coordination.comms_containing(
         session, job, {r.rank for r in returning}, rank_nodes
     ):

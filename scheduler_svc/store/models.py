@@ -45,6 +45,29 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+class U64(TypeDecorator[int]):
+    """An unsigned 64-bit id (a CCL communicator id) in a signed BIGINT column.
+
+    NCCL's commId is a hash: half of all ids are >= 2**63, which neither
+    PostgreSQL's BIGINT nor SQLite's INTEGER holds. They are stored as the
+    two's-complement signed value, so ids below 2**63 read and compare exactly
+    as before.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        return value - 2**64 if value >= 2**63 else value
+
+    def process_result_value(self, value: int | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        return value + 2**64 if value < 0 else value
+
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -150,6 +173,9 @@ class Job(Base):
     measured_k: Mapped[float | None]
     repair_estimate_s: Mapped[float | None]
     failed_over_at: Mapped[datetime | None]
+    # The CCL the job runs, when it declared one (schemas.CclIn as JSON), e.g.
+    # stock NCCL with port failover: the planner then models NCCL's own failover.
+    ccl: Mapped[dict[str, Any] | None]
 
     # Loaded only when asked for: the decision path reads rank tuples instead.
     ranks: Mapped[list[JobRank]] = relationship(
@@ -274,7 +300,7 @@ class Command(Base):
     decision_id: Mapped[str | None] = mapped_column(String(36))
     kind: Mapped[str] = mapped_column(String(16))
     epoch: Mapped[int] = mapped_column(Integer, default=1)
-    comm_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    comm_id: Mapped[int] = mapped_column(U64, default=0)
     ops_done: Mapped[int] = mapped_column(BigInteger, default=0)
     disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
@@ -395,7 +421,7 @@ class Communicator(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
     )
-    comm_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    comm_id: Mapped[int] = mapped_column(U64, primary_key=True, autoincrement=False)
     channels: Mapped[int] = mapped_column(Integer, default=8)
     # Ranks of the job in this communicator; empty = all of them.
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
@@ -403,6 +429,9 @@ class Communicator(Base):
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     # Channels disabled by the plan in force (after its switch point was applied).
     disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # Ranks in the communicator as the CCL announced it (NCCL profiler plugin);
+    # null for one the fleet manager declared.
+    nranks: Mapped[int | None]
 
 
 class RankProgress(Base):
@@ -413,7 +442,7 @@ class RankProgress(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
     )
-    comm_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    comm_id: Mapped[int] = mapped_column(U64, primary_key=True, autoincrement=False)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     ops_done: Mapped[int] = mapped_column(BigInteger)
     at: Mapped[datetime]
@@ -478,3 +507,28 @@ class MaintenanceFlag(Base):
     flagged_at: Mapped[datetime]
     cleared_at: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text)
+
+
+# --- Railover beside stock NCCL (issue 16): stalls the profiler plugin saw ---
+
+
+class CclStall(Base):
+    """A collective open far longer than expected: evidence on the node, not a NIC fault."""
+
+    __tablename__ = "ccl_stalls"
+    __table_args__ = (
+        # The plugin reports a collective once; a replayed report is the same stall.
+        UniqueConstraint("node", "comm_id", "rank", "seq_number"),
+        Index("ix_ccl_stalls_comm", "comm_id", "observed_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(128))
+    node: Mapped[str] = mapped_column(String(253))
+    comm_id: Mapped[int] = mapped_column(U64)
+    rank: Mapped[int | None]
+    seq_number: Mapped[int] = mapped_column(U64)
+    func: Mapped[str] = mapped_column(String(64), default="")
+    open_s: Mapped[float | None]
+    job_id: Mapped[str | None] = mapped_column(String(128))
+    observed_at: Mapped[datetime]

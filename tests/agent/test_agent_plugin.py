@@ -341,3 +341,77 @@ def test_an_answer_with_ops_done_is_relayed_with_it(
     assert ack["rank"] == 3
     assert ack["detail"] == "too_late at ops_done 1234 (pid 10)"
     s.close()
+
+
+def test_nccl_profiler_frames_become_communicator_and_stall_events(
+    running: AgentThread, standin: StandInService
+) -> None:
+    s = _connect(running)
+    now_ns = time.time_ns()
+    comm = wire.Communicator(
+        comm_id=0xC0FFEE, timestamp_ns=now_ns, rank=2, nranks=8, n_nodes=2, pid=99,
+        host="gpu-a", job="job-7",
+    )  # fmt: skip
+    frames: list[wire.Message] = [
+        wire.Hello(comm_id=0, pid=99, abi_version=1, rank=wire.RANK_UNKNOWN),
+        comm,
+        comm,  # re-announced (a reconnection): the service hears it once
+        wire.Progress(comm_id=0xC0FFEE, ops_done=41, timestamp_ns=now_ns, rank=2, pid=99),
+        wire.Stall(
+            comm_id=0xC0FFEE, seq_number=41, timestamp_ns=now_ns, open_ns=12_500_000_000,
+            rank=2, pid=99, func="AllReduce",
+        ),
+    ]  # fmt: skip
+    s.sendall(b"".join(wire.encode(f) for f in frames))
+    assert standin.wait_for(
+        lambda st: {e["kind"] for e in st.events.values()} >= {"communicator", "stall", "progress"}
+    )
+    evs = list(standin.state.events.values())
+    comms = [e for e in evs if e["kind"] == "communicator"]
+    assert len(comms) == 1
+    c = comms[0]
+    assert (c["comm_id"], c["rank"], c["nranks"], c["job_id"]) == (0xC0FFEE, 2, 8, "job-7")
+    assert c["detail"] == {"n_nodes": 2, "pid": 99, "host": "gpu-a"}
+    (stall,) = [e for e in evs if e["kind"] == "stall"]
+    assert (stall["comm_id"], stall["rank"], stall["seq_number"]) == (0xC0FFEE, 2, 41)
+    assert stall["detail"]["func"] == "AllReduce" and stall["detail"]["open_s"] == 12.5
+    assert "device" not in stall  # evidence on the node, not on a NIC
+    (progress,) = [e for e in evs if e["kind"] == "progress"]
+    assert progress["ops_done"] == 41
+    s.close()
+
+
+def test_the_nccl_profiler_is_sent_no_commands(
+    running: AgentThread, standin: StandInService
+) -> None:
+    profiler = _connect(running)
+    profiler.sendall(
+        wire.encode(
+            wire.Hello(
+                comm_id=0, pid=12, abi_version=wire.HELLO_NCCL_PROFILER, rank=wire.RANK_UNKNOWN
+            )
+        )
+    )
+    assert wait_until(
+        lambda: running.agent.hub is not None and any(c.hello for c in running.agent.hub.clients)
+    )
+    # comm_id 0 would reach every railoverPlugin client; the profiler reads none.
+    standin.add_command(
+        {
+            "command_id": 8,
+            "job_id": "j",
+            "kind": "abort",
+            "epoch": 1,
+            "comm_id": 0,
+            "ops_done": 0,
+            "disabled_channels": [],
+            "ranks": [],
+        }
+    )
+    assert standin.wait_for(
+        lambda st: any(cid == 8 and b["status"] == "failed" for cid, b in st.acks), timeout=6
+    )
+    profiler.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        profiler.recv(1)
+    profiler.close()

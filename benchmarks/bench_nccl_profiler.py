@@ -1,0 +1,86 @@
+"""NCCL profiler plugin benchmark: builds ``bench_nccl_profiler.c`` against the library.
+
+Prints the cost of one collective's startEvent + stopEvent pair (median / p99 /
+p99.9 ns; without and with a listener; one thread, four threads on their own
+communicators, four on one), plus the machine it ran on. Aim: median < 100 ns.
+``--json`` prints the raw records instead.
+Usage: python benchmarks/bench_nccl_profiler.py [--pairs N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import benchlib
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "native_plugin"
+LIBRARY = PLUGIN / "build" / "libnccl-profiler-railover.so"
+SCENARIOS = ("no_agent", "agent_1t", "agent_4t", "agent_4t_1c")
+WITH_CHANNELS = "agent_1t_2ch"
+
+
+def build(out_dir: Path) -> Path:
+    subprocess.run(["make", "-s", "-C", str(PLUGIN), "build/libnccl-profiler-railover.so"],
+                   check=True)  # fmt: skip
+    exe = out_dir / "bench_nccl_profiler"
+    subprocess.run(
+        ["cc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
+         f"-I{PLUGIN / 'include'}", str(Path(__file__).with_suffix(".c")), str(LIBRARY),
+         f"-Wl,-rpath,{LIBRARY.parent}", "-o", str(exe)],
+        check=True,
+    )  # fmt: skip
+    return exe
+
+
+def run(pairs: int) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(Path(tmp))
+        out = subprocess.run([str(exe), str(pairs)], check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def report(records: list[dict[str, Any]]) -> str:
+    by = {r["scenario"]: r for r in records}
+    lines = [
+        f"machine: {benchlib.machine()}",
+        f"timer pair overhead (median, included below): {by['timer_overhead']['median_ns']} ns",
+        f"{'scenario':<12} {'pairs':>9} {'median':>7} {'p99':>7} {'p99.9':>7} {'max':>10} "
+        f"{'>10us':>6}  (ns per start+stop pair, timer included)",
+    ]
+    for name in SCENARIOS:
+        r = by[name]
+        lines.append(
+            f"{name:<12} {r['pairs']:>9} {r['median_ns']:>7} {r['p99_ns']:>7} "
+            f"{r['p999_ns']:>7} {r['max_ns']:>10} {r['pairs_over_10us']:>6}"
+        )
+    r = by[WITH_CHANNELS]
+    lines.append(
+        f"{WITH_CHANNELS:<12} {r['pairs']:>9} {r['median_ns']:>7} {r['p99_ns']:>7} "
+        f"{r['p999_ns']:>7} {r['max_ns']:>10} {r['pairs_over_10us']:>6}  "
+        "(a collective on 2 channels: its pair and 2 KernelCh pairs)"
+    )
+    worst = max(by[n]["median_ns"] for n in SCENARIOS)
+    lines.append(f"aim median < 100 ns: {'met' if worst < 100 else 'NOT met'} (worst {worst} ns)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--pairs", type=int, default=1_000_000, help="pairs per thread")
+    parser.add_argument("--json", action="store_true", help="print raw records")
+    args = parser.parse_args()
+    records = run(args.pairs)
+    if args.json:
+        print(json.dumps({"machine": benchlib.machine(), "records": records}, indent=2))
+    else:
+        print(report(records))
+
+
+if __name__ == "__main__":
+    main()

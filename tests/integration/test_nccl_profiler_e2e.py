@@ -1,0 +1,206 @@
+"""Stock NCCL end to end: the real profiler plugin, a real agent, the real service.
+
+The test process stands in for NCCL: it loads libnccl-profiler-railover.so with
+ctypes and calls the exported ncclProfiler_v5 table in NCCL's order (init per
+communicator and rank, startEvent/stopEvent per collective, finalize). The
+plugin talks to an in-process agent over its unix socket; the agent reports to
+the service over loopback HTTP. The job declared no communicator: it learns it
+from the announcements, and the API then shows it, each rank's ops_done and the
+one collective left open.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from railover_testing.agents import AgentThread, settings_for
+from railover_testing.local import local_service
+from railover_testing.sysfs_fixture import build_cluster
+from scheduler_svc.config import Settings
+
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "native_plugin"
+LIBRARY = PLUGIN_DIR / "build" / "libnccl-profiler-railover.so"
+JOB = "nccl-job"
+# NCCL's commId is a 64-bit hash; this one is above 2**63, as half of them are.
+COMM = 0x9E3779B97F4A7C15
+PAIRS = 300
+PROFILE_COLL = 1 << 1
+PROFILE_KERNEL_CH = 1 << 6
+
+
+class CollHead(ctypes.Structure):
+    _fields_ = (("seq_number", ctypes.c_uint64), ("func", ctypes.c_char_p))
+
+
+class DescrV5(ctypes.Structure):
+    # type, parentObj, rank, then the union; NCCL's union is larger, the plugin
+    # reads only the collective's leading {seqNumber, func}.
+    _fields_ = (
+        ("type", ctypes.c_uint64),
+        ("parent_obj", ctypes.c_void_p),
+        ("rank", ctypes.c_int),
+        ("coll", CollHead),
+        ("rest", ctypes.c_uint64 * 16),
+    )
+
+
+INIT = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_void_p,
+)
+START = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(DescrV5)
+)
+STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class ProfilerV5(ctypes.Structure):
+    _fields_ = (
+        ("name", ctypes.c_char_p),
+        ("init", INIT),
+        ("start_event", START),
+        ("stop_event", STOP),
+        ("record_event_state", RECORD),
+        ("finalize", FINALIZE),
+    )
+
+
+@pytest.fixture(scope="module")
+def profiler() -> ProfilerV5:
+    if not LIBRARY.is_file():
+        if shutil.which("make") is None or shutil.which("cc") is None:
+            pytest.skip("libnccl-profiler-railover.so is not built and there is no C toolchain")
+        subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
+    lib = ctypes.CDLL(str(LIBRARY))
+    return ProfilerV5.in_dll(lib, "ncclProfiler_v5")
+
+
+def wait_for(what: str, check: Callable[[], bool], detail: Callable[[], Any]) -> None:
+    deadline = time.monotonic() + 60
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}: {detail()}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def stack(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, AgentThread]]:
+    (node, rail_map) = build_cluster(tmp_path / "nodes", ["n0"])["n0"]
+    with (
+        local_service(Settings(db_url=db_url, port=0)) as url,
+        httpx.Client(base_url=url, timeout=10) as http,
+    ):
+        agent = AgentThread(
+            settings_for(node.root, tmp_path / "agent", url, rail_map, poll_interval_s=0.1)
+        ).start()
+        try:
+            wait_for("the agent to register n0", lambda: bool(agent.agent.registered), dict)
+            yield http, agent
+        finally:
+            agent.stop()
+
+
+def test_nccl_profiler_reports_communicators_progress_and_a_stall(
+    profiler: ProfilerV5,
+    stack: tuple[httpx.Client, AgentThread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    http, agent = stack
+    body = {
+        "job_id": JOB,
+        "ranks": [{"rank": 0, "node": "n0", "gpu": 0}, {"rank": 1, "node": "n0", "gpu": 1}],
+        "checkpoint_interval_s": 3600,
+        "reload_s": 120,
+        "timeout_s": 20,
+        "last_checkpoint_at": (datetime.now(UTC) - timedelta(minutes=5)).isoformat(),
+        "ccl": {
+            "kind": "nccl",
+            "version": "2.29.7",
+            "port_failover": True,
+            "merged_nics": [["mlx5_0", "mlx5_1"]],
+        },
+    }
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["ccl"]["merged_nics"] == [["mlx5_0", "mlx5_1"]]
+
+    monkeypatch.setenv("RAILOVER_PLUGIN_SOCKET", str(agent.settings.socket))
+    monkeypatch.setenv("RAILOVER_NCCL_STALL_MS", "300")
+    monkeypatch.setenv("RAILOVER_NCCL_PROGRESS_MS", "20")
+    monkeypatch.setenv("RAILOVER_JOB_ID", JOB)
+
+    # One process, two ranks of one communicator (as ncclCommInitAll makes them).
+    contexts = []
+    for rank in (0, 1):
+        ctx = ctypes.c_void_p()
+        mask = ctypes.c_int(0)
+        rc = profiler.init(ctypes.byref(ctx), COMM, ctypes.byref(mask), b"world", 1, 2, rank, None)
+        assert rc == 0
+        assert mask.value == PROFILE_COLL | PROFILE_KERNEL_CH
+        contexts.append(ctx)
+
+    def start(rank: int, seq: int) -> ctypes.c_void_p:
+        d = DescrV5(type=PROFILE_COLL, rank=rank, coll=CollHead(seq, b"AllReduce"))
+        handle = ctypes.c_void_p()
+        assert profiler.start_event(contexts[rank], ctypes.byref(handle), ctypes.byref(d)) == 0
+        assert handle.value
+        return handle
+
+    for seq in range(PAIRS):
+        for rank in (0, 1):
+            assert profiler.stop_event(start(rank, seq)) == 0
+    left_open = start(1, PAIRS)
+
+    def progress() -> dict[str, Any]:
+        r = http.get(f"/v1/jobs/{JOB}/progress")
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    wait_for("the stall to reach the service", lambda: bool(progress()["stalls"]), progress)
+    assert profiler.stop_event(left_open) == 0
+    for ctx in contexts:
+        assert profiler.finalize(ctx) == 0
+
+    def ops() -> dict[int, int]:
+        return {p["rank"]: p["ops_done"] for p in progress()["progress"]}
+
+    wait_for("the last ops_done", lambda: ops() == {0: PAIRS, 1: PAIRS + 1}, progress)
+    got = progress()
+    # Learned from the ranks: the same comm_id from both, covering the whole job.
+    assert got["communicators"] == [{"comm_id": COMM, "channels": 8, "ranks": [], "nranks": 2}]
+    assert all(p["comm_id"] == COMM for p in got["progress"])
+    (stall,) = got["stalls"]
+    assert (stall["node"], stall["comm_id"], stall["rank"], stall["seq_number"]) == (
+        "n0",
+        COMM,
+        1,
+        PAIRS,
+    )
+    assert stall["func"] == "AllReduce"
+    assert stall["open_s"] >= 0.3
+    # Evidence on the node, not a NIC fault: nothing was decided.
+    r = http.get(f"/v1/jobs/{JOB}/decisions")
+    assert r.status_code == 200
+    assert r.json()["decisions"] == []
+    r = http.get(f"/v1/jobs/{JOB}")
+    assert r.json()["communicators"] == [{"comm_id": COMM, "channels": 8, "ranks": []}]
