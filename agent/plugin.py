@@ -70,6 +70,7 @@ class AckRequest:
     status: str
     rank: int | None
     detail: str
+    ops_done: int | None = None  # the rank's count, for a too_late ack
     attempts: int = 0
 
 
@@ -112,6 +113,8 @@ class PluginHub:
     # Latest progress per (comm_id, rank): the CCL may report every
     # collective; the service needs the newest count, once per poll.
     progress: dict[tuple[int, int | None], Event] = field(default_factory=dict)
+    # Newest ops_done per (comm_id, rank), kept across polls for too-late acks.
+    last_ops: dict[tuple[int, int | None], int] = field(default_factory=dict)
 
     # -- plugin -> agent ------------------------------------------------------------------------
     def on_message(self, client: PluginClient, msg: wire.Message) -> None:
@@ -174,6 +177,7 @@ class PluginHub:
             )
         elif isinstance(msg, wire.Progress):
             r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
+            self.last_ops[(msg.comm_id, r)] = msg.ops_done
             self.progress[(msg.comm_id, r)] = new_event(
                 self.node,
                 "progress",
@@ -197,8 +201,13 @@ class PluginHub:
         return out
 
     def on_ack(self, client: PluginClient, msg: wire.Ack) -> None:
+        ops_done = None
         if msg.status == wire.AckStatus.APPLIED:
             status, detail = "applied", ""
+        elif msg.status == wire.AckStatus.TOO_LATE:
+            # Past the switch point: the service proposes a later one, past this count.
+            status, detail = "too_late", "too_late"
+            ops_done = self.last_ops.get((client.comm_id, client.rank))
         else:
             try:
                 detail = wire.AckStatus(msg.status).name.lower()
@@ -206,7 +215,9 @@ class PluginHub:
                 detail = f"status {msg.status}"
             status = "failed"
         self.acks.put_nowait(
-            AckRequest(msg.command_id, status, client.rank, f"{detail} (pid {msg.pid})".strip())
+            AckRequest(
+                msg.command_id, status, client.rank, f"{detail} (pid {msg.pid})".strip(), ops_done
+            )
         )
 
     # -- service -> plugin ----------------------------------------------------------------------

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     delivery_latency_default_s: Annotated[float, Field(gt=0)] = 0.5
     # Fail over at once; fail back only after this long up and quiet.
     failback_damping_s: Annotated[float, Field(ge=0)] = 120.0
+    # CQE, counter and PCIe faults close after this long with the port ACTIVE and no new
+    # error (a link-down closes on its port_up, after the damping period).
+    fault_quiet_s: Annotated[float, Field(ge=0)] = 600.0
     # More than this many downs in the window keeps the port on its backup, flagged.
     flap_max: Annotated[int, Field(ge=1)] = 4
     flap_window_s: Annotated[float, Field(gt=0)] = 600.0

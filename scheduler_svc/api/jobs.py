@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, Reader, SessionDep, SettingsDep
+from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Conflict,
@@ -29,15 +27,13 @@ from scheduler_svc.schemas import (
     IterationsIn,
     IterationsOut,
     JobIn,
-    JobMode,
     JobOut,
     JobPathsOut,
     RankIn,
-    RankPathOut,
 )
-from scheduler_svc.services import redecide, registry
-from scheduler_svc.services.decisions import job_view
+from scheduler_svc.services import reconciler, registry
 from scheduler_svc.store import models as m
+from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (
     CommandRepo,
     CoordinationRepo,
@@ -94,9 +90,13 @@ def command_out(c: m.Command) -> CommandOut:
     operation_id="create_job",
     responses=responses(Unauthorized, Forbidden, Conflict, Unprocessable),
 )
-def create_job(body: JobIn, session: SessionDep, _: FleetAuth) -> JobOut:
-    """Register a job: rank placement, checkpoint settings and where to notify."""
-    return job_out(session, registry.create_job(session, body, datetime.now(UTC)))
+def create_job(
+    body: JobIn, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
+) -> JobOut:
+    """Register a job: rank placement, checkpoint settings and where to notify.
+
+    Posting a job that is restarting again is its new incarnation (409 otherwise)."""
+    return job_out(session, registry.create_job(session, body, now, settings))
 
 
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))
@@ -130,10 +130,16 @@ def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_checkpoint(
-    job_id: str, body: CheckpointIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: str,
+    body: CheckpointIn,
+    session: SessionDep,
+    _: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> CheckpointOut:
-    """Report a checkpoint; the newest one sets t_elapsed for later decisions."""
-    current = registry.add_checkpoint(session, job_id, body, datetime.now(UTC), settings)
+    """Report a checkpoint; the newest one sets t_elapsed for later decisions, and a
+    restarting job's first one says its new incarnation runs."""
+    current = registry.add_checkpoint(session, job_id, body, now, settings)
     return CheckpointOut(
         job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, current=current
     )
@@ -160,37 +166,11 @@ def list_decisions(
 @router.get(
     "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
 )
-def get_paths(job_id: str, session: SessionDep, _: Reader, settings: SettingsDep) -> JobPathsOut:
-    """Primary and backup RNIC of every rank and whether each works under the open faults."""
-    job = registry.get_job(session, job_id)
-    view = job_view(session, job, settings.backup_cap_per_switch)
-    ranks = []
-    for r in view.conn.routes:
-        g = view.plans[r.node].for_gpu(r.gpu)
-        ranks.append(
-            RankPathOut(
-                rank=r.rank,
-                node=r.node,
-                gpu=r.gpu,
-                primary=r.primary,
-                backup=r.backup,
-                primary_switch=g.primary_switch,
-                backup_switch=g.backup_switch,
-                rail_disjoint=g.rail_disjoint,
-                primary_ok=r.primary_ok,
-                backup_ok=r.backup_ok,
-                active=r.active,
-            )
-        )
-    return JobPathsOut(
-        job_id=job_id,
-        ranks=ranks,
-        broken_pairs=view.conn.broken_pairs,
-        total_pairs=view.conn.total_pairs,
-        isolated_ranks=list(view.conn.isolated_ranks),
-        failed_over_ranks=list(view.conn.failed_over_ranks),
-        warnings=view.warnings,
-    )
+def get_paths(
+    job_id: str, session: SessionDep, _: Reader, settings: SettingsDep, now: NowDep
+) -> JobPathsOut:
+    """Primary and backup RNIC of every rank, whether each works, and the one in use."""
+    return reconciler.job_paths(session, job_id, now, settings)
 
 
 @router.get(
@@ -210,13 +190,16 @@ def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandLis
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_iterations(
-    job_id: str, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: str,
+    body: IterationsIn,
+    session: SessionDep,
+    _: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> IterationsOut:
     """Report iteration times; once steady, the measured k replaces the estimate and re-decides."""
-    job = registry.lock_job(session, job_id)
-    degraded = job.mode == "failed_over"
-    measured, decision = redecide.on_iterations(
-        session, job, body.iteration_time_s, datetime.now(UTC), settings
+    degraded, measured, decision = registry.record_iterations(
+        session, job_id, body.iteration_time_s, now, settings
     )
     return IterationsOut(
         job_id=job_id,

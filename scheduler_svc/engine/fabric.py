@@ -90,6 +90,7 @@ class FaultEvidence:
     last_error_at: datetime | None = None
     port_active: bool = True
     switch: str | None = None
+    note: str = ""  # what the service recorded about it (why a node is unreachable)
 
     @property
     def label(self) -> str:
@@ -244,7 +245,7 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
                 f.label,
                 f.kind.value,
                 f.opened_at,
-                h.reason,
+                f.note if f.kind == FaultKind.UNREACHABLE and f.note else h.reason,
                 f.node,
                 f.device,
                 f.port,

@@ -146,6 +146,7 @@ class JobState:
     node_replace_s: float = 0.0
     repair_estimate_s: float | None = None
     failed_over_at: datetime | None = None
+    # When the restart was decided; None while restarting means the job was posted again.
     restart_decided_at: datetime | None = None
     newest_checkpoint: CheckpointSeen | None = None
     previous: Desired = field(default_factory=Desired)
@@ -220,26 +221,26 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
     warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
     prev = job.previous
     new_life = False
+    nodes = {n for _, n, _ in job.ranks}
+    evidence = tuple(_evidence_for(conn, fabric, nodes))
+    keys = frozenset(u.key for u in evidence)
     if job.mode == Mode.RESTARTING:
         cp = job.newest_checkpoint
-        restarted = (
-            cp is not None
-            and job.restart_decided_at is not None
-            and cp.received_at > job.restart_decided_at
+        # No restart time while restarting: the fleet manager posted the job again.
+        restarted = job.restart_decided_at is None or (
+            cp is not None and cp.received_at > job.restart_decided_at
         )
         if not restarted:
             # Aborted and waiting for the fleet manager: nothing is decided for the old
-            # incarnation; a re-post or a checkpoint of the new one ends this.
-            return Reconciled(prev, None, conn, warnings)
+            # incarnation; a re-post or a checkpoint of the new one ends this. What breaks
+            # meanwhile is known when the new one starts (it starts on the paths left).
+            return Reconciled(replace(prev, evidence=keys), None, conn, warnings)
         # The new incarnation starts with every rank on its primary; evidence that was
         # known at the restart is not news to it.
         prev = Desired(evidence=prev.evidence, k=prev.k, checkpoint_id=cp.id if cp else None)
         new_life = True
 
-    nodes = {n for _, n, _ in job.ranks}
-    evidence = tuple(_evidence_for(conn, fabric, nodes))
     p = _Pass(now, job, fabric, conn, options, warnings, evidence)
-    keys = frozenset(u.key for u in evidence)
     new = [u for u in evidence if u.key not in prev.evidence]
     moved = {r.rank: r.backup for r in conn.routes if not r.primary_ok and r.backup_ok and r.backup}
     isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
@@ -253,11 +254,16 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
     # 1. Something new broke a path this job uses (or left some GPU without any): decide
     #    by the cost model, at the time the earliest new evidence appeared.
     if isolated or newly_moved:
-        if not new and not isolated and not new_life:
-            # Paths moved without new evidence (a plan changed under re-registration).
-            return _failover(p, base, moved, note=None)
-        first = new[0] if new else None
-        at = first.since if first is not None else now
+        if not new and not isolated:
+            # Paths moved without new evidence (a plan changed under re-registration, or a
+            # restarted job starts on the paths its open faults leave): no cost question.
+            note = (
+                "the restarted job starts on its backups: faults still open" if new_life else None
+            )
+            return _failover(p, base, moved, note=note)
+        # A switch inferred failed names the decision: its port faults are that one failure.
+        first = next((u for u in new if u.kind == "switch"), new[0] if new else None)
+        at = min(u.since for u in new) if new else now
         if isolated and not new and prev.mode == Mode.NORMAL and not new_life:
             at = now
         note = _note(first, evidence)
@@ -430,7 +436,7 @@ def _failover(p: _Pass, base: Desired, moved: dict[int, str], *, note: str | Non
         DecisionRecord(
             f"replan:{now.isoformat()}",
             Action.FAILOVER,
-            note or "the paths changed under the open faults; ranks follow them",
+            note or "ranks follow the paths the open faults leave them (nothing new failed)",
             inputs=inputs_now(now, job, options, base.k),
             costs_s={},
             costs_gpu_s={},
@@ -630,7 +636,8 @@ def _describe(
                 "mitigation": p.plan.chosen.mitigation.value,
                 "predicted_k": p.plan.chosen.k,
                 "why": p.plan.reason,
-                "disabled_channels": list(desired.disabled.get(p.comm_id, ())),
+                # A communicator the job did not register is planned, but not told.
+                "disabled_channels": list(p.disabled_channels),
                 "options": [
                     {
                         "mitigation": o.mitigation.value,

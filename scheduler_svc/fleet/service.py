@@ -65,6 +65,7 @@ async def audit_requests(
             operation=getattr(route, "operation_id", None),
             status=response.status_code,
             client=None if request.client is None else request.client.host[:64],
+            detail=getattr(request.state, "audit_detail", None),
         )
         try:
             await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)

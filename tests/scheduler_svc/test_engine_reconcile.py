@@ -20,6 +20,7 @@ from scheduler_svc.engine.fabric import (
     FaultEvidence,
     FaultKind,
     Health,
+    Maintenance,
     Quarantine,
     SwitchEvidence,
     assess,
@@ -430,3 +431,17 @@ def test_job_without_communicators_gets_failover_and_failback_but_no_switch_poin
     s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3001))
     s.step(3200)
     assert [i.kind for i in s.intents[-1]] == [IntentKind.FAILBACK]
+
+
+def test_planned_maintenance_is_evidence_from_its_start_to_its_end() -> None:
+    window = Maintenance(1, at(100), at(200), node="n0", device="mlx5_3", port=1)
+    before = assess(Evidence(maintenance=(window,)), at(50), RULES)
+    assert before.failed.empty and before.next_change_at == at(100)
+    during = assess(Evidence(maintenance=(window,)), at(150), RULES)
+    assert during.failed.links == frozenset({("n0", "mlx5_3", 1)})
+    assert during.next_change_at == at(200)
+    assert [u.key for u in during.unhealthy] == ["maintenance:1"]
+    whole_switch = Maintenance(2, at(0), at(10), switch="rail3-leaf")
+    assert assess(Evidence(maintenance=(whole_switch,)), at(5), RULES).failed.switches == {
+        "rail3-leaf"
+    }
