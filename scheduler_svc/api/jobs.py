@@ -34,12 +34,6 @@ from scheduler_svc.schemas import (
 from scheduler_svc.services import reconciler, registry
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode
-from scheduler_svc.store.repositories import (
-    CommandRepo,
-    CoordinationRepo,
-    DecisionRepo,
-    JobRepo,
-)
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
 
@@ -68,7 +62,7 @@ def job_out(session: Session, job: m.Job) -> JobOut:
         created_at=job.created_at,
         communicators=[
             CommunicatorIn(comm_id=c.comm_id, channels=c.channels, ranks=c.ranks)
-            for c in CoordinationRepo(session).communicators(job.job_id)
+            for c in registry.communicators_of(session, job.job_id)
         ],
         repair_estimate_s=job.repair_estimate_s,
         measured_k=job.measured_k,
@@ -102,7 +96,7 @@ def create_job(
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))
 def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
     """All registered jobs."""
-    return [job_out(session, j) for j in JobRepo(session).all()]
+    return [job_out(session, j) for j in registry.list_jobs(session)]
 
 
 @router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
@@ -157,9 +151,8 @@ def list_decisions(
     limit: int = Query(100, ge=1, le=1000),
 ) -> DecisionList:
     """The job's decisions, newest first, each with its inputs, costs and reason."""
-    registry.get_job(session, job_id)
     return DecisionList(
-        decisions=[decision_out(d) for d in DecisionRepo(session).for_job(job_id, limit)]
+        decisions=[decision_out(d) for d in registry.decisions_of(session, job_id, limit)]
     )
 
 
@@ -180,8 +173,7 @@ def get_paths(
 )
 def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandList:
     """Every command issued for the job and its delivery state."""
-    registry.get_job(session, job_id)
-    return CommandList(commands=[command_out(c) for c in CommandRepo(session).for_job(job_id)])
+    return CommandList(commands=[command_out(c) for c in registry.commands_of(session, job_id)])
 
 
 @router.post(

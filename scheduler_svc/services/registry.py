@@ -20,6 +20,7 @@ from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (
     CommandRepo,
     CoordinationRepo,
+    DecisionRepo,
     FaultRepo,
     JobRepo,
     NodeRepo,
@@ -252,6 +253,25 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     session.flush()
     reconciler.reconcile_jobs(session, [job.job_id], now, settings)
     return job
+
+
+def list_jobs(session: Session) -> list[m.Job]:
+    return list(JobRepo(session).all())
+
+
+def communicators_of(session: Session, job_id: str) -> list[m.Communicator]:
+    return list(CoordinationRepo(session).communicators(job_id))
+
+
+def decisions_of(session: Session, job_id: str, limit: int) -> list[m.Decision]:
+    """The job's decisions, newest first (NotFound for an unknown job)."""
+    get_job(session, job_id)
+    return list(DecisionRepo(session).for_job(job_id, limit))
+
+
+def commands_of(session: Session, job_id: str) -> list[m.Command]:
+    get_job(session, job_id)
+    return list(CommandRepo(session).for_job(job_id))
 
 
 def get_job(session: Session, job_id: str) -> m.Job:

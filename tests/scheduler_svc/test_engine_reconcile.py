@@ -155,6 +155,11 @@ class Story:
         self.desired = out.desired
         if intents:
             self.commanded = out.desired
+        # Level-triggered: the same state again decides nothing and sends nothing.
+        again = reconcile(now, self.job(), self.fabric(now), Options())
+        assert again.decision is None, again.decision
+        assert again.desired == out.desired
+        assert command_diff(self.commanded, again.desired, self.job()) == []
         return out
 
 

@@ -190,6 +190,11 @@ def test_operator_resolve_fails_back_at_once_and_only_fleet_may(
         assert decisions(fleet, "j")[0]["action"] == "failover"
         (fault,) = fleet.get("/v1/faults", params={"job_id": "j"}).json()["faults"]
         assert fault["evidence"]["first_event_id"]
+        assert fault["health"] == "failed" and fault["resolved_at"] is None
+        assert len(fleet.get("/v1/faults", params={"node": "n0"}).json()["faults"]) == 1
+        assert fleet.get("/v1/faults", params={"node": "n1"}).json()["faults"] == []
+        assert fleet.get("/v1/faults", params={"job_id": "nope"}).status_code == 404
+        assert fleet.get("/v1/faults", params={"node": "bad name"}).status_code == 422
         for who in (viewer, agent):
             assert who.get("/v1/faults").status_code == 403
             r = who.post(f"/v1/faults/{fault['id']}/resolve", json={"reason": "replaced cable"})
