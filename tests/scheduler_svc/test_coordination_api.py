@@ -151,9 +151,14 @@ def test_flapping_port_stays_on_backup_and_is_flagged(
     # The first flaps healed and failed back; after the fifth down it stays on its backup.
     assert history[0] == "failover"
     assert history.count("failover") == 5
-    # The operator repairs it and clears the flag.
+    # Up and long past damping, but quarantined: rank 3 stays on its backup.
+    paths = http.get("/v1/jobs/j/paths").json()
+    assert paths["failed_over_ranks"] == [3] and paths["ranks"][3]["active"] == "mlx5_2/1"
+    # The operator repairs it and clears the flag: the port is healthy, so it fails back.
     r = http.delete(f"/v1/maintenance-flags/{flags[0]['id']}")
     assert r.status_code == 200 and r.json()["cleared_at"] is not None
+    assert decisions(http, "j")[0]["action"] == "failback"
+    assert http.get("/v1/jobs/j").json()["mode"] == "normal"
     assert http.delete(f"/v1/maintenance-flags/{flags[0]['id']}").status_code == 404
 
 

@@ -367,3 +367,28 @@ def test_restarting_job_leaves_restarting_when_posted_again(
     )
     assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [14]
     assert http.post("/v1/jobs", json=again).status_code == 409  # running again: a duplicate
+
+
+def test_refused_command_makes_its_node_unreachable_until_the_agent_registers_again(
+    make: Callable[..., tuple[httpx.Client, ManualClock, str]],
+) -> None:
+    http, _, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    start_job(http, "j", ["n0", "n1"])
+    post(http, ev("n0", "port_down", T0))
+    (cmd,) = commands(http, "j", "failover")
+    bad = {"node": "n0", "rank": 3, "status": "too_late", "ops_done": -1}
+    assert http.post(f"/v1/commands/{cmd['command_id']}/acks", json=bad).status_code == 422
+    refused = {"node": "n0", "rank": 3, "status": "failed", "detail": "no backup QP"}
+    r = http.post(f"/v1/commands/{cmd['command_id']}/acks", json=refused)
+    assert (r.status_code, r.json()["state"]) == (200, "failed")
+    latest = decisions(http, "j")[0]
+    assert latest["action"] == "restart"
+    assert "failover command" in latest["reason"] and "no backup QP" in latest["reason"]
+    (unreachable,) = [
+        f for f in http.get("/v1/faults?open=true").json()["faults"] if f["kind"] == "unreachable"
+    ]
+    assert unreachable["node"] == "n0"
+    # Its agent starts again and registers: the node is reachable evidence no more.
+    register_nodes(http, ["n0"])
+    assert [f["kind"] for f in http.get("/v1/faults?open=true").json()["faults"]] == ["link_down"]
