@@ -450,3 +450,28 @@ def test_planned_maintenance_is_evidence_from_its_start_to_its_end() -> None:
     assert assess(Evidence(maintenance=(whole_switch,)), at(5), RULES).failed.switches == {
         "rail3-leaf"
     }
+
+
+def test_early_fault_without_a_spare_node_restarts_scaled_and_aborts_every_rank() -> None:
+    s = Story(
+        ["n0", "n1"],
+        job_kw={"allow_scaling": True, "dp_size": 8, "spare_nodes": False, "node_replace_s": 3600},
+    )
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(100)
+    assert out.decision is not None and out.decision.action == Action.RESTART_SCALED
+    scaled, failover = out.decision.costs_s["restart_scaled"], out.decision.costs_s["failover"]
+    assert scaled is not None and failover is not None and scaled < failover
+    assert kinds(s.intents[-1]) == [("abort", tuple(range(16)), ())]
+    assert mode(s) == Mode.RESTARTING
+
+
+def test_dcr_or_balance_disables_the_lost_rails_channels_for_the_whole_communicator() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    out = s.step(3000)
+    assert out.decision is not None
+    comm = out.decision.plan["communicators"][0]
+    assert comm["mitigation"] in ("dcr", "balance")
+    assert comm["disabled_channels"] == [3, 11]
+    assert ("rebalance", tuple(range(16)), (3, 11)) in kinds(s.intents[-1])
