@@ -8,6 +8,7 @@ one after the other and the second finds nothing left to do.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -28,6 +29,8 @@ from scheduler_svc.store.repositories import (
     DecisionRepo,
     JobRepo,
 )
+
+log = logging.getLogger(__name__)
 
 
 def options(settings: Settings) -> engine.Options:
@@ -84,14 +87,29 @@ def current(
 def reconcile_jobs(
     session: Session, job_ids: Iterable[str], now: datetime, settings: Settings
 ) -> list[m.Decision]:
-    """Reconcile each job (sorted: one lock order everywhere); the decisions it made."""
+    """Reconcile each job (sorted: one lock order everywhere); the decisions it made.
+
+    Each job in a savepoint of its own: one job that cannot be reconciled must not
+    refuse the evidence (an agent would resend the batch forever) nor hold up the
+    other jobs. It is marked, logged, and the coordinator's sweep tries it again.
+    """
     made = []
     jobs = JobRepo(session)
     for job_id in sorted(set(job_ids)):
         job = jobs.lock(job_id)
         if job is None:
             continue
-        row = reconcile_job(session, job, now, settings)
+        try:
+            with session.begin_nested():
+                row = reconcile_job(session, job, now, settings)
+        except Exception:
+            log.exception("reconciling job %s failed; the coordinator retries it", job_id)
+            job = jobs.lock(job_id)  # the savepoint's rollback expired it
+            if job is not None:
+                job.reconcile_due_at = now
+            continue
+        if job.reconcile_due_at is not None:
+            job.reconcile_due_at = None
         if row is not None:
             made.append(row)
     return made

@@ -37,10 +37,15 @@ def sweep_once(
     with reads() as session:
         overdue = [c.command_id for c in CoordinationRepo(session).overdue_commands(now)]
         due = fabric.has_cleared(session, now, settings)
+        retry = JobRepo(session).due_for_reconcile()
     notify: set[str] = set()
     for command_id in overdue:
         with unit_of_work(sessions) as session:
             retry_overdue_command(session, command_id, now, settings)
+            notify |= set(pending_nodes(session))
+    if retry:
+        with unit_of_work(sessions) as session:
+            reconciler.reconcile_jobs(session, retry, now, settings)
             notify |= set(pending_nodes(session))
     if due:
         with unit_of_work(sessions) as session:

@@ -194,6 +194,8 @@ class Job(Base):
     # (engine.reconcile.Desired as JSON).
     desired: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     commanded: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Set when a reconcile of the job failed: the coordinator's sweep tries it again.
+    reconcile_due_at: Mapped[datetime | None]
 
     # Loaded only when asked for: the decision path reads rank tuples instead.
     ranks: Mapped[list[JobRank]] = relationship(

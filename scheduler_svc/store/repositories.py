@@ -249,6 +249,17 @@ class JobRepo:
             ).all()
         )
 
+    def due_for_reconcile(self, limit: int = 100) -> list[str]:
+        """Jobs whose last reconcile failed, oldest first."""
+        return list(
+            self.s.scalars(
+                select(m.Job.job_id)
+                .where(m.Job.reconcile_due_at.is_not(None))
+                .order_by(m.Job.reconcile_due_at)
+                .limit(limit)
+            ).all()
+        )
+
     def nodes_of(self, job_id: str) -> list[str]:
         return sorted(
             self.s.scalars(

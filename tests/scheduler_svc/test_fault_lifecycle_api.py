@@ -392,3 +392,32 @@ def test_refused_command_makes_its_node_unreachable_until_the_agent_registers_ag
     # Its agent starts again and registers: the node is reachable evidence no more.
     register_nodes(http, ["n0"])
     assert [f["kind"] for f in http.get("/v1/faults?open=true").json()["faults"]] == ["link_down"]
+
+
+def test_a_job_whose_reconcile_failed_is_reconciled_by_the_coordinator(
+    make: Callable[..., tuple[httpx.Client, ManualClock, str]], db_url: str
+) -> None:
+    from sqlalchemy import select, update
+
+    from scheduler_svc.store import models as m
+
+    http, _, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    start_job(http, "j", ["n0", "n1"])
+    post(http, ev("n0", "port_down", T0))
+    assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
+    # What a replica leaves behind when it recorded the evidence (the fault closed) but
+    # reconciling the job raised: the evidence is committed and the job is marked.
+    engine = make_engine(Settings(db_url=db_url).sqlalchemy_url)
+    with engine.begin() as conn:
+        conn.execute(update(m.Fault).values(resolved_at=T0, cleared_at=T0))
+        conn.execute(update(m.Job).values(reconcile_due_at=T0))
+    engine.dispose()
+    wait_for(lambda: decisions(http, "j")[0]["action"] == "failback")
+    assert http.get("/v1/jobs/j").json()["mode"] == "normal"
+    # Reconciled in the transaction that cleared the mark: it is not tried again.
+    engine = make_engine(Settings(db_url=db_url).sqlalchemy_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(m.Job.reconcile_due_at)).scalar_one() is None
+    engine.dispose()
+    assert [d["action"] for d in decisions(http, "j")] == ["failback", "failover"]

@@ -27,6 +27,9 @@ def upgrade() -> None:
         )
         batch_op.add_column(sa.Column("desired", sa.JSON(), nullable=True))
         batch_op.add_column(sa.Column("commanded", sa.JSON(), nullable=True))
+        batch_op.add_column(
+            sa.Column("reconcile_due_at", sa.DateTime(timezone=True), nullable=True)
+        )
     with op.batch_alter_table("command_acks", schema=None) as batch_op:
         batch_op.add_column(sa.Column("ops_done", sa.BigInteger(), nullable=True))
     with op.batch_alter_table("audit_log", schema=None) as batch_op:
@@ -45,6 +48,7 @@ def downgrade() -> None:
     with op.batch_alter_table("command_acks", schema=None) as batch_op:
         batch_op.drop_column("ops_done")
     with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("reconcile_due_at")
         batch_op.drop_column("commanded")
         batch_op.drop_column("desired")
         batch_op.drop_column("restart_decided_at")
