@@ -187,11 +187,21 @@ class ServiceClient:
         commands: list[dict[str, Any]] = resp.json().get("commands", [])
         return commands
 
-    async def ack(self, command_id: int, status: str, rank: int | None, detail: str) -> None:
-        await self._call(
-            "ack",
-            "POST",
-            f"/v1/commands/{command_id}/acks",
-            json={"node": self.node, "rank": rank, "status": status, "detail": detail[:2000]},
-        )
+    async def ack(
+        self,
+        command_id: int,
+        status: str,
+        rank: int | None,
+        detail: str,
+        ops_done: int | None = None,
+    ) -> None:
+        body: dict[str, Any] = {
+            "node": self.node,
+            "rank": rank,
+            "status": status,
+            "detail": detail[:2000],
+        }
+        if ops_done is not None:
+            body["ops_done"] = ops_done
+        await self._call("ack", "POST", f"/v1/commands/{command_id}/acks", json=body)
         metrics.ACKS_SENT.labels(status).inc()

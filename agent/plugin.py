@@ -72,9 +72,10 @@ class AckRequest:
     status: str
     rank: int | None
     detail: str
-    attempts: int = 0
-    # The rank's ops_done when it answered, from an ACK_AT frame (None from a plain ACK).
+    # The rank's ops_done when it answered: from an ACK_AT frame, else (for a too_late
+    # ack) the newest count the rank reported; None when neither is known.
     ops_done: int | None = None
+    attempts: int = 0
 
 
 def _bitmask(channels: list[int]) -> int:
@@ -119,6 +120,8 @@ class PluginHub:
     # (comm_id, rank, pid) already announced: the NCCL profiler re-announces its
     # communicators on every reconnection, the service needs each once.
     announced: set[tuple[int, int, int]] = field(default_factory=set)
+    # Newest ops_done per (comm_id, rank), kept across polls for too-late acks.
+    last_ops: dict[tuple[int, int | None], int] = field(default_factory=dict)
 
     # -- plugin -> agent ------------------------------------------------------------------------
     def on_message(self, client: PluginClient, msg: wire.Message) -> None:
@@ -182,6 +185,7 @@ class PluginHub:
             )
         elif isinstance(msg, wire.Progress):
             r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
+            self.last_ops[(msg.comm_id, r)] = msg.ops_done
             self.progress[(msg.comm_id, r)] = new_event(
                 self.node,
                 "progress",
@@ -234,15 +238,20 @@ class PluginHub:
         return out
 
     def on_ack(self, client: PluginClient, msg: wire.Ack | wire.AckAt) -> None:
+        ops_done = msg.ops_done if isinstance(msg, wire.AckAt) else None
         if msg.status == wire.AckStatus.APPLIED:
             status, detail = "applied", ""
+        elif msg.status == wire.AckStatus.TOO_LATE:
+            # Past the switch point: the service proposes a later one, past this count.
+            status, detail = "too_late", "too_late"
+            if ops_done is None:
+                ops_done = self.last_ops.get((client.comm_id, client.rank))
         else:
             try:
                 detail = wire.AckStatus(msg.status).name.lower()
             except ValueError:
                 detail = f"status {msg.status}"
             status = "failed"
-        ops_done = msg.ops_done if isinstance(msg, wire.AckAt) else None
         if ops_done is not None:
             detail = f"{detail} at ops_done {ops_done}".strip()
         self.acks.put_nowait(

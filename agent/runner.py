@@ -269,7 +269,9 @@ class Agent:
         while True:
             req = await hub.acks.get()
             try:
-                await self.client.ack(req.command_id, req.status, req.rank, req.detail)
+                await self.client.ack(
+                    req.command_id, req.status, req.rank, req.detail, req.ops_done
+                )
                 backoff.reset()
             except Rejected as exc:
                 log.warning(

@@ -13,6 +13,7 @@ import uvicorn
 
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
+from scheduler_svc.store.uow import Clock, system_clock
 
 
 def free_port() -> int:
@@ -23,12 +24,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_service(settings: Settings, startup_timeout_s: float = 30.0) -> Iterator[str]:
-    """Serve `settings` on a free loopback port over real HTTP; yields the base URL."""
+def local_service(
+    settings: Settings, startup_timeout_s: float = 30.0, clock: Clock = system_clock
+) -> Iterator[str]:
+    """Serve `settings` on a free loopback port over real HTTP; yields the base URL.
+
+    `clock` is the service's time (requests and the coordinator's deadlines alike).
+    """
     port = settings.port or free_port()
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        create_app(settings, clock=clock),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"railover-svc-{port}", daemon=True)

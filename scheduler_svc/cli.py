@@ -204,6 +204,7 @@ def token_create(
     """Create a token and print it once (only its hash is stored)."""
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
     from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.uow import unit_of_work
 
     if role == Role.AGENT and not node:
         typer.echo(
@@ -216,11 +217,10 @@ def token_create(
     settings = _settings(db)
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
-    with make_sessionmaker(engine)() as session:
+    with unit_of_work(make_sessionmaker(engine)) as session:
         row, plain = TokenRepo(session).create(
             role=role.value, node=node, description=description, now=datetime.now(UTC)
         )
-        session.commit()
     engine.dispose()
     typer.echo(
         f"created token {row.token_id} ({role.value}{' for ' + node if node else ''})", err=True
@@ -285,11 +285,11 @@ def token_revoke(token_id: str, db: DbOpt = None) -> None:
     """Revoke a token by id; it stops working at once."""
     from scheduler_svc.store.db import make_engine, make_sessionmaker
     from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.uow import unit_of_work
 
     engine = make_engine(_settings(db).sqlalchemy_url)
-    with make_sessionmaker(engine)() as session:
+    with unit_of_work(make_sessionmaker(engine)) as session:
         done = TokenRepo(session).revoke(token_id, datetime.now(UTC))
-        session.commit()
     engine.dispose()
     if not done:
         typer.echo(f"no active token {token_id!r}", err=True)

@@ -228,6 +228,11 @@ class Settings(BaseSettings):
     failback_damping_s: Annotated[float, Field(ge=0)] = Field(
         default=120.0, description="A port up and quiet this long fails back (failover is at once)"
     )
+    fault_quiet_s: Annotated[float, Field(ge=0)] = Field(
+        default=600.0,
+        description="CQE, counter and PCIe faults close after this long with the port ACTIVE "
+        "and no new error (a link down closes on its port up, after the damping period)",
+    )
     flap_max: Annotated[int, Field(ge=1)] = Field(
         default=4,
         description="More downs than this within the flap window: stay on the backup, flagged",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -14,6 +15,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.schemas import Role
 from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.uow import bind_notify, commit
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -31,13 +33,11 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         else request.app.state.sessionmaker
     )
     session: Session = factory()
+    bind_notify(session, request.app.state.notifier.notify_threadsafe)
     try:
         yield session
         if session.in_transaction():
-            session.commit()
-        notify = session.info.get("notify_nodes")
-        if notify:
-            request.app.state.notifier.notify(notify)
+            commit(session)
     except BaseException:
         session.rollback()
         raise
@@ -47,6 +47,15 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 
 # scope="function": commit before the response goes out, so a 2xx means stored.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def now(request: Request) -> datetime:
+    """The request's time, from the app's clock (a dependency, so tests can set it)."""
+    stamp: datetime = request.app.state.clock()
+    return stamp
+
+
+NowDep = Annotated[datetime, Depends(now)]
 
 
 def get_settings(request: Request) -> Settings:

@@ -13,7 +13,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from scheduler_svc import __version__, metrics
-from scheduler_svc.api import commands, docs, evaluate, events, fabric, health, jobs, nodes, status
+from scheduler_svc.api import (
+    commands,
+    docs,
+    evaluate,
+    events,
+    fabric,
+    faults,
+    health,
+    jobs,
+    nodes,
+    status,
+)
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.errors import RailoverError
@@ -27,12 +38,15 @@ from scheduler_svc.store.db import (
     upgrade,
 )
 from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.uow import Clock, system_clock
 
 log = logging.getLogger("railover")
 UNCOUNTED = {"/healthz", "/readyz", "/metrics"}
 
 
-def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, migrate: bool = True, clock: Clock = system_clock
+) -> FastAPI:
     """Build the service. The store is opened (and migrated) in the lifespan, not here."""
     settings = settings or get_settings()
 
@@ -58,7 +72,11 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         fleet.start()
         # Command retries and fail-back after damping; safe in every replica.
         coordinator = Coordinator(
-            app.state.sessionmaker, app.state.read_sessionmaker, settings, app.state.notifier
+            app.state.sessionmaker,
+            app.state.read_sessionmaker,
+            settings,
+            app.state.notifier,
+            clock,
         )
         coordinator.start()
         try:
@@ -78,9 +96,10 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     )
     docs.add_docs(app)
     app.state.settings = settings
+    app.state.clock = clock
     app.state.notifier = CommandNotifier()
     app.state.anonymous = False
-    for module in (nodes, jobs, events, evaluate, commands, fabric, health, status):
+    for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
     app.middleware("http")(audit_requests)

@@ -17,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from scheduler_svc.store.models import AckStatus, CommandKind, CommandState, JobMode
+
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 PciAddress = Annotated[str, Field(max_length=32)]
 
@@ -224,12 +226,6 @@ class JobIn(Strict):
         return self
 
 
-class JobMode(enum.StrEnum):
-    NORMAL = "normal"
-    FAILED_OVER = "failed_over"
-    RESTARTING = "restarting"
-
-
 class JobOut(BaseModel):
     job_id: str
     ranks: list[RankIn]
@@ -397,6 +393,7 @@ class MaintenanceFlagOut(BaseModel):
     reason: str
     flagged_at: datetime
     cleared_at: datetime | None
+    source: Literal["flapping", "operator"] = "flapping"
 
 
 class FabricState(BaseModel):
@@ -540,21 +537,6 @@ class JobPathsOut(BaseModel):
 # --- commands ----------------------------------------------------------------
 
 
-class CommandKind(enum.StrEnum):
-    FAILOVER = "failover"
-    REBALANCE = "rebalance"
-    FAILBACK = "failback"
-    ABORT = "abort"
-
-
-class CommandState(enum.StrEnum):
-    ISSUED = "issued"
-    DELIVERED = "delivered"
-    APPLIED = "applied"
-    SUPERSEDED = "superseded"
-    FAILED = "failed"
-
-
 class CommandOut(BaseModel):
     command_id: int
     node: str
@@ -577,8 +559,14 @@ class CommandList(BaseModel):
 class AckIn(Strict):
     node: Name
     rank: Annotated[int, Field(ge=0)] | None = None
-    status: Literal["delivered", "applied", "failed"]
+    status: AckStatus = Field(
+        description="delivered, applied, failed, or too_late: the rank was already past "
+        "the switch point (give its ops_done); nothing was applied"
+    )
     detail: Annotated[str, Field(max_length=2000)] = ""
+    ops_done: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
+        default=None, description="The rank's op count when it saw the command (too_late)"
+    )
 
 
 # --- tokens & health ------------------------------------------------------------
@@ -624,7 +612,46 @@ class FaultOut(BaseModel):
     kind: str
     opened_at: datetime
     switch: str | None = Field(default=None, description="Fabric switch the port is cabled to")
-    cleared_at: datetime | None = None
+    cleared_at: datetime | None = Field(
+        default=None, description="When the port was seen up again (or the fault closed)"
+    )
+    resolved_at: datetime | None = Field(
+        default=None, description="When it closed: its clearing rule was met, or an operator"
+    )
+    resolved_reason: str | None = None
+    resolved_by: str | None = Field(default=None, description="Token id of the operator")
+    last_error_at: datetime | None = Field(default=None, description="The newest error seen")
+    health: Literal["failed", "recovering", "healthy"] | None = Field(
+        default=None, description="By its clearing rule, now (open faults only)"
+    )
+    clears_at: datetime | None = Field(
+        default=None, description="When a recovering fault closes if nothing new happens"
+    )
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="What opened it: the first event's id and details"
+    )
+
+
+class FaultList(BaseModel):
+    faults: list[FaultOut]
+
+
+class FaultResolveIn(Strict):
+    reason: Annotated[str, Field(min_length=1, max_length=500)] = Field(
+        description="Why it is closed (repaired, replaced, a false alarm); kept with the fault"
+    )
+
+
+class FaultResolveOut(BaseModel):
+    fault: FaultOut
+    decisions: list[str] = Field(description="ids of the decisions it led to")
+
+
+class FlagIn(Strict):
+    node: Name
+    device: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    port: Annotated[int, Field(ge=1, le=255)] = 1
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
 
 
 class DecisionBriefOut(BaseModel):

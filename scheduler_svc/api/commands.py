@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 from fastapi import Query, Request
 from sqlalchemy.orm import Session, sessionmaker
@@ -11,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc.api import routing
 from scheduler_svc.api.jobs import command_out
-from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
+from scheduler_svc.deps import AgentAuth, NowDep, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -21,7 +20,8 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Name
-from scheduler_svc.services import registry
+from scheduler_svc.services import acks, registry
+from scheduler_svc.store.uow import Clock, unit_of_work
 
 router = routing.router(prefix="/v1", tags=["commands"])
 
@@ -51,7 +51,12 @@ async def poll_commands(
     while True:
         # A short transaction per look, never one held open across the wait.
         cmds = await run_in_threadpool(
-            _take, app.state.read_sessionmaker, app.state.sessionmaker, node, include_unacked
+            _take,
+            app.state.read_sessionmaker,
+            app.state.sessionmaker,
+            node,
+            include_unacked,
+            app.state.clock,
         )
         remaining = deadline - loop.time()
         if cmds or remaining <= 0:
@@ -60,14 +65,18 @@ async def poll_commands(
 
 
 def _take(
-    reads: sessionmaker[Session], writes: sessionmaker[Session], node: str, include_unacked: bool
+    reads: sessionmaker[Session],
+    writes: sessionmaker[Session],
+    node: str,
+    include_unacked: bool,
+    clock: Clock,
 ) -> list[CommandOut]:
     # Most looks find nothing: look without the write lock, take it only to mark delivery.
     with reads() as session:
         if not registry.has_pending_commands(session, node, include_unacked):
             return []
-    with writes() as session, session.begin():
-        cmds = registry.take_commands(session, node, datetime.now(UTC), include_unacked)
+    with unit_of_work(writes) as session:
+        cmds = registry.take_commands(session, node, clock(), include_unacked)
         return [command_out(c) for c in cmds]
 
 
@@ -77,8 +86,15 @@ def _take(
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
 def ack_command(
-    command_id: int, body: AckIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
+    command_id: int,
+    *,
+    body: AckIn,
+    session: SessionDep,
+    who: AgentAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> CommandOut:
-    """Acknowledge a command for one rank (or the whole node): delivered, applied or failed."""
+    """Acknowledge a command for one rank (or the whole node): delivered, applied, failed,
+    or too_late with the rank's ops_done."""
     who.require_node(body.node)
-    return command_out(registry.ack_command(session, command_id, body, datetime.now(UTC), settings))
+    return command_out(acks.ack_command(session, command_id, body, now, settings))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, SessionDep, SettingsDep
+from scheduler_svc.deps import AgentAuth, NowDep, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -17,7 +16,7 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.schemas import EventBatch, EventsAccepted
-from scheduler_svc.services.ingest import ingest
+from scheduler_svc.services.events import ingest
 from scheduler_svc.store.repositories import NodeRepo
 
 router = routing.router(prefix="/v1", tags=["events"])
@@ -30,9 +29,9 @@ router = routing.router(prefix="/v1", tags=["events"])
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
 def post_events(
-    body: EventBatch, session: SessionDep, who: AgentAuth, settings: SettingsDep
+    body: EventBatch, session: SessionDep, who: AgentAuth, settings: SettingsDep, now: NowDep
 ) -> EventsAccepted:
-    """Report events; a fault on an RNIC decides at once for every job with a rank on it."""
+    """Report events; a fault reconciles at once every job with a rank on the node."""
     started = time.perf_counter()
     if len(body.events) > settings.max_events_per_request:
         raise Unprocessable(
@@ -49,7 +48,7 @@ def post_events(
     result = ingest(
         session,
         body.events,
-        now=datetime.now(UTC),
+        now=now,
         settings=settings,
     )
     if result.decisions:

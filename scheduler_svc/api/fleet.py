@@ -141,6 +141,7 @@ def list_audit(
             operation=r.operation,
             status=r.status,
             client=r.client,
+            detail=r.detail,
         )
         for r in rows
     ]

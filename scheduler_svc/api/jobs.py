@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, Reader, SessionDep, SettingsDep
+from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Conflict,
@@ -31,24 +29,19 @@ from scheduler_svc.schemas import (
     IterationsIn,
     IterationsOut,
     JobIn,
-    JobMode,
     JobOut,
     JobPathsOut,
     JobProgressOut,
     RankIn,
-    RankPathOut,
     RankProgressOut,
     StallOut,
 )
-from scheduler_svc.services import redecide, registry
-from scheduler_svc.services.decisions import job_view
+from scheduler_svc.services import reconciler, registry
 from scheduler_svc.store import models as m
+from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (
     CclRepo,
-    CommandRepo,
     CoordinationRepo,
-    DecisionRepo,
-    JobRepo,
 )
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
@@ -78,7 +71,7 @@ def job_out(session: Session, job: m.Job) -> JobOut:
         created_at=job.created_at,
         communicators=[
             CommunicatorIn(comm_id=c.comm_id, channels=c.channels, ranks=c.ranks)
-            for c in CoordinationRepo(session).communicators(job.job_id)
+            for c in registry.communicators_of(session, job.job_id)
         ],
         repair_estimate_s=job.repair_estimate_s,
         measured_k=job.measured_k,
@@ -101,8 +94,12 @@ def command_out(c: m.Command) -> CommandOut:
     operation_id="create_job",
     responses=responses(Unauthorized, Forbidden, Conflict, Unprocessable),
 )
-def create_job(body: JobIn, session: SessionDep, _: FleetAuth, settings: SettingsDep) -> JobOut:
-    """Register a job: rank placement, checkpoint settings and where to notify."""
+def create_job(
+    body: JobIn, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
+) -> JobOut:
+    """Register a job: rank placement, checkpoint settings and where to notify.
+
+    Posting a job that is restarting again is its new incarnation (409 otherwise)."""
     # Deliveries to a notify_url are always signed: without a secret the job is refused
     # here rather than accepted and never notified.
     if body.notify_url is not None and settings.notify_secret is None:
@@ -115,13 +112,13 @@ def create_job(body: JobIn, session: SessionDep, _: FleetAuth, settings: Setting
                 }
             ]
         )
-    return job_out(session, registry.create_job(session, body, datetime.now(UTC)))
+    return job_out(session, registry.create_job(session, body, now, settings))
 
 
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))
 def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
     """All registered jobs."""
-    return [job_out(session, j) for j in JobRepo(session).all()]
+    return [job_out(session, j) for j in registry.list_jobs(session)]
 
 
 @router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
@@ -149,10 +146,16 @@ def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_checkpoint(
-    job_id: str, body: CheckpointIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: str,
+    body: CheckpointIn,
+    session: SessionDep,
+    _: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> CheckpointOut:
-    """Report a checkpoint; the newest one sets t_elapsed for later decisions."""
-    current = registry.add_checkpoint(session, job_id, body, datetime.now(UTC), settings)
+    """Report a checkpoint; the newest one sets t_elapsed for later decisions, and a
+    restarting job's first one says its new incarnation runs."""
+    current = registry.add_checkpoint(session, job_id, body, now, settings)
     return CheckpointOut(
         job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, current=current
     )
@@ -170,46 +173,19 @@ def list_decisions(
     limit: int = Query(100, ge=1, le=1000),
 ) -> DecisionList:
     """The job's decisions, newest first, each with its inputs, costs and reason."""
-    registry.get_job(session, job_id)
     return DecisionList(
-        decisions=[decision_out(d) for d in DecisionRepo(session).for_job(job_id, limit)]
+        decisions=[decision_out(d) for d in registry.decisions_of(session, job_id, limit)]
     )
 
 
 @router.get(
     "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
 )
-def get_paths(job_id: str, session: SessionDep, _: Reader, settings: SettingsDep) -> JobPathsOut:
-    """Primary and backup RNIC of every rank and whether each works under the open faults."""
-    job = registry.get_job(session, job_id)
-    view = job_view(session, job, settings.backup_cap_per_switch)
-    ranks = []
-    for r in view.conn.routes:
-        g = view.plans[r.node].for_gpu(r.gpu)
-        ranks.append(
-            RankPathOut(
-                rank=r.rank,
-                node=r.node,
-                gpu=r.gpu,
-                primary=r.primary,
-                backup=r.backup,
-                primary_switch=g.primary_switch,
-                backup_switch=g.backup_switch,
-                rail_disjoint=g.rail_disjoint,
-                primary_ok=r.primary_ok,
-                backup_ok=r.backup_ok,
-                active=r.active,
-            )
-        )
-    return JobPathsOut(
-        job_id=job_id,
-        ranks=ranks,
-        broken_pairs=view.conn.broken_pairs,
-        total_pairs=view.conn.total_pairs,
-        isolated_ranks=list(view.conn.isolated_ranks),
-        failed_over_ranks=list(view.conn.failed_over_ranks),
-        warnings=view.warnings,
-    )
+def get_paths(
+    job_id: str, session: SessionDep, _: Reader, settings: SettingsDep, now: NowDep
+) -> JobPathsOut:
+    """Primary and backup RNIC of every rank, whether each works, and the one in use."""
+    return reconciler.job_paths(session, job_id, now, settings)
 
 
 @router.get(
@@ -219,8 +195,7 @@ def get_paths(job_id: str, session: SessionDep, _: Reader, settings: SettingsDep
 )
 def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandList:
     """Every command issued for the job and its delivery state."""
-    registry.get_job(session, job_id)
-    return CommandList(commands=[command_out(c) for c in CommandRepo(session).for_job(job_id)])
+    return CommandList(commands=[command_out(c) for c in registry.commands_of(session, job_id)])
 
 
 @router.post(
@@ -229,13 +204,16 @@ def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandLis
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_iterations(
-    job_id: str, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: str,
+    body: IterationsIn,
+    session: SessionDep,
+    _: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> IterationsOut:
     """Report iteration times; once steady, the measured k replaces the estimate and re-decides."""
-    job = registry.lock_job(session, job_id)
-    degraded = job.mode == "failed_over"
-    measured, decision = redecide.on_iterations(
-        session, job, body.iteration_time_s, datetime.now(UTC), settings
+    degraded, measured, decision = registry.record_iterations(
+        session, job_id, body.iteration_time_s, now, settings
     )
     return IterationsOut(
         job_id=job_id,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, Reader, SessionDep, SettingsDep
+from scheduler_svc.deps import AgentAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.schemas import GpuIn, GpuPathOut, Name, NodeIn, NodeOut, RnicIn
 from scheduler_svc.services import registry
-from scheduler_svc.services.decisions import node_topology
+from scheduler_svc.services.fabric import node_topology
 from scheduler_svc.store import models as m
 
 router = routing.router(prefix="/v1/nodes", tags=["nodes"])
@@ -48,11 +46,18 @@ def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:
     responses=responses(Unauthorized, Forbidden) | VALIDATION,
 )
 def register_node(
-    node: Name, body: NodeIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
+    node: Name,
+    *,
+    body: NodeIn,
+    session: SessionDep,
+    who: AgentAuth,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> NodeOut:
-    """Register or replace a node's topology (GPUs, RNIC ports, PCIe and fabric placement)."""
+    """Register or replace a node's topology (GPUs, RNIC ports, PCIe and fabric placement);
+    a GPU or RNIC a job used that is missing now is a fault on it."""
     who.require_node(node)
-    row = registry.register_node(session, node, body, datetime.now(UTC))
+    row = registry.register_node(session, node, body, now, settings)
     return node_out(row, settings.backup_cap_per_switch)
 
 

@@ -25,6 +25,8 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
+from scheduler_svc.store.uow import commit
+
 
 def _commit_where_it_ran(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(endpoint)
@@ -32,7 +34,7 @@ def _commit_where_it_ran(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         result = endpoint(*args, **kwargs)
         session = kwargs.get("session")
         if isinstance(session, Session):
-            session.commit()
+            commit(session)
         return result
 
     return run

@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_svc.engine.paths import FailedSet, NodeTopology, RankRoute
+
 PORT_FAILOVER_SINCE = (2, 29, 7)
 PORT_RECOVERY_SINCE = (2, 30, 0)
 
@@ -235,3 +237,47 @@ def _reason(spec: NcclSpec, states: Sequence[VnicState]) -> str:
     else:
         why = "every device of the virtual NIC is lost"
     return f"{name}: {where} lost {lost}; {why}: fatal inside NCCL, only a restart is left"
+
+
+def assess_job(
+    spec: NcclSpec,
+    topologies: Mapping[str, NodeTopology],
+    failed: FailedSet,
+    routes: Iterable[RankRoute],
+) -> NcclAssessment:
+    """`assess` for a job's routed ranks under the fabric's failed set.
+
+    Only nodes with a failed device (or one cabled to a failed switch) are
+    looked at; a rank's device is its nearest RNIC, the s-Bond primary.
+    """
+    devices: dict[str, list[Device]] = {}
+    for name, topo in topologies.items():
+        by_name: dict[str, Device] = {}
+        for r in topo.rnics:
+            ok = failed.port_ok(name, r)
+            seen = by_name.get(r.name)
+            # A device with several ports counts as lost when any of them is.
+            by_name[r.name] = Device(
+                r.name, ok and (seen is None or seen.healthy), r.rail, r.pcie_switch
+            )
+        if not all(d.healthy for d in by_name.values()):
+            devices[name] = list(by_name.values())
+    ranks = [
+        RankDevice(r.rank, r.node, r.primary.partition("/")[0])
+        for r in routes
+        if r.node in devices and r.primary
+    ]
+    return assess(spec, devices, ranks)
+
+
+def failback_note(spec: NcclSpec, where: str) -> str:
+    """What fail-back means for a stock-NCCL job: NCCL's own port recovery, or none."""
+    if spec.recovers_ports:
+        return (
+            f"{spec.describe()} recovers {where} by itself (port recovery); recorded, no "
+            "commands sent"
+        )
+    return (
+        f"{where} is back, but {spec.describe()} has no port recovery (2.30+): its ranks stay "
+        "on the partner device until the job restarts"
+    )

@@ -191,22 +191,24 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
 
 @dataclass(frozen=True, slots=True)
 class FailedSet:
-    """What is broken right now: whole RNICs, single ports (links) and fabric switches."""
+    """What is broken right now: whole RNICs, single ports (links), fabric switches, GPUs."""
 
-    rnics: frozenset[tuple[str, str]] = frozenset()  # (node, device)
+    rnics: frozenset[tuple[str, str]] = frozenset()  # (node, device); device "*": every RNIC
     links: frozenset[tuple[str, str, int]] = frozenset()  # (node, device, port)
     switches: frozenset[str] = frozenset()
+    gpus: frozenset[tuple[str, int]] = frozenset()  # (node, GPU index): gone from the node
 
     def port_ok(self, node: str, rnic: Rnic) -> bool:
         return (
             (node, rnic.name) not in self.rnics
+            and (node, "*") not in self.rnics
             and (node, rnic.name, rnic.port) not in self.links
             and (rnic.switch is None or rnic.switch not in self.switches)
         )
 
     @property
     def empty(self) -> bool:
-        return not (self.rnics or self.links or self.switches)
+        return not (self.rnics or self.links or self.switches or self.gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,12 +260,24 @@ def route_ranks(
     """Resolve each (rank, node, gpu) to its endpoints and their health under `failed`."""
     routes = []
     for rank, node, gpu in ranks:
-        paths = plans[node].for_gpu(gpu)
-        topo = topologies[node]
+        plan, topo = plans.get(node), topologies.get(node)
+        known = plan is not None and topo is not None and any(g.gpu == gpu for g in plan.gpus)
+        if not known:
+            # A GPU (or node) the job was placed on that the service does not know: no path.
+            routes.append(RankRoute(rank, node, gpu, None, None, False, False, None))
+            continue
+        assert plan is not None
+        assert topo is not None
+        paths = plan.for_gpu(gpu)
         primary = None if paths.primary is None else topo.rnic(paths.primary)
-        primary_ok = primary is not None and (failed.empty or failed.port_ok(node, primary))
-        backup_ok = paths.backup is not None and (
-            failed.empty or failed.port_ok(node, topo.rnic(paths.backup))
+        gone = (node, gpu) in failed.gpus  # the GPU itself is lost: neither path carries it
+        primary_ok = (
+            not gone and primary is not None and (failed.empty or failed.port_ok(node, primary))
+        )
+        backup_ok = (
+            not gone
+            and paths.backup is not None
+            and (failed.empty or failed.port_ok(node, topo.rnic(paths.backup)))
         )
         rail = None if primary is None else primary.rail
         routes.append(

@@ -93,6 +93,7 @@ class AuditOut(BaseModel):
     operation: str | None
     status: int
     client: str | None
+    detail: str | None = None
 
 
 class AuditList(BaseModel):

@@ -15,6 +15,7 @@ from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
 from scheduler_svc.fleet.repositories import AuditRepo
 from scheduler_svc.fleet.worker import DeliveryWorker
 from scheduler_svc.store import models as m
+from scheduler_svc.store.uow import unit_of_work
 
 log = logging.getLogger("railover.fleet")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -65,6 +66,7 @@ async def audit_requests(
             operation=getattr(route, "operation_id", None),
             status=response.status_code,
             client=None if request.client is None else request.client.host[:64],
+            detail=getattr(request.state, "audit_detail", None),
         )
         try:
             await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)
@@ -74,5 +76,5 @@ async def audit_requests(
 
 
 def _write_audit(sessions: sessionmaker[Session], entry: m.AuditEntry) -> None:
-    with sessions() as s, s.begin():
+    with unit_of_work(sessions) as s:
         AuditRepo(s).add(entry)

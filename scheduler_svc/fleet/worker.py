@@ -32,6 +32,7 @@ from scheduler_svc.fleet.events import WROTE_KEY
 from scheduler_svc.fleet.repositories import DEAD, DELIVERED, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.webhooks import DeliveryFailed, post_event
 from scheduler_svc.store import models as m
+from scheduler_svc.store.uow import unit_of_work
 
 log = logging.getLogger("railover.fleet")
 # A claim outlives any single attempt (HTTP timeout, 30 s scontrol, k8s calls), so
@@ -103,7 +104,7 @@ class DeliveryWorker:
         event.remove(self.sessions, "after_commit", self._after_commit)
         self._pool.shutdown(wait=True, cancel_futures=True)
         try:
-            with self.sessions() as s, s.begin():
+            with unit_of_work(self.sessions) as s:
                 OutboxRepo(s).release(self.worker_id)
         except Exception:  # the store may already be gone; leases expire anyway
             log.warning("could not release outbox claims on shutdown", exc_info=True)
@@ -141,7 +142,7 @@ class DeliveryWorker:
 
     def _claim(self) -> list[Work]:
         now = datetime.now(UTC)
-        with self.sessions() as s, s.begin():
+        with unit_of_work(self.sessions) as s:
             repo = OutboxRepo(s)
             rows = repo.claim(
                 worker=self.worker_id,
@@ -232,7 +233,7 @@ class DeliveryWorker:
                 )
                 values["next_attempt_at"] = now + timedelta(seconds=delay)
                 result = "retry"
-        with self.sessions() as s, s.begin():
+        with unit_of_work(self.sessions) as s:
             if not OutboxRepo(s).finish(item.delivery_id, self.worker_id, **values):
                 return  # our lease lapsed and another replica took it over
         metrics.DELIVERIES.labels(target=kind, result=result).inc()

@@ -10,19 +10,13 @@ correlation; it opens no fault on any NIC.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
-from scheduler_svc.engine import nccl
-from scheduler_svc.engine.paths import FailedSet
 from scheduler_svc.schemas import EventIn, EventKind
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CclRepo, CoordinationRepo, JobRepo
-
-if TYPE_CHECKING:
-    from scheduler_svc.services.decisions import JobView
 
 log = logging.getLogger(__name__)
 
@@ -128,76 +122,6 @@ def record_stalls(session: Session, events: list[EventIn]) -> int:
     return stored
 
 
-# --- the planner: NCCL's own failover domain ---------------------------------------------------
-
-
 def is_stock_nccl(job: m.Job) -> bool:
     """The job runs stock NCCL: it takes no commands (the profiler plugin reads none)."""
     return job.ccl is not None and job.ccl.get("kind") == "nccl"
-
-
-def nccl_domain(job: m.Job, view: JobView) -> nccl.NcclAssessment | None:
-    """What stock NCCL does by itself about the job's failed devices; None for other CCLs.
-
-    Only nodes with a failed device (or one cabled to a failed switch) are
-    looked at; a rank's device is the nearest RNIC, its s-Bond primary.
-    """
-    if not is_stock_nccl(job):
-        return None
-    assert job.ccl is not None
-    spec = nccl.NcclSpec.from_declaration(job.ccl)
-    failed = FailedSet(
-        rnics=frozenset((f.node, f.device) for f in view.faults if f.port == m.WHOLE_DEVICE_PORT),
-        links=frozenset(
-            (f.node, f.device, f.port) for f in view.faults if f.port != m.WHOLE_DEVICE_PORT
-        ),
-        switches=frozenset(view.switches),
-    )
-    hit = {f.node for f in view.faults}
-    if failed.switches:
-        hit |= {
-            name
-            for name, topo in view.topologies.items()
-            if any(r.switch in failed.switches for r in topo.rnics)
-        }
-    devices: dict[str, list[nccl.Device]] = {}
-    for name in sorted(hit & view.topologies.keys()):
-        by_name: dict[str, nccl.Device] = {}
-        for r in view.topologies[name].rnics:
-            ok = failed.port_ok(name, r)
-            seen = by_name.get(r.name)
-            # A device with several ports counts as lost when any of them is.
-            by_name[r.name] = nccl.Device(
-                r.name, ok and (seen is None or seen.healthy), r.rail, r.pcie_switch
-            )
-        devices[name] = list(by_name.values())
-    ranks = [
-        nccl.RankDevice(r.rank, r.node, r.primary.partition("/")[0])
-        for r in view.conn.routes
-        if r.node in devices and r.primary
-    ]
-    return nccl.assess(spec, devices, ranks)
-
-
-def failback_note(job: m.Job, where: str) -> tuple[str, bool] | None:
-    """For a stock-NCCL job: what fail-back means there, and whether NCCL does it itself.
-
-    None for other CCLs. NCCL >= 2.30 recovers the port by itself, so Railover
-    only records it; before 2.30 the ranks stay on the partner device until the
-    job restarts.
-    """
-    if not is_stock_nccl(job):
-        return None
-    assert job.ccl is not None
-    spec = nccl.NcclSpec.from_declaration(job.ccl)
-    if spec.recovers_ports:
-        return (
-            f"{spec.describe()} recovers {where} by itself (port recovery); recorded, no "
-            "commands sent",
-            True,
-        )
-    return (
-        f"{where} is back, but {spec.describe()} has no port recovery (2.30+): its ranks stay "
-        "on the partner device until the job restarts",
-        False,
-    )

@@ -3,25 +3,137 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
+from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.fleet import emit_command_change
-from scheduler_svc.schemas import AckIn, CheckpointIn, JobIn, NodeIn
-from scheduler_svc.services import redecide
+from scheduler_svc.schemas import CheckpointIn, JobIn, NodeIn
+from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo, NodeRepo
+from scheduler_svc.store.models import JobMode
+from scheduler_svc.store.repositories import (
+    CommandRepo,
+    CoordinationRepo,
+    DecisionRepo,
+    FaultRepo,
+    JobRepo,
+    NodeRepo,
+)
 
 
-def register_node(session: Session, name: str, body: NodeIn, now: datetime) -> m.Node:
+def register_node(
+    session: Session, name: str, body: NodeIn, now: datetime, settings: Settings
+) -> m.Node:
+    """Create or replace a node's topology; what a job used and is now missing is a fault.
+
+    A GPU or RNIC port that disappears opens a topology-loss fault that keeps the
+    lost part's description (so paths are still planned on the topology the job
+    was placed on, with that part failed); registering it again closes the fault.
+    """
+    repo = NodeRepo(session)
+    before = repo.get(name)
+    old_gpus = {} if before is None else {g.index: g for g in before.gpus}
+    old_rnics = {} if before is None else {(r.name, r.port): r for r in before.rnics}
     gpus = [g.model_dump() for g in body.gpus]
     rnics = [r.model_dump() for r in body.rnics]
-    node, _changed = NodeRepo(session).replace_topology(name, gpus, rnics, now)
+    node, changed = repo.replace_topology(name, gpus, rnics, now)
+    faults = FaultRepo(session)
+    touched = False
+    new_gpus = {g["index"] for g in gpus}
+    new_rnics = {(r["name"], r["port"]) for r in rnics}
+    for f in faults.unresolved([name]):
+        back = (f.kind == FaultKind.GPU_LOST and f.port in new_gpus) or (
+            f.kind == FaultKind.RNIC_LOST and any(d == f.device for d, _ in new_rnics)
+        )
+        if back or f.kind == FaultKind.UNREACHABLE:
+            # Registered again (or its agent is back): the loss is over.
+            faults.close(f, now, "registered again", None)
+            touched = True
+    if changed and before is not None:
+        for index, g in sorted(old_gpus.items()):
+            if index not in new_gpus:
+                touched |= _lost(
+                    session,
+                    name,
+                    f"gpu{index}",
+                    index,
+                    kind=FaultKind.GPU_LOST,
+                    now=now,
+                    detail={
+                        "was": {
+                            "index": g.index,
+                            "pci": g.pci,
+                            "numa": g.numa,
+                            "pcie_switch": g.pcie_switch,
+                            "root_complex": g.root_complex,
+                            "nvlink": g.nvlink,
+                        }
+                    },
+                )
+        gone: dict[str, list[dict[str, Any]]] = {}
+        for (dev, _port), r in sorted(old_rnics.items()):
+            if not any(d == dev for d, _ in new_rnics):
+                gone.setdefault(dev, []).append(
+                    {
+                        "name": r.name,
+                        "port": r.port,
+                        "pci": r.pci,
+                        "numa": r.numa,
+                        "pcie_switch": r.pcie_switch,
+                        "root_complex": r.root_complex,
+                        "rate_gbps": r.rate_gbps,
+                        "switch": r.switch,
+                        "rail": r.rail,
+                        "state": "DOWN",
+                    }
+                )
+        for dev, ports in gone.items():
+            touched |= _lost(
+                session,
+                name,
+                dev,
+                WHOLE_DEVICE,
+                kind=FaultKind.RNIC_LOST,
+                now=now,
+                detail={"ports": ports},
+            )
+    if touched or changed:
+        reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
     return node
+
+
+def _lost(
+    session: Session,
+    node: str,
+    device: str,
+    port: int,
+    *,
+    kind: FaultKind,
+    now: datetime,
+    detail: dict[str, Any],
+) -> bool:
+    fault = FaultRepo(session).open_if_new(
+        m.Fault(
+            node=node,
+            device=device,
+            port=port,
+            kind=kind.value,
+            opened_at=now,
+            last_error_at=now,
+            first_event_id=f"registration:{node}:{now.isoformat()}",
+            detail=detail,
+        )
+    )
+    if fault is None:
+        return False
+    metrics.FAULTS_OPENED.labels(kind=kind.value).inc()
+    return True
 
 
 def get_node(session: Session, name: str) -> m.Node:
@@ -35,24 +147,16 @@ def list_nodes(session: Session) -> list[m.Node]:
     return list(NodeRepo(session).all())
 
 
-def create_job(session: Session, body: JobIn, now: datetime) -> m.Job:
+def create_job(session: Session, body: JobIn, now: datetime, settings: Settings) -> m.Job:
+    """Register a job; posting a restarting job again is its new incarnation."""
     jobs = JobRepo(session)
-    if jobs.get(body.job_id) is not None:
-        raise Conflict(f"job {body.job_id!r} already exists; DELETE it first to re-register")
-    nodes = NodeRepo(session).get_many({r.node for r in body.ranks})
-    problems = []
-    for i, r in enumerate(body.ranks):
-        node = nodes.get(r.node)
-        if node is None:
-            problems.append(f"ranks[{i}].node: node {r.node!r} is not registered")
-        elif r.gpu not in {g.index for g in node.gpus}:
-            problems.append(f"ranks[{i}].gpu: node {r.node!r} has no GPU {r.gpu}")
-        if len(problems) >= 20:
-            problems.append("... (first 20 problems shown)")
-            break
-    if problems:
-        # The job is refused whole: nothing of it is stored.
-        raise Unprocessable(problems)
+    existing = jobs.lock(body.job_id)
+    if existing is not None:
+        if existing.mode != JobMode.RESTARTING:
+            raise Conflict(f"job {body.job_id!r} already exists; DELETE it first to re-register")
+        return _repost(session, existing, body, now, settings)
+    # The job is refused whole: nothing of it is stored.
+    _validate_ranks(session, body)
     timeout = body.timeout_s
     if timeout is None:
         # JobIn's validator guarantees both IB fields when timeout_s is absent.
@@ -75,7 +179,7 @@ def create_job(session: Session, body: JobIn, now: datetime) -> m.Job:
         spare_nodes=body.spare_nodes,
         node_replace_s=body.node_replace_s,
         notify_url=None if body.notify_url is None else str(body.notify_url),
-        mode="normal",
+        mode=JobMode.NORMAL.value,
         decision_count=0,
     )
     job.ranks = [
@@ -94,7 +198,81 @@ def create_job(session: Session, body: JobIn, now: datetime) -> m.Job:
         )
         for c in body.communicators
     )
+    # Faults may already be open on its nodes: the job starts under them.
+    reconciler.reconcile_jobs(session, [job.job_id], now, settings)
     return job
+
+
+def _validate_ranks(session: Session, body: JobIn) -> None:
+    nodes = NodeRepo(session).get_many({r.node for r in body.ranks})
+    problems = []
+    for i, r in enumerate(body.ranks):
+        node = nodes.get(r.node)
+        if node is None:
+            problems.append(f"ranks[{i}].node: node {r.node!r} is not registered")
+        elif r.gpu not in {g.index for g in node.gpus}:
+            problems.append(f"ranks[{i}].gpu: node {r.node!r} has no GPU {r.gpu}")
+        if len(problems) >= 20:
+            problems.append("... (first 20 problems shown)")
+            break
+    if problems:
+        raise Unprocessable(problems)
+
+
+def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: Settings) -> m.Job:
+    """The fleet manager restarted the job under the same id: a new incarnation.
+
+    Placement and checkpoint come from the new post; the decision history stays.
+    """
+    _validate_ranks(session, body)
+    taken = {
+        c: j
+        for c, j in CoordinationRepo(session)
+        .jobs_of_comm(c.comm_id for c in body.communicators)
+        .items()
+        if j != job.job_id
+    }
+    if taken:
+        comm_id, other = next(iter(taken.items()))
+        raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
+    job.ranks = [
+        m.JobRank(job_id=job.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
+    ]
+    job.last_checkpoint_at = body.last_checkpoint_at
+    job.last_checkpoint_iteration = body.last_checkpoint_iteration
+    for c in list(CoordinationRepo(session).communicators(job.job_id)):
+        session.delete(c)
+    session.flush()
+    session.add_all(
+        m.Communicator(
+            job_id=job.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
+        )
+        for c in body.communicators
+    )
+    # Still restarting, with no restart time: reconcile starts the new incarnation.
+    job.restart_decided_at = None
+    session.flush()
+    reconciler.reconcile_jobs(session, [job.job_id], now, settings)
+    return job
+
+
+def list_jobs(session: Session) -> list[m.Job]:
+    return list(JobRepo(session).all())
+
+
+def communicators_of(session: Session, job_id: str) -> list[m.Communicator]:
+    return list(CoordinationRepo(session).communicators(job_id))
+
+
+def decisions_of(session: Session, job_id: str, limit: int) -> list[m.Decision]:
+    """The job's decisions, newest first (NotFound for an unknown job)."""
+    get_job(session, job_id)
+    return list(DecisionRepo(session).for_job(job_id, limit))
+
+
+def commands_of(session: Session, job_id: str) -> list[m.Command]:
+    get_job(session, job_id)
+    return list(CommandRepo(session).for_job(job_id))
 
 
 def get_job(session: Session, job_id: str) -> m.Job:
@@ -129,14 +307,42 @@ def add_checkpoint(
         job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, received_at=now
     )
     JobRepo(session).add_checkpoint(cp)
-    if body.at <= job.last_checkpoint_at:
-        return False
-    job.last_checkpoint_at = body.at
-    job.last_checkpoint_iteration = body.iteration
-    job.last_checkpoint_kind = body.kind
-    if job.mode == "failed_over":
-        redecide.on_checkpoint(session, job, cp, now, settings)
-    return True
+    current = body.at > job.last_checkpoint_at
+    if current:
+        job.last_checkpoint_at = body.at
+        job.last_checkpoint_iteration = body.iteration
+        job.last_checkpoint_kind = body.kind
+    # A checkpoint is the fleet manager's word that the job runs (a restarting job's new
+    # incarnation) and, while failed over, a moment to restart cleanly: reconcile says.
+    reconciler.reconcile_job(session, job, now, settings)
+    return current
+
+
+def record_iterations(
+    session: Session, job_id: str, seconds: list[float], now: datetime, settings: Settings
+) -> tuple[bool, coord.MeasuredK, m.Decision | None]:
+    """Keep healthy and failed-over iteration times; a steady k is evidence for reconcile.
+
+    Returns (degraded, the measurement, the re-decision it caused if any).
+    """
+    job = lock_job(session, job_id)
+    repo = CoordinationRepo(session)
+    degraded = job.mode == JobMode.FAILED_OVER
+    repo.add_samples(
+        [
+            m.IterationSample(job_id=job.job_id, at=now, seconds=s, degraded=degraded)
+            for s in seconds
+        ]
+    )
+    measured = coord.measured_k(
+        repo.samples(job.job_id, degraded=False),
+        repo.samples(job.job_id, degraded=True),
+        min_samples=settings.measured_k_min_samples,
+    )
+    if not degraded or not measured.trustworthy or measured.k is None:
+        return degraded, measured, None
+    job.measured_k = measured.k
+    return degraded, measured, reconciler.reconcile_job(session, job, now, settings)
 
 
 def has_pending_commands(session: Session, node: str, include_unacked: bool) -> bool:
@@ -146,65 +352,4 @@ def has_pending_commands(session: Session, node: str, include_unacked: bool) -> 
 def take_commands(
     session: Session, node: str, now: datetime, include_unacked: bool = False
 ) -> list[m.Command]:
-    """Commands not yet delivered to the node (with `include_unacked`, also delivered ones
-    still waiting for an acknowledgement), marking new ones delivered.
-
-    Delivery is at least once: an agent that lost a delivered command asks again
-    with `include_unacked` when it starts, and a command nobody acknowledges by
-    its deadline is re-issued under a new id (see services.sweeps).
-    """
-    cmds = list(CommandRepo(session).pending_for_node(node, include_unacked))
-    for c in cmds:
-        if c.state == "issued":
-            c.state = "delivered"
-            c.delivered_at = now
-            emit_command_change(session, c)
-    return cmds
-
-
-def ack_command(
-    session: Session, command_id: int, body: AckIn, now: datetime, settings: Settings
-) -> m.Command:
-    repo = CommandRepo(session)
-    cmd = repo.get(command_id)
-    if cmd is None:
-        raise NotFound(f"command {command_id} does not exist")
-    if cmd.node != body.node:
-        raise Unprocessable(
-            f"node: command {command_id} was sent to {cmd.node!r}, not {body.node!r}"
-        )
-    if body.rank is not None and cmd.ranks and body.rank not in cmd.ranks:
-        raise Unprocessable(f"rank: rank {body.rank} is not addressed by command {command_id}")
-    if body.status == "failed":
-        # A failed ack may re-trigger or re-decide under the job's row lock, and a
-        # re-trigger holding that lock supersedes the job's commands; touching this
-        # command first and the job second deadlocks two acks on PostgreSQL. Lock in
-        # the re-trigger's order, then re-read what the lock holder may have changed.
-        JobRepo(session).lock(cmd.job_id)
-        session.refresh(cmd)
-    repo.add_ack(
-        m.CommandAck(
-            command_id=command_id,
-            node=body.node,
-            rank=body.rank,
-            status=body.status,
-            detail=body.detail,
-            at=now,
-        )
-    )
-    metrics.COMMAND_ACKS.labels(status=body.status).inc()
-    if cmd.state in ("superseded", "failed", "applied"):
-        return cmd
-    if body.status == "failed":
-        cmd.state, cmd.completed_at = "failed", now
-        emit_command_change(session, cmd)
-        redecide.after_failed_ack(session, cmd, body.detail, now, settings)
-        return cmd
-    if body.status == "applied":
-        applied = {a.rank for a in repo.acks(command_id) if a.status == "applied"}
-        if body.rank is None or None in applied or set(cmd.ranks) <= applied:
-            cmd.state, cmd.completed_at = "applied", now
-    elif cmd.state == "issued":
-        cmd.state, cmd.delivered_at = "delivered", now
-    emit_command_change(session, cmd)  # only if the state changed above
-    return cmd
+    return commands.take_for_node(session, node, now, include_unacked)

@@ -15,17 +15,17 @@ from prometheus_client import Gauge
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultHealth
 from scheduler_svc.schemas import (
     DecisionBriefOut,
     FaultOut,
-    JobMode,
     JobStatusOut,
     NodeStatusOut,
     RailCellOut,
     StatusOut,
 )
-from scheduler_svc.services.decisions import WHOLE_DEVICE
 from scheduler_svc.store import models as m
+from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (
     CommandRepo,
     DecisionRepo,
@@ -202,7 +202,7 @@ def refresh_metrics(status: StatusOut) -> None:
         metrics.GPU_SECONDS_SAVED.set(status.saved_gpu_seconds)
 
 
-def fault_out(f: m.Fault) -> FaultOut:
+def fault_out(f: m.Fault, health: FaultHealth | None = None) -> FaultOut:
     """A fault as the API shows it (port null when the whole RNIC failed)."""
     return FaultOut(
         id=f.id,
@@ -213,4 +213,11 @@ def fault_out(f: m.Fault) -> FaultOut:
         opened_at=f.opened_at,
         switch=f.switch,
         cleared_at=f.cleared_at,
+        resolved_at=f.resolved_at,
+        resolved_reason=f.resolved_reason,
+        resolved_by=f.resolved_by,
+        last_error_at=f.last_error_at,
+        health=None if health is None else health.health.value,
+        clears_at=None if health is None else health.clears_at,
+        evidence={"first_event_id": f.first_event_id, **(f.detail or {})},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,44 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
+from scheduler_svc.engine.reconcile import Mode as JobMode
+
+__all__ = ["WHOLE_DEVICE_PORT", "AckStatus", "CommandKind", "CommandState", "FaultKind", "JobMode"]
+
+
+class CommandKind(enum.StrEnum):
+    FAILOVER = "failover"
+    REBALANCE = "rebalance"
+    FAILBACK = "failback"
+    ABORT = "abort"
+
+
+# Kinds whose commands carry a switch point all ranks of a communicator apply together.
+SWITCH_KINDS = (CommandKind.REBALANCE, CommandKind.FAILBACK)
+
+
+class CommandState(enum.StrEnum):
+    ISSUED = "issued"
+    DELIVERED = "delivered"
+    APPLIED = "applied"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+
+
+# Still waiting for the ranks: what a poll returns and a deadline watches.
+WAITING = (CommandState.ISSUED, CommandState.DELIVERED)
+# Settled: nothing moves a command out of these.
+SETTLED = (CommandState.APPLIED, CommandState.SUPERSEDED, CommandState.FAILED)
+
+
+class AckStatus(enum.StrEnum):
+    DELIVERED = "delivered"
+    APPLIED = "applied"
+    FAILED = "failed"
+    # The rank was already past the switch point (at `ops_done`): nothing applied.
+    TOO_LATE = "too_late"
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -176,6 +215,13 @@ class Job(Base):
     # The CCL the job runs, when it declared one (schemas.CclIn as JSON), e.g.
     # stock NCCL with port failover: the planner then models NCCL's own failover.
     ccl: Mapped[dict[str, Any] | None]
+    restart_decided_at: Mapped[datetime | None]
+    # The desired state of the last reconcile pass, and the one commands were sent for
+    # (engine.reconcile.Desired as JSON).
+    desired: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    commanded: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Set when a reconcile of the job failed: the coordinator's sweep tries it again.
+    reconcile_due_at: Mapped[datetime | None]
 
     # Loaded only when asked for: the decision path reads rank tuples instead.
     ranks: Mapped[list[JobRank]] = relationship(
@@ -224,7 +270,7 @@ class Event(Base):
 
 
 # Fault.port of a fault that takes the whole RNIC (device fatal) rather than one port.
-WHOLE_DEVICE_PORT = 0
+WHOLE_DEVICE_PORT = WHOLE_DEVICE
 
 
 class Fault(Base):
@@ -254,8 +300,14 @@ class Fault(Base):
     detail: Mapped[dict[str, Any]]
     # The fabric switch the port is cabled to, when known (for correlation).
     switch: Mapped[str | None] = mapped_column(String(128), index=True)
-    # Set once the jobs it moved have been failed back (or it was flagged).
+    # Set once its clearing rule is met (engine/fabric.py) or an operator resolved it:
+    # from then on it is no evidence. cleared_at is when the port was seen up again.
     resolved_at: Mapped[datetime | None]
+    # The newest error on the component (quiet-period faults count from it).
+    last_error_at: Mapped[datetime | None]
+    resolved_reason: Mapped[str | None] = mapped_column(Text)
+    # The token that resolved it; None when its clearing rule did.
+    resolved_by: Mapped[str | None] = mapped_column(String(32))
 
 
 class Decision(Base):
@@ -325,6 +377,8 @@ class CommandAck(Base):
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime]
+    # A too-late rank's count: the next switch point goes past it.
+    ops_done: Mapped[int | None] = mapped_column(BigInteger)
 
 
 # --- Fleet notification (issue 6): subscriptions, outbox, deliveries, audit ---
@@ -407,6 +461,8 @@ class AuditEntry(Base):
     operation: Mapped[str | None] = mapped_column(String(96))
     status: Mapped[int]
     client: Mapped[str | None] = mapped_column(String(64))
+    # What the operator said (a fault's resolve reason), when the route records one.
+    detail: Mapped[str | None] = mapped_column(Text)
 
 
 # --- Cluster-wide coordination (issue 5): communicators, progress, flags, switches ---
@@ -507,6 +563,8 @@ class MaintenanceFlag(Base):
     flagged_at: Mapped[datetime]
     cleared_at: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text)
+    # "flapping" (the service flagged it) or "operator".
+    source: Mapped[str] = mapped_column(String(16), default="flapping")
 
 
 # --- Railover beside stock NCCL (issue 16): stalls the profiler plugin saw ---

@@ -240,8 +240,39 @@ class JobRepo:
         return out
 
     def job_ids_on_node(self, node: str) -> list[str]:
+        return self.job_ids_on_nodes([node])
+
+    def job_ids_on_nodes(self, nodes: Iterable[str]) -> list[str]:
+        return sorted(
+            self.s.scalars(
+                select(m.JobRank.job_id).where(m.JobRank.node.in_(list(nodes))).distinct()
+            ).all()
+        )
+
+    def due_for_reconcile(self, limit: int = 100) -> list[str]:
+        """Jobs whose last reconcile failed, oldest first."""
         return list(
-            self.s.scalars(select(m.JobRank.job_id).where(m.JobRank.node == node).distinct()).all()
+            self.s.scalars(
+                select(m.Job.job_id)
+                .where(m.Job.reconcile_due_at.is_not(None))
+                .order_by(m.Job.reconcile_due_at)
+                .limit(limit)
+            ).all()
+        )
+
+    def nodes_of(self, job_id: str) -> list[str]:
+        return sorted(
+            self.s.scalars(
+                select(m.JobRank.node).where(m.JobRank.job_id == job_id).distinct()
+            ).all()
+        )
+
+    def newest_checkpoint(self, job_id: str) -> m.Checkpoint | None:
+        return self.s.scalar(
+            select(m.Checkpoint)
+            .where(m.Checkpoint.job_id == job_id)
+            .order_by(m.Checkpoint.received_at.desc(), m.Checkpoint.id.desc())
+            .limit(1)
         )
 
     def add_checkpoint(self, cp: m.Checkpoint) -> None:
@@ -287,16 +318,33 @@ class FaultRepo:
     def __init__(self, session: Session) -> None:
         self.s = session
 
+    def get(self, fault_id: int) -> m.Fault | None:
+        return self.s.get(m.Fault, fault_id)
+
     def open_if_new(self, fault: m.Fault) -> m.Fault | None:
         """Open a fault unless one is already open on that component (then None)."""
         return _insert_unless_taken(self.s, fault)
 
-    def clear(self, node: str, device: str, port: int, now: datetime) -> list[m.Fault]:
+    def open_on_component(self, node: str, device: str, port: int) -> m.Fault | None:
+        return self.s.scalar(
+            select(m.Fault).where(
+                m.Fault.node == node,
+                m.Fault.device == device,
+                m.Fault.port == port,
+                m.Fault.cleared_at.is_(None),
+            )
+        )
+
+    def clear(
+        self, node: str, device: str, port: int, now: datetime, kinds: Sequence[str]
+    ) -> list[m.Fault]:
+        """The port is up again: faults of `kinds` on it (or its whole RNIC) start clearing."""
         rows = self.s.scalars(
             select(m.Fault).where(
                 m.Fault.node == node,
                 m.Fault.device == device,
                 m.Fault.port.in_([port, 0]),
+                m.Fault.kind.in_(list(kinds)),
                 m.Fault.cleared_at.is_(None),
             )
         ).all()
@@ -305,18 +353,34 @@ class FaultRepo:
         self.s.flush()
         return list(rows)
 
-    def open_on_nodes(self, nodes: Iterable[str]) -> Sequence[m.Fault]:
-        return self.s.scalars(
-            select(m.Fault)
-            .where(m.Fault.node.in_(list(nodes)), m.Fault.cleared_at.is_(None))
-            .order_by(m.Fault.id)
-        ).all()
+    def unresolved(self, nodes: Iterable[str] | None = None) -> Sequence[m.Fault]:
+        """Faults that are still evidence: not closed by their clearing rule or an operator."""
+        q = select(m.Fault).where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
+        if nodes is not None:
+            q = q.where(m.Fault.node.in_(list(nodes)))
+        return self.s.scalars(q).all()
 
-    def all(self, open_only: bool = True, limit: int = 500) -> Sequence[m.Fault]:
+    def listing(
+        self, *, open_only: bool, node: str | None, nodes: Iterable[str] | None, limit: int
+    ) -> Sequence[m.Fault]:
         q = select(m.Fault).order_by(m.Fault.id.desc()).limit(limit)
         if open_only:
-            q = q.where(m.Fault.cleared_at.is_(None))
+            q = q.where(m.Fault.resolved_at.is_(None))
+        if node is not None:
+            q = q.where(m.Fault.node == node)
+        if nodes is not None:
+            q = q.where(m.Fault.node.in_(list(nodes)))
         return self.s.scalars(q).all()
+
+    def all(self, open_only: bool = True, limit: int = 500) -> Sequence[m.Fault]:
+        return self.listing(open_only=open_only, node=None, nodes=None, limit=limit)
+
+    def close(self, fault: m.Fault, now: datetime, reason: str, by: str | None) -> None:
+        fault.resolved_at = now
+        fault.resolved_reason = reason
+        fault.resolved_by = by
+        if fault.cleared_at is None:
+            fault.cleared_at = now
 
 
 class DecisionRepo:
@@ -398,17 +462,6 @@ class CommandRepo:
                 .limit(1)
             )
             is not None
-        )
-
-    def supersede_pending(self, job_id: str, kinds: Sequence[str]) -> None:
-        self.s.execute(
-            update(m.Command)
-            .where(
-                m.Command.job_id == job_id,
-                m.Command.kind.in_(list(kinds)),
-                m.Command.state.in_(["issued", "delivered"]),
-            )
-            .values(state="superseded")
         )
 
     def add_ack(self, ack: m.CommandAck) -> None:
@@ -536,19 +589,6 @@ class CoordinationRepo:
             .order_by(m.MaintenanceFlag.id)
         ).all()
 
-    def is_flagged(self, node: str, device: str, port: int) -> bool:
-        return (
-            self.s.scalar(
-                select(m.MaintenanceFlag.id).where(
-                    m.MaintenanceFlag.node == node,
-                    m.MaintenanceFlag.device == device,
-                    m.MaintenanceFlag.port == port,
-                    m.MaintenanceFlag.cleared_at.is_(None),
-                )
-            )
-            is not None
-        )
-
     def clear_flag(self, flag_id: int, now: datetime) -> m.MaintenanceFlag | None:
         row = self.s.get(m.MaintenanceFlag, flag_id)
         if row is not None and row.cleared_at is None:
@@ -557,6 +597,14 @@ class CoordinationRepo:
         return None
 
     # -- topology and history for correlation and damping -------------------------------------
+    def port_states(self, nodes: Iterable[str]) -> dict[tuple[str, str, int], str]:
+        rows = self.s.execute(
+            select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state).where(
+                m.Rnic.node.in_(list(nodes))
+            )
+        )
+        return {(n, d, p): st for n, d, p, st in rows.tuples()}
+
     def switch_of(self, node: str, device: str, port: int) -> str | None:
         q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)
         if port:
@@ -599,16 +647,6 @@ class CoordinationRepo:
         )
         return [(at, kind == "port_up") for at, kind in rows.tuples()]
 
-    def cleared_unresolved_faults(self, fault_id: int | None = None) -> Sequence[m.Fault]:
-        q = (
-            select(m.Fault)
-            .where(m.Fault.cleared_at.is_not(None), m.Fault.resolved_at.is_(None))
-            .order_by(m.Fault.id)
-        )
-        if fault_id is not None:
-            q = q.where(m.Fault.id == fault_id)
-        return self.s.scalars(q).all()
-
     def overdue_commands(
         self, now: datetime, limit: int = 200, command_id: int | None = None
     ) -> Sequence[m.Command]:
@@ -628,6 +666,19 @@ class CoordinationRepo:
             # Several replicas sweep at once; each takes rows the others are not handling.
             q = q.with_for_update(skip_locked=True)
         return self.s.scalars(q).all()
+
+    def job_commands(
+        self, job_id: str, kinds: Sequence[str], states: Sequence[str]
+    ) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command)
+            .where(
+                m.Command.job_id == job_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
+            )
+            .order_by(m.Command.command_id)
+        ).all()
 
     def comm_commands(
         self, job_id: str, comm_id: int, kinds: Sequence[str], states: Sequence[str]

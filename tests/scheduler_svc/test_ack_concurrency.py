@@ -57,7 +57,7 @@ def test_concurrent_too_late_acks_retrigger_once_without_errors(db_url: str) -> 
 
         # Every rank of every node reports the trigger passed, all at once.
         def ack(cmd: dict[str, Any], rank: int) -> int:
-            late = {"node": cmd["node"], "rank": rank, "status": "failed", "detail": "too_late"}
+            late = {"node": cmd["node"], "rank": rank, "status": "too_late", "ops_done": 5000}
             with httpx.Client(base_url=url, timeout=30) as c:
                 return c.post(f"/v1/commands/{cmd['command_id']}/acks", json=late).status_code
 

@@ -193,13 +193,24 @@ def test_nccl_failover_domain_changes_the_answer(http: httpx.Client) -> None:
     kinds = {c["kind"] for c in http.get("/v1/jobs/railover/commands").json()["commands"]}
     assert kinds == {"failover"}
 
-    # The merged pair's other device too: that virtual NIC is gone as well.
+    # The merged pair's other device too: the job is already restarting, so nothing more
+    # is decided for its old incarnation.
     post(http, event("n0", device="mlx5_1", after_s=3020))
-    latest = _decisions(http, "nccl")[0]
+    assert len(_decisions(http, "nccl")) == 2
+    assert http.get("/v1/jobs/nccl").json()["mode"] == "restarting"
+    assert http.get("/v1/jobs/nccl/commands").json()["commands"] == []
+
+    # Both devices of a merged pair lost at once: that virtual NIC is gone.
+    register_nodes(http, ["n4"])
+    assert http.post("/v1/jobs", json=job_body("pair", ["n4"], ccl=NCCL)).status_code == 201
+    post(
+        http, event("n4", device="mlx5_0", after_s=3000), event("n4", device="mlx5_1", after_s=3000)
+    )
+    (latest,) = _decisions(http, "pair")
     assert latest["action"] == "restart"
     assert "every device of the virtual NIC is lost" in latest["reason"]
-    assert latest["plan"]["nccl"]["fatal_ranks"] == [0, 1, 10]
-    assert http.get("/v1/jobs/nccl/commands").json()["commands"] == []
+    assert latest["plan"]["nccl"]["fatal_ranks"] == [0, 1]
+    assert http.get("/v1/jobs/pair/commands").json()["commands"] == []
 
 
 def test_nccl_without_port_failover_restarts(http: httpx.Client) -> None:
@@ -214,8 +225,8 @@ def test_nccl_without_port_failover_restarts(http: httpx.Client) -> None:
     register_nodes(http, ["n1"])
     assert http.post("/v1/jobs", json=body).status_code == 201
     post(http, event("n1", device="mlx5_5", after_s=3000))
-    (d,) = _decisions(http, "j2")
-    assert d["action"] == "none"
+    assert _decisions(http, "j2") == []
+    assert http.get("/v1/jobs/j2").json()["mode"] == "normal"
 
 
 def test_fail_back_is_nccls_port_recovery_railover_only_records_it(db_url: str) -> None:

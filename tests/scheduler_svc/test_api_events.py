@@ -30,6 +30,8 @@ def test_early_fault_restarts_late_fault_fails_over(http: httpx.Client) -> None:
     # The port comes back; the job restarted and reported a new checkpoint.
     http.post("/v1/events", json={"events": [event("n0", "port_up", after_s=1100)]})
     http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T12:00:00Z"})
+    # The checkpoint of the new incarnation ends "restarting".
+    assert http.get("/v1/jobs/j1").json()["mode"] == "normal"
     r = http.post("/v1/events", json={"events": [event("n1", device="mlx5_3", after_s=1500)]})
     decisions = http.get("/v1/jobs/j1/decisions").json()["decisions"]
     assert [x["action"] for x in decisions] == ["failover", "restart"]
@@ -70,11 +72,14 @@ def test_primary_and_backup_lost_is_restart(http: httpx.Client) -> None:
 
 def test_flap_reported_with_its_recovery_needs_nothing(http: httpx.Client) -> None:
     _setup(http)
+    # Down and up again long before now: damped and healed, the outcome never changed.
     batch = [event("n0", "port_down", after_s=2000), event("n0", "port_up", after_s=2001)]
-    http.post("/v1/events", json={"events": batch})
-    (decision,) = http.get("/v1/jobs/j1/decisions").json()["decisions"]
-    assert decision["action"] == "none"
-    assert "healed" in decision["reason"]
+    r = http.post("/v1/events", json={"events": batch}).json()
+    assert (r["faults_opened"], r["decisions"]) == (1, [])
+    assert http.get("/v1/jobs/j1/decisions").json()["decisions"] == []
+    assert http.get("/v1/jobs/j1/commands").json()["commands"] == []
+    (fault,) = http.get("/v1/faults").json()["faults"]
+    assert fault["resolved_at"] is not None and "up and quiet" in fault["resolved_reason"]
 
 
 def test_same_event_twice_is_one_fault_one_decision(http: httpx.Client) -> None:
@@ -115,8 +120,10 @@ def test_fault_on_backup_only_needs_no_action(http: httpx.Client) -> None:
     ]
     assert http.post("/v1/jobs", json=ranks_on_even_gpus).status_code == 201
     http.post("/v1/events", json={"events": [event("n0", device="mlx5_1", after_s=100)]})
-    d = http.get("/v1/jobs/j1/decisions").json()["decisions"][0]
-    assert d["action"] == "none" and "backup" in d["reason"]
+    # Only backup redundancy is lost: no rank moves, so the outcome did not change.
+    assert http.get("/v1/jobs/j1/decisions").json()["decisions"] == []
+    paths = http.get("/v1/jobs/j1/paths").json()
+    assert paths["ranks"][0]["backup_ok"] is False and paths["ranks"][0]["active"] == "mlx5_0/1"
 
 
 def test_bad_events_change_nothing(http: httpx.Client) -> None:

@@ -1,0 +1,916 @@
+"""A job's desired state under the fabric as it is, pure: `reconcile(now, job, fabric, options)`.
+
+Every outcome of the fault lifecycle comes out of this one function: failover,
+restart, restart with the node dropped, DCR, balance, NVL transit, fail-back
+(whole or partial), staying on a quarantined backup and the re-decision at a
+checkpoint or on a measured k. The service records evidence, calls it for each
+job the evidence touches, stores the decision when there is one, and sends the
+difference between the desired state and what it already commanded
+(`command_diff`). Calling it again with nothing changed returns the same
+desired state and no decision, so no command either.
+
+The desired state is what a job should look like: its mode, the RNIC every
+rank that is off its primary uses, and per communicator the channels that stay
+disabled. A decision is produced only when that changes (or when a checkpoint
+or a measured k changes the answer to "restart or keep running degraded").
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine import decision as cost
+from scheduler_svc.engine import nccl
+from scheduler_svc.engine.fabric import Unhealthy
+from scheduler_svc.engine.paths import (
+    Connectivity,
+    FailedSet,
+    NodePlan,
+    NodeTopology,
+    bandwidth_left,
+    connectivity,
+    route_ranks,
+)
+from scheduler_svc.engine.slowdown import estimate_k
+
+# The communicator a job that registered none is planned as: all its ranks, 8 channels.
+IMPLICIT_COMM = 0
+IMPLICIT_CHANNELS = 8
+
+
+class Mode(enum.StrEnum):
+    NORMAL = "normal"
+    FAILED_OVER = "failed_over"
+    RESTARTING = "restarting"
+
+
+class Action(enum.StrEnum):
+    FAILOVER = "failover"
+    RESTART = "restart"
+    RESTART_SCALED = "restart_scaled"
+    NONE = "none"
+    FAILBACK = "failback"
+
+
+@dataclass(frozen=True, slots=True)
+class CommSpec:
+    comm_id: int
+    channels: int
+    ranks: tuple[int, ...] = ()  # empty: every rank of the job
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """What the job should look like; stored with the job and compared on the next pass."""
+
+    mode: Mode = Mode.NORMAL
+    # rank -> the RNIC it uses instead of its primary
+    moved: Mapping[int, str] = field(default_factory=dict)
+    # comm_id -> channels disabled (DCR, balance); absent: none
+    disabled: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # Evidence keys the outcome accounts for (fault:<id>, switch:<id>, flag:<id>, ...).
+    evidence: frozenset[str] = frozenset()
+    k: float | None = None  # k the last cost decision used
+    checkpoint_id: int | None = None  # newest checkpoint already re-decided at
+    verdict: str | None = None  # "keep" or "restart" at that checkpoint
+    mitigation: Mapping[int, str] = field(default_factory=dict)
+
+    def same_outcome(self, other: Desired) -> bool:
+        return (
+            self.mode == other.mode
+            and dict(self.moved) == dict(other.moved)
+            and {c: tuple(d) for c, d in self.disabled.items() if d}
+            == {c: tuple(d) for c, d in other.disabled.items() if d}
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "moved": {str(r): k for r, k in sorted(self.moved.items())},
+            "disabled": {str(c): list(d) for c, d in sorted(self.disabled.items()) if d},
+            "evidence": sorted(self.evidence),
+            "k": self.k,
+            "checkpoint_id": self.checkpoint_id,
+            "verdict": self.verdict,
+            "mitigation": {str(c): m for c, m in sorted(self.mitigation.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Desired:
+        if not data:
+            return cls()
+        return cls(
+            mode=Mode(data.get("mode", Mode.NORMAL.value)),
+            moved={int(r): str(k) for r, k in (data.get("moved") or {}).items()},
+            disabled={int(c): tuple(d) for c, d in (data.get("disabled") or {}).items()},
+            evidence=frozenset(data.get("evidence") or ()),
+            k=data.get("k"),
+            checkpoint_id=data.get("checkpoint_id"),
+            verdict=data.get("verdict"),
+            mitigation={int(c): str(m) for c, m in (data.get("mitigation") or {}).items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSeen:
+    id: int
+    at: datetime
+    received_at: datetime
+    kind: str = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """Everything `reconcile` needs to know about one job, read from the store."""
+
+    job_id: str
+    mode: Mode
+    ranks: tuple[tuple[int, str, int], ...]  # (rank, node, gpu)
+    checkpoint_interval_s: float
+    reload_s: float
+    detect_s: float
+    timeout_s: float
+    last_checkpoint_at: datetime
+    communicators: tuple[CommSpec, ...] = ()
+    slowdown_k: float | None = None  # k the job reported
+    measured_k: float | None = None  # k the service measured from its iteration times
+    comm_share: float | None = None
+    dp_size: int = 1
+    allow_scaling: bool = False
+    spare_nodes: bool = True
+    node_replace_s: float = 0.0
+    repair_estimate_s: float | None = None
+    failed_over_at: datetime | None = None
+    # When the restart was decided; None while restarting means the job was posted again.
+    restart_decided_at: datetime | None = None
+    newest_checkpoint: CheckpointSeen | None = None
+    previous: Desired = field(default_factory=Desired)
+    # Stock NCCL (issue 16): it fails over inside its virtual NICs by itself and takes no
+    # commands, so NCCL's own failover domain replaces the s-Bond path check.
+    nccl: nccl.NcclSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FabricView:
+    """The fabric as far as one job sees it: its nodes' plans and what is out of service."""
+
+    topologies: Mapping[str, NodeTopology]
+    plans: Mapping[str, NodePlan]
+    failed: FailedSet
+    unhealthy: tuple[Unhealthy, ...] = ()
+    # node -> (device, port) of its GPU-fabric ports, to tell a dead node from a dead link
+    fabric_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    default_k: tuple[float, ...] = (1.03, 1.20, 1.50)
+    default_repair_s: float = 86400.0
+    measured_k_tolerance: float = 0.02
+    nvl_mb_per_channel: float = 40.0
+    nvl_cap_mb: float = 512.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """A decision to store: what changed, why, and every number it rests on."""
+
+    trigger: str
+    action: Action
+    reason: str
+    inputs: dict[str, Any]
+    costs_s: dict[str, float | None]
+    costs_gpu_s: dict[str, float | None]
+    plan: dict[str, Any]
+    fault_key: str | None = None  # the evidence that caused it (fault:<id>, switch:<id>)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    desired: Desired
+    decision: DecisionRecord | None
+    conn: Connectivity
+    warnings: tuple[str, ...] = ()
+
+
+# --- the function ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One call's arguments and what every outcome below reads from them."""
+
+    now: datetime
+    job: JobState
+    fabric: FabricView
+    conn: Connectivity
+    options: Options
+    warnings: tuple[str, ...]
+    evidence: tuple[Unhealthy, ...]
+
+
+def routes_of(job: JobState, fabric: FabricView) -> Connectivity:
+    return connectivity(route_ranks(job.ranks, fabric.plans, fabric.topologies, fabric.failed))
+
+
+def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options) -> Reconciled:
+    """The job's desired state at `now`, and the decision when the outcome changed."""
+    conn = routes_of(job, fabric)
+    warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
+    prev = job.previous
+    new_life = False
+    nodes = {n for _, n, _ in job.ranks}
+    evidence = tuple(_evidence_for(conn, fabric, nodes))
+    keys = frozenset(u.key for u in evidence)
+    if job.mode == Mode.RESTARTING:
+        cp = job.newest_checkpoint
+        # No restart time while restarting: the fleet manager posted the job again.
+        restarted = job.restart_decided_at is None or (
+            cp is not None and cp.received_at > job.restart_decided_at
+        )
+        if not restarted:
+            # Aborted and waiting for the fleet manager: nothing is decided for the old
+            # incarnation; a re-post or a checkpoint of the new one ends this. What breaks
+            # meanwhile is known when the new one starts (it starts on the paths left).
+            return Reconciled(replace(prev, evidence=keys), None, conn, warnings)
+        # The new incarnation starts with every rank on its primary; evidence that was
+        # known at the restart is not news to it.
+        prev = Desired(evidence=prev.evidence, k=prev.k, checkpoint_id=cp.id if cp else None)
+        new_life = True
+
+    p = _Pass(now, job, fabric, conn, options, warnings, evidence)
+    new = [u for u in evidence if u.key not in prev.evidence]
+    moved = {r.rank: r.backup for r in conn.routes if not r.primary_ok and r.backup_ok and r.backup}
+    isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
+    returning = sorted(r for r in prev.moved if r not in moved)
+    newly_moved = sorted(r for r in moved if r not in prev.moved or prev.moved[r] != moved[r])
+
+    base = replace(prev, evidence=keys)
+    if new_life:
+        base = replace(base, mode=Mode.NORMAL)
+
+    # 1. Something new broke a path this job uses (or left some GPU without any): decide
+    #    by the cost model, at the time the earliest new evidence appeared.
+    if isolated or newly_moved:
+        if not new and not isolated:
+            # Paths moved without new evidence (a plan changed under re-registration, or a
+            # restarted job starts on the paths its open faults leave): no cost question.
+            note = (
+                "the restarted job starts on its backups: faults still open" if new_life else None
+            )
+            return _failover(p, base, moved, note=note)
+        # A switch inferred failed names the decision: its port faults are that one failure.
+        first = next((u for u in new if u.kind == "switch"), new[0] if new else None)
+        at = min(u.since for u in new) if new else now
+        if isolated and not new and prev.mode == Mode.NORMAL and not new_life:
+            at = now
+        note = _note(first, evidence)
+        if new_life and not new:
+            note = "the restarted job resumes with faults still open"
+        return _cost_decision(p, base, moved, at=at, first=first, note=note)
+
+    # 2. Ranks whose primary is healthy again return to it; the others stay on backup.
+    if returning:
+        return _failback(p, prev, base, moved, returning)
+
+    desired = _with_mitigations(job, fabric, conn, base, moved, options=options) if moved else base
+    # 3. While failed over, a steady measured k that changes the input re-decides.
+    if (
+        prev.mode == Mode.FAILED_OVER
+        and job.measured_k is not None
+        and prev.k is not None
+        and abs(job.measured_k - prev.k) > options.measured_k_tolerance * prev.k
+    ):
+        note = f"measured k {job.measured_k:.3f} replaces {prev.k:.3f}"
+        return _cost_decision(
+            p,
+            base,
+            moved,
+            at=now,
+            first=None,
+            note=note,
+            trigger=f"measured_k:{job.measured_k:.4f}",
+        )
+    # 4. A checkpoint while failed over: restart cleanly now, or keep running degraded?
+    cp = job.newest_checkpoint
+    if (
+        prev.mode == Mode.FAILED_OVER
+        and cp is not None
+        and job.failed_over_at is not None
+        and cp.at > job.failed_over_at
+        and cp.id != prev.checkpoint_id
+    ):
+        return _at_checkpoint(p, desired, prev, cp)
+    if not desired.same_outcome(prev) and prev.mode == Mode.FAILED_OVER and moved:
+        # Same ranks off their primary, another channel plan (a second rail of a node).
+        return _failover(p, base, moved, note=None)
+    return Reconciled(desired, None, conn, warnings)
+
+
+# --- the outcomes -----------------------------------------------------------------------------
+
+
+def _cost_decision(
+    p: _Pass,
+    base: Desired,
+    moved: dict[int, str],
+    *,
+    at: datetime,
+    first: Unhealthy | None,
+    note: str | None,
+    trigger: str | None = None,
+) -> Reconciled:
+    """Failover against restart by ReCCL eq. (1)-(4), for what is failed right now."""
+    now, job, fabric, conn, options = p.now, p.job, p.fabric, p.conn, p.options
+    warnings, evidence = p.warnings, p.evidence
+    affecting = [u for u in evidence if _affects(u, conn, fabric)]
+    # Port faults on a switch known to have failed are that one failure, not more.
+    failed_switches = {u.switch for u in affecting if u.kind == "switch"}
+    concurrent = len(
+        [u for u in affecting if u.kind == "switch" or u.switch not in failed_switches]
+    )
+    affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
+    bw = bandwidth_left(conn.routes, fabric.topologies) if job.comm_share is not None else None
+    k_now = job.measured_k if job.measured_k is not None else job.slowdown_k
+    estimate = estimate_k(
+        measured_k=k_now,
+        comm_share=job.comm_share,
+        bandwidth_left=bw if bw is None or bw > 0 else None,
+        concurrent_faults=max(1, concurrent),
+        table=options.default_k,
+    )
+    path_available = conn.all_pairs_survive and not conn.isolated_ranks
+    domain = None
+    if job.nccl is not None:
+        domain = nccl.assess_job(job.nccl, fabric.topologies, fabric.failed, conn.routes)
+        path_available, affected = domain.path_available, domain.affected
+    elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
+    inputs = cost.DecisionInputs(
+        checkpoint_interval_s=job.checkpoint_interval_s,
+        elapsed_s=elapsed,
+        detect_s=job.detect_s,
+        reload_s=job.reload_s,
+        timeout_s=job.timeout_s,
+        k=estimate.k,
+        k_source=estimate.source.value,
+        gpus=max(1, len(conn.routes)),
+        path_available=path_available,
+        affected=affected,
+        dp_size=job.dp_size,
+        allow_scaling=job.allow_scaling,
+        spare_nodes=job.spare_nodes,
+        node_replace_s=job.node_replace_s,
+    )
+    result = cost.decide(inputs)
+    reasons = [result.reason]
+    if domain is None and not conn.all_pairs_survive:
+        reasons.insert(
+            0,
+            f"{conn.broken_pairs} rank pair(s) across nodes have no path left "
+            f"({len(conn.isolated_ranks)} rank(s) lost both RNICs)",
+        )
+    dead = _node_failure_note(evidence, fabric, {r.node for r in conn.routes})
+    if dead:
+        reasons.insert(0, dead)
+    if note:
+        reasons.insert(0, note)
+    plan = _plan(conn, bw, estimate.detail, result, evidence=evidence, warnings=warnings)
+    if domain is not None:  # NCCL's own failover is the plan: no channels, no switch points
+        reasons.insert(0, domain.reason)
+        plan.update(mitigation="nccl", failed_over=[], nccl=domain.record())
+    name = trigger or (first.key if first is not None else f"state:{now.isoformat()}")
+
+    def record(action: Action, desired: Desired) -> Reconciled:
+        return Reconciled(
+            desired,
+            DecisionRecord(
+                name,
+                action,
+                ": ".join(reasons),
+                inputs=inputs_record(result, concurrent),
+                costs_s=dict(result.costs_s),
+                costs_gpu_s=dict(result.costs_gpu_s),
+                plan=plan,
+                fault_key=None if first is None else first.key,
+            ),
+            conn,
+            warnings,
+        )
+
+    if result.action in (cost.Action.RESTART, cost.Action.RESTART_SCALED):
+        restarting = replace(
+            base, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, k=estimate.k
+        )
+        return record(Action(result.action.value), restarting)
+    if result.action == cost.Action.NONE:
+        return record(Action.NONE, base)  # only backups lost: say why, change nothing
+    if domain is not None:
+        nccl_desired = replace(base, mode=Mode.FAILED_OVER, moved=dict(moved), k=estimate.k)
+        return record(Action.FAILOVER, nccl_desired)
+    desired = _with_mitigations(
+        job,
+        fabric,
+        conn,
+        replace(base, mode=Mode.FAILED_OVER, k=estimate.k),
+        moved,
+        options=options,
+    )
+    plan.update(_describe(desired, fabric, job, conn, options))
+    if desired.mitigation:
+        plan["mitigation"] = next(iter(dict(sorted(desired.mitigation.items())).values()))
+    return record(Action.FAILOVER, desired)
+
+
+def _failover(p: _Pass, base: Desired, moved: dict[int, str], *, note: str | None) -> Reconciled:
+    """Ranks move (or channels change) without new evidence: no cost question to ask."""
+    now, job, fabric, conn, options, warnings = (
+        p.now,
+        p.job,
+        p.fabric,
+        p.conn,
+        p.options,
+        p.warnings,
+    )
+    desired = _with_mitigations(
+        job, fabric, conn, replace(base, mode=Mode.FAILED_OVER), moved, options=options
+    )
+    plan = {
+        "mitigation": next(iter(desired.mitigation.values()), "s-bond"),
+        "failed_over": _moved_plan(conn),
+        "warnings": list(warnings),
+    }
+    plan.update(_describe(desired, fabric, job, conn, options))
+    return Reconciled(
+        desired,
+        DecisionRecord(
+            f"replan:{now.isoformat()}",
+            Action.FAILOVER,
+            note or "ranks follow the paths the open faults leave them (nothing new failed)",
+            inputs=inputs_now(now, job, options, base.k),
+            costs_s={},
+            costs_gpu_s={},
+            plan=plan,
+        ),
+        conn,
+        warnings,
+    )
+
+
+def _failback(
+    p: _Pass, prev: Desired, base: Desired, moved: dict[int, str], returning: list[int]
+) -> Reconciled:
+    """Ranks whose primary is healthy return; channels of rails still failed stay disabled."""
+    now, job, fabric, conn, options, warnings = (
+        p.now,
+        p.job,
+        p.fabric,
+        p.conn,
+        p.options,
+        p.warnings,
+    )
+    by_rank = {r.rank: r for r in conn.routes}
+    gone = sorted(prev.evidence - base.evidence)
+    still = sorted(moved)
+    if still:
+        desired = _with_mitigations(
+            job, fabric, conn, replace(base, mode=Mode.FAILED_OVER), moved, options=options
+        )
+    else:
+        desired = replace(base, mode=Mode.NORMAL, moved={}, disabled={}, mitigation={}, k=None)
+    plan: dict[str, Any] = {
+        "mitigation": "failback",
+        "returning": [
+            {"rank": r, "node": by_rank[r].node, "gpu": by_rank[r].gpu, "to": by_rank[r].primary}
+            for r in returning
+            if r in by_rank
+        ],
+        "still_failed_over": still,
+        "disabled_channels": {str(c): list(d) for c, d in sorted(desired.disabled.items()) if d},
+        "cleared": gone,
+    }
+    nodes = sorted({by_rank[r].node for r in returning if r in by_rank})
+    what = ", ".join(nodes)
+    reason = (
+        f"fail back: the primary paths on {what} are healthy again; "
+        f"{len(returning)} rank(s) return to their primary at one op count"
+    )
+    if still:
+        reason += f"; {len(still)} rank(s) stay on their backup (their primary is still failed)"
+    if job.nccl is not None:
+        # NCCL recovers the port itself (2.30+) or keeps the partner device until the job
+        # restarts; either way Railover only records it.
+        where = ", ".join(
+            sorted({f"{by_rank[r].node}/{by_rank[r].primary}" for r in returning if r in by_rank})
+        )
+        reason = f"fail back: {nccl.failback_note(job.nccl, where)}"
+        if not still and not job.nccl.recovers_ports:
+            desired = replace(desired, mode=Mode.FAILED_OVER)
+    trigger = f"failback:{gone[0].split(':', 1)[1]}" if gone else f"failback:{now.isoformat()}"
+    if gone and not gone[0].startswith("fault:"):
+        trigger = f"failback:{gone[0]}"
+    return Reconciled(
+        desired,
+        DecisionRecord(
+            trigger,
+            Action.FAILBACK,
+            reason,
+            inputs=inputs_now(now, job, options, prev.k),
+            costs_s={},
+            costs_gpu_s={},
+            plan=plan,
+            fault_key=gone[0] if gone else None,
+        ),
+        conn,
+        warnings,
+    )
+
+
+def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen) -> Reconciled:
+    """Restart onto healthy hardware at this checkpoint, or run degraded until the repair."""
+    job, conn, options, warnings = p.job, p.conn, p.options, p.warnings
+    k = job.measured_k or prev.k or options.default_k[0]
+    repair = job.repair_estimate_s or options.default_repair_s
+    assert job.failed_over_at is not None
+    degraded_for = max(0.0, (cp.at - job.failed_over_at).total_seconds())
+    remaining = max(0.0, repair - degraded_for)
+    restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
+    verdict = "restart" if restart else "keep"
+    seen = replace(desired, checkpoint_id=cp.id, verdict=verdict)
+    if restart:
+        seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={})
+    elif prev.verdict == "keep":
+        # The answer stands: a FlowCheck job checkpointing every iteration gets one decision.
+        return Reconciled(seen, None, conn, warnings)
+    return Reconciled(
+        seen,
+        DecisionRecord(
+            f"checkpoint:{cp.id}",
+            Action.RESTART if restart else Action.NONE,
+            reason,
+            inputs=inputs_now(cp.at, job, options, k),
+            costs_s={"restart": job.reload_s, "failover": (k - 1) * remaining},
+            costs_gpu_s={},
+            plan={"repair_in_s": remaining, "k": k},
+        ),
+        conn,
+        warnings,
+    )
+
+
+# --- mitigations per communicator ---------------------------------------------------------------
+
+
+def comms_of(job: JobState) -> tuple[CommSpec, ...]:
+    return job.communicators or (CommSpec(IMPLICIT_COMM, IMPLICIT_CHANNELS),)
+
+
+@dataclass(frozen=True, slots=True)
+class CommPlan:
+    comm_id: int
+    ranks: tuple[int, ...]
+    plan: coord.MitigationPlan
+    disabled_channels: tuple[int, ...]
+
+
+def plan_mitigations(
+    job: JobState, fabric: FabricView, conn: Connectivity, options: Options
+) -> list[CommPlan]:
+    """Per communicator with a rank off its primary: predicted k under each mitigation."""
+    plans = []
+    by_rank = {r.rank: r for r in conn.routes}
+    share = job.comm_share if job.comm_share is not None else 0.3
+    for comm in comms_of(job):
+        members = [by_rank[r] for r in (comm.ranks or sorted(by_rank)) if r in by_rank]
+        if not members:
+            continue
+        rails_by_node: dict[str, set[int | None]] = {}
+        failed_by_node: dict[str, set[int | None]] = {}
+        for r in members:
+            rails_by_node.setdefault(r.node, set()).add(r.rail)
+            if not r.primary_ok and r.primary is not None:
+                failed_by_node.setdefault(r.node, set()).add(r.rail)
+        if not failed_by_node:
+            continue
+        worst = max(failed_by_node, key=lambda n: (len(failed_by_node[n]), n))
+        rails = sorted(rails_by_node[worst], key=lambda x: (x is None, x))
+        load = Counter(r.active for r in members if r.node == worst and r.active)
+        moved = [r for r in members if not r.primary_ok and r.backup_ok]
+        crosses = any((fabric.plans[r.node].for_gpu(r.gpu).backup_cost or 0) >= 100 for r in moved)
+        topo = fabric.topologies[worst]
+        nvlink = any(g.nvlink for g in topo.gpus)
+        plan = coord.plan_mitigation(
+            comm_share=share,
+            rails_per_node=len(rails),
+            failed_rails=len(failed_by_node[worst]),
+            channels=comm.channels,
+            nodes=len(rails_by_node),
+            backup_load=max(load.values(), default=1),
+            backup_crosses_root_complex=crosses,
+            nvl_available=nvlink and len(rails) < 2,
+            nvl_mb_per_channel=options.nvl_mb_per_channel,
+            nvl_cap_mb=options.nvl_cap_mb,
+        )
+        failed_rails = {rail for rails_ in failed_by_node.values() for rail in rails_}
+        # Channel c leaves each node through rail index c mod (rails used): the
+        # channels of a failed rail are the ones DCR disables.
+        disabled = (
+            [c for c in range(comm.channels) if rails[c % len(rails)] in failed_rails]
+            if plan.chosen.mitigation in (coord.Mitigation.DCR, coord.Mitigation.BALANCE)
+            else []
+        )
+        if len(disabled) >= comm.channels:
+            disabled = []
+        plans.append(CommPlan(comm.comm_id, tuple(r.rank for r in members), plan, tuple(disabled)))
+    return plans
+
+
+def _with_mitigations(
+    job: JobState,
+    fabric: FabricView,
+    conn: Connectivity,
+    base: Desired,
+    moved: dict[int, str],
+    *,
+    options: Options,
+) -> Desired:
+    if job.nccl is not None:
+        # Stock NCCL moves its traffic itself and takes no channel plan.
+        return replace(base, moved=dict(moved), disabled={}, mitigation={})
+    plans = plan_mitigations(job, fabric, conn, options)
+    # Only a job that registered its communicators can be told a switch point.
+    disabled = {
+        p.comm_id: p.disabled_channels
+        for p in plans
+        if p.disabled_channels and p.comm_id != IMPLICIT_COMM
+    }
+    mitigation = {p.comm_id: p.plan.chosen.mitigation.value for p in plans}
+    return replace(base, moved=dict(moved), disabled=disabled, mitigation=mitigation)
+
+
+def _describe(
+    desired: Desired, fabric: FabricView, job: JobState, conn: Connectivity, options: Options
+) -> dict[str, Any]:
+    return {
+        "communicators": [
+            {
+                "comm_id": p.comm_id,
+                "mitigation": p.plan.chosen.mitigation.value,
+                "predicted_k": p.plan.chosen.k,
+                "why": p.plan.reason,
+                # A communicator the job did not register is planned, but not told.
+                "disabled_channels": list(p.disabled_channels),
+                "options": [
+                    {
+                        "mitigation": o.mitigation.value,
+                        "applicable": o.applicable,
+                        "k": o.k,
+                        "why": o.why,
+                        **o.detail,
+                    }
+                    for o in p.plan.options
+                ],
+            }
+            for p in plan_mitigations(job, fabric, conn, options)
+        ]
+    }
+
+
+# --- commands: the difference between desired and commanded -----------------------------------
+
+
+class IntentKind(enum.StrEnum):
+    FAILOVER = "failover"
+    REBALANCE = "rebalance"
+    FAILBACK = "failback"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One command to send: to these ranks of one communicator (a switch point when coordinated)."""
+
+    kind: IntentKind
+    comm_id: int
+    ranks: tuple[int, ...]
+    disabled_channels: tuple[int, ...] = ()
+
+    @property
+    def coordinated(self) -> bool:
+        return self.kind in (IntentKind.REBALANCE, IntentKind.FAILBACK)
+
+
+def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[Intent]:
+    """What to tell the ranks so that what they were told becomes `desired`.
+
+    Aborting covers everything; otherwise ranks newly off their primary are told to
+    move at once (s-Bond needs no agreement), and each communicator whose channel plan
+    changes, or that has ranks returning to their primary, gets one switch point for all
+    its ranks, carrying the channels that stay disabled.
+    """
+    all_ranks = tuple(r for r, _, _ in job.ranks)
+    comms = [(c.comm_id, c.ranks or all_ranks) for c in comms_of(job)]
+    if desired.mode == Mode.RESTARTING:
+        if commanded.mode == Mode.RESTARTING:
+            return []
+        return [Intent(IntentKind.ABORT, cid, tuple(ranks)) for cid, ranks in comms]
+    intents: list[Intent] = []
+    newly = {r for r, k in desired.moved.items() if commanded.moved.get(r) != k}
+    back = {r for r in commanded.moved if r not in desired.moved}
+    for cid, ranks in comms:
+        members = set(ranks)
+        moving = tuple(sorted(newly & members))
+        if moving:
+            intents.append(Intent(IntentKind.FAILOVER, cid, moving))
+        was = tuple(commanded.disabled.get(cid, ()))
+        now = tuple(desired.disabled.get(cid, ()))
+        returning = back & members
+        if cid == IMPLICIT_COMM and not job.communicators:
+            # No registered communicator: no progress to place a switch point with.
+            if returning:
+                intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
+            continue
+        if returning:
+            intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
+        elif was != now:
+            intents.append(Intent(IntentKind.REBALANCE, cid, tuple(sorted(members)), now))
+    return intents
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def inputs_record(result: cost.Decision, concurrent: int) -> dict[str, Any]:
+    """The stored (and returned) record of what a cost decision was based on."""
+    i = result.inputs
+    return {
+        "t_elapsed_s": i.elapsed_s,
+        "checkpoint_interval_s": i.checkpoint_interval_s,
+        "k": i.k,
+        "k_source": i.k_source,
+        "detect_s": i.detect_s,
+        "reload_s": i.reload_s,
+        "timeout_s": i.timeout_s,
+        "threshold_s": result.threshold_s,
+        "gpus": i.gpus,
+        "concurrent_faults": concurrent,
+        "path_available": i.path_available,
+        "dp_size": i.dp_size,
+        "allow_scaling": i.allow_scaling,
+        "spare_nodes": i.spare_nodes,
+        "node_replace_s": i.node_replace_s,
+    }
+
+
+def inputs_now(
+    at: datetime, job: JobState, options: Options, k_used: float | None
+) -> dict[str, Any]:
+    """The inputs record of a decision the cost model did not make (fail-back, checkpoint)."""
+    k = job.measured_k if job.measured_k is not None else job.slowdown_k
+    k = k if k is not None else k_used
+    known = k is not None
+    k = k if k is not None else options.default_k[0]
+    return {
+        "t_elapsed_s": max(0.0, (at - job.last_checkpoint_at).total_seconds()),
+        "checkpoint_interval_s": job.checkpoint_interval_s,
+        "k": k,
+        "k_source": "measured" if known else "default",
+        "detect_s": job.detect_s,
+        "reload_s": job.reload_s,
+        "timeout_s": job.timeout_s,
+        "threshold_s": cost.failover_threshold_s(job.checkpoint_interval_s, job.detect_s, k),
+        "gpus": len(job.ranks),
+    }
+
+
+def _moved_plan(conn: Connectivity) -> list[dict[str, Any]]:
+    return [
+        {"rank": r.rank, "node": r.node, "gpu": r.gpu, "from": r.primary, "to": r.backup}
+        for r in conn.routes
+        if not r.primary_ok and r.backup_ok
+    ]
+
+
+def _plan(
+    conn: Connectivity,
+    bw: float | None,
+    k_detail: str,
+    result: cost.Decision,
+    *,
+    evidence: Sequence[Unhealthy],
+    warnings: tuple[str, ...],
+) -> dict[str, Any]:
+    return {
+        "mitigation": "s-bond",
+        "failed_over": _moved_plan(conn),
+        "isolated_ranks": list(conn.isolated_ranks),
+        "broken_pairs": conn.broken_pairs,
+        "example_broken_pairs": [list(p) for p in conn.examples],
+        "bandwidth_left": None if bw is None else round(bw, 4),
+        "k_detail": k_detail,
+        "failed_components": [
+            {
+                "node": u.node,
+                "device": u.device,
+                "port": u.port or None,
+                "kind": u.kind,
+                "component": u.label,
+                "evidence": u.key,
+            }
+            for u in evidence
+        ],
+        "warnings": list(warnings),
+        "notes": list(result.notes),
+    }
+
+
+def _uses(conn: Connectivity) -> set[tuple[str, str, int]]:
+    used = set()
+    for r in conn.routes:
+        for key in (r.primary, r.backup):
+            if key:
+                dev, _, port = key.partition("/")
+                used.add((r.node, dev, int(port)))
+    return used
+
+
+def _affects(u: Unhealthy, conn: Connectivity, fabric: FabricView) -> bool:
+    """Whether the evidence takes out a port (or GPU) that some rank uses as primary or backup."""
+    if u.kind == "switch" or (u.node is None and u.switch is not None):
+        return any(
+            r.node in fabric.topologies
+            and key is not None
+            and _switch_of(fabric.topologies[r.node], key) == u.switch
+            for r in conn.routes
+            for key in (r.primary, r.backup)
+        )
+    if u.kind == "gpu_lost":
+        return any(r.node == u.node and r.gpu == u.port for r in conn.routes)
+    if u.kind == "unreachable":
+        return any(r.node == u.node for r in conn.routes)
+    for node, dev, port in _uses(conn):
+        if node == u.node and (u.device in (dev, None)) and u.port in (0, port, None):
+            return True
+    return False
+
+
+def _switch_of(topo: NodeTopology, key: str) -> str | None:
+    try:
+        return topo.rnic(key).switch
+    except KeyError:
+        return None
+
+
+def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: set[str]) -> list[Unhealthy]:
+    return [
+        u
+        for u in fabric.unhealthy
+        if (u.node is None or u.node in nodes) and _affects(u, conn, fabric)
+    ]
+
+
+def _note(first: Unhealthy | None, evidence: Sequence[Unhealthy]) -> str | None:
+    if first is None:
+        return None
+    if first.kind == "switch":
+        return (
+            f"switch {first.label} inferred failed ({first.reason}); all its links count as failed"
+        )
+    if first.kind in ("gpu_lost", "rnic_lost"):
+        what = "GPU" if first.kind == "gpu_lost" else "RNIC"
+        return f"{what} {first.label} is gone from the node's registration ({first.kind})"
+    if first.kind == "quarantine":
+        return f"port {first.label} is quarantined ({first.reason})"
+    if first.kind == "unreachable":
+        return first.reason
+    return None
+
+
+def _node_failure_note(
+    evidence: Sequence[Unhealthy], fabric: FabricView, nodes: set[str]
+) -> str | None:
+    """A node whose every fabric port failed looks like a dead peer: say so in the reason."""
+    dead = []
+    for node in sorted({u.node for u in evidence if u.node} & nodes):
+        fabric_ports = fabric.fabric_ports.get(node, frozenset())
+        failed: set[tuple[str, int]] = set()
+        for u in evidence:
+            if u.node != node or u.device is None:
+                continue
+            if not u.port:
+                failed |= {(d, p) for d, p in fabric_ports if d == u.device}
+            else:
+                failed.add((u.device, u.port))
+        if coord.is_node_failure(failed, fabric_ports):
+            dead.append(node)
+    if not dead:
+        return None
+    return (
+        f"node failure: every fabric RNIC of {', '.join(dead)} failed "
+        "(a dead peer, not the network)"
+    )

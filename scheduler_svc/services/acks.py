@@ -1,0 +1,113 @@
+"""Acknowledgements from the ranks: the command state machine, and what a refusal means.
+
+`applied` from every addressed rank settles a command. `too_late` (the rank was
+already past the switch point, at `ops_done`) proposes the same plan later under
+a new epoch. `failed` means those ranks cannot do what they were told: their
+node counts as unreachable, which is evidence like any fault, and the job is
+reconciled under it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
+from scheduler_svc.errors import NotFound, Unprocessable
+from scheduler_svc.schemas import AckIn
+from scheduler_svc.services import commands, reconciler
+from scheduler_svc.store import models as m
+from scheduler_svc.store.models import AckStatus, CommandKind, CommandState
+from scheduler_svc.store.repositories import CommandRepo, FaultRepo, JobRepo
+
+UNREACHABLE_DEVICE = "*"
+
+
+def ack_command(
+    session: Session, command_id: int, body: AckIn, now: datetime, settings: Settings
+) -> m.Command:
+    repo = CommandRepo(session)
+    cmd = repo.get(command_id)
+    if cmd is None:
+        raise NotFound(f"command {command_id} does not exist")
+    if cmd.node != body.node:
+        raise Unprocessable(
+            f"node: command {command_id} was sent to {cmd.node!r}, not {body.node!r}"
+        )
+    if body.rank is not None and cmd.ranks and body.rank not in cmd.ranks:
+        raise Unprocessable(f"rank: rank {body.rank} is not addressed by command {command_id}")
+    status = AckStatus(body.status)
+    job = None
+    if status in (AckStatus.FAILED, AckStatus.TOO_LATE):
+        # A refusal may re-trigger or reconcile under the job's row lock, and a re-trigger
+        # holding that lock supersedes the job's commands; touching this command first and
+        # the job second deadlocks two acks on PostgreSQL. Lock in the re-trigger's order,
+        # then re-read what the lock holder may have changed.
+        job = JobRepo(session).lock(cmd.job_id)
+        session.refresh(cmd)
+    repo.add_ack(
+        m.CommandAck(
+            command_id=command_id,
+            node=body.node,
+            rank=body.rank,
+            status=status.value,
+            detail=body.detail,
+            ops_done=body.ops_done,
+            at=now,
+        )
+    )
+    metrics.COMMAND_ACKS.labels(status=status.value).inc()
+    if CommandState(cmd.state) in m.SETTLED:
+        return cmd
+    if status == AckStatus.TOO_LATE:
+        commands.transition(session, cmd, CommandState.FAILED, now)
+        if job is not None:
+            commands.retrigger(
+                session, job, cmd, passed_ops=body.ops_done or 0, now=now, settings=settings
+            )
+        return cmd
+    if status == AckStatus.FAILED:
+        commands.transition(session, cmd, CommandState.FAILED, now)
+        if job is not None and cmd.kind != CommandKind.ABORT:
+            detail = body.detail or "no detail"
+            why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
+            cannot_move(session, cmd, why, now, settings)
+        return cmd
+    if status == AckStatus.APPLIED:
+        applied = {a.rank for a in repo.acks(command_id) if a.status == AckStatus.APPLIED}
+        if body.rank is None or None in applied or set(cmd.ranks) <= applied:
+            commands.transition(session, cmd, CommandState.APPLIED, now)
+        else:
+            commands.transition(session, cmd, CommandState.DELIVERED, now)
+        return cmd
+    commands.transition(session, cmd, CommandState.DELIVERED, now)
+    return cmd
+
+
+def cannot_move(
+    session: Session, cmd: m.Command, why: str, now: datetime, settings: Settings
+) -> None:
+    """Ranks that cannot be moved: their node is unreachable evidence; reconcile its jobs.
+
+    An abort needs nothing more: the job is already restarting.
+    """
+    if cmd.kind == CommandKind.ABORT:
+        return
+    fault = FaultRepo(session).open_if_new(
+        m.Fault(
+            node=cmd.node,
+            device=UNREACHABLE_DEVICE,
+            port=WHOLE_DEVICE,
+            kind=FaultKind.UNREACHABLE.value,
+            opened_at=now,
+            last_error_at=now,
+            first_event_id=f"command:{cmd.command_id}",
+            detail={"reason": why, "command_id": cmd.command_id},
+        )
+    )
+    if fault is not None:
+        metrics.FAULTS_OPENED.labels(kind=FaultKind.UNREACHABLE.value).inc()
+    reconciler.reconcile_jobs(session, [cmd.job_id], now, settings)

@@ -1,0 +1,296 @@
+"""Commands: one state machine for every transition, and sending what reconcile asks for.
+
+Every change of a command's state goes through `transition`, which stamps it and
+writes the io.railover.command.<state> outbox event in the same transaction.
+`issue` turns the engine's intents (engine.reconcile.command_diff) into rows:
+failovers at once, channel changes and fail-backs at one switch point per
+communicator, aborts to every node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine.reconcile import Intent, IntentKind
+from scheduler_svc.fleet import emit_command_change
+from scheduler_svc.store import models as m
+from scheduler_svc.store.models import CommandKind, CommandState
+from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo
+from scheduler_svc.store.uow import notify_nodes
+
+log = logging.getLogger(__name__)
+
+SWITCH_KINDS = tuple(k.value for k in m.SWITCH_KINDS)
+WAITING = tuple(s.value for s in m.WAITING)
+_ALLOWED: dict[CommandState, tuple[CommandState, ...]] = {
+    CommandState.ISSUED: (
+        CommandState.DELIVERED,
+        CommandState.APPLIED,
+        CommandState.SUPERSEDED,
+        CommandState.FAILED,
+    ),
+    CommandState.DELIVERED: (CommandState.APPLIED, CommandState.SUPERSEDED, CommandState.FAILED),
+}
+
+
+def transition(session: Session, cmd: m.Command, to: CommandState, now: datetime) -> bool:
+    """Move a command to `to` if that is a legal step; announce it. False when it is not."""
+    current = CommandState(cmd.state)
+    if to not in _ALLOWED.get(current, ()):
+        return False
+    cmd.state = to.value
+    if to == CommandState.DELIVERED:
+        cmd.delivered_at = now
+    elif to in (CommandState.APPLIED, CommandState.FAILED):
+        cmd.completed_at = now
+    emit_command_change(session, cmd)
+    if to == CommandState.FAILED:
+        metrics.COMMANDS_FAILED.labels(kind=cmd.kind).inc()
+    return True
+
+
+def issue(
+    session: Session,
+    job: m.Job,
+    intents: Sequence[Intent],
+    rank_nodes: dict[int, str],
+    *,
+    decision_id: str | None,
+    epoch: int,
+    now: datetime,
+    settings: Settings,
+) -> list[m.Command]:
+    """Rows for the engine's intents; switch points for the coordinated ones."""
+    made: list[m.Command] = []
+    if any(i.kind == IntentKind.ABORT for i in intents):
+        # A restart overrides every move still on its way.
+        for cmd in CoordinationRepo(session).job_commands(
+            job.job_id, [k.value for k in CommandKind if k != CommandKind.ABORT], WAITING
+        ):
+            transition(session, cmd, CommandState.SUPERSEDED, now)
+    for intent in intents:
+        if intent.coordinated:
+            made += switch_point(
+                session,
+                job,
+                comm_id=intent.comm_id,
+                ranks=list(intent.ranks),
+                rank_nodes=rank_nodes,
+                kind=CommandKind(intent.kind.value),
+                disabled_channels=list(intent.disabled_channels),
+                decision_id=decision_id,
+                now=now,
+                settings=settings,
+            )
+            continue
+        by_node: dict[str, list[int]] = {}
+        for r in intent.ranks:
+            if r in rank_nodes:
+                by_node.setdefault(rank_nodes[r], []).append(r)
+        rows = [
+            m.Command(
+                node=node,
+                job_id=job.job_id,
+                decision_id=decision_id,
+                kind=intent.kind.value,
+                epoch=epoch,
+                comm_id=intent.comm_id,
+                ranks=sorted(ranks),
+                disabled_channels=[],
+                created_at=now,
+                ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+            )
+            for node, ranks in sorted(by_node.items())
+        ]
+        CommandRepo(session).add_all(rows)
+        notify_nodes(session, by_node)
+        metrics.COMMANDS_ISSUED.labels(kind=intent.kind.value).inc(len(rows))
+        made += rows
+    return made
+
+
+def switch_point(
+    session: Session,
+    job: m.Job,
+    *,
+    comm_id: int,
+    ranks: list[int],
+    rank_nodes: dict[int, str],
+    kind: CommandKind,
+    disabled_channels: list[int],
+    decision_id: str | None,
+    now: datetime,
+    settings: Settings,
+    passed_ops: int = 0,
+) -> list[m.Command]:
+    """One trigger for every rank of a communicator, under a new epoch, superseding older ones.
+
+    `passed_ops` is an op count some rank is known to have passed (a trigger it
+    reported too late for): the new trigger counts from it even when the stored
+    progress, a poll or two old, is still below it.
+    """
+    repo = CoordinationRepo(session)
+    comm = session.get(m.Communicator, (job.job_id, comm_id))
+    epoch = (comm.epoch if comm is not None else max_epoch(session, job.job_id, comm_id)) + 1
+    if comm is not None:
+        comm.epoch = epoch
+    members = set(ranks)
+    progress = [p for p in repo.progress(job.job_id, comm_id) if p.rank in members]
+    rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
+    rate = rates[-1] if rates else None
+    # A progress sample is an agent poll and a POST old by now: the ranks have
+    # run on at their rate since, so count from where they are projected to be.
+    projected = [
+        p.ops_done + int((rate or 0.0) * max(0.0, (now - p.at).total_seconds())) for p in progress
+    ]
+    latency = repo.delivery_latency_s() or settings.delivery_latency_default_s
+    point = coord.switch_point(
+        max_ops_done=max([passed_ops, *projected]),
+        op_rate_per_s=rate,
+        delivery_latency_s=latency,
+        min_offset=settings.switch_min_offset_ops,
+        safety=settings.switch_safety,
+    )
+    for old in repo.comm_commands(job.job_id, comm_id, SWITCH_KINDS, WAITING):
+        transition(session, old, CommandState.SUPERSEDED, now)
+    by_node: dict[str, list[int]] = {}
+    for r in ranks:
+        if r in rank_nodes:
+            by_node.setdefault(rank_nodes[r], []).append(r)
+    cmds = [
+        m.Command(
+            node=node,
+            job_id=job.job_id,
+            decision_id=decision_id,
+            kind=kind.value,
+            epoch=epoch,
+            comm_id=comm_id,
+            ops_done=point.ops_done,
+            disabled_channels=disabled_channels,
+            ranks=sorted(rs),
+            created_at=now,
+            ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+        )
+        for node, rs in sorted(by_node.items())
+    ]
+    CommandRepo(session).add_all(cmds)
+    notify_nodes(session, by_node)
+    metrics.COMMANDS_ISSUED.labels(kind=kind.value).inc(len(cmds))
+    log.info(
+        "%s for job %s comm %d at ops_done %d (epoch %d; %s)",
+        kind.value,
+        job.job_id,
+        comm_id,
+        point.ops_done,
+        epoch,
+        point.reason,
+    )
+    return cmds
+
+
+def max_epoch(session: Session, job_id: str, comm_id: int) -> int:
+    cmds = CoordinationRepo(session).comm_commands(
+        job_id, comm_id, SWITCH_KINDS, [s.value for s in CommandState]
+    )
+    return max((c.epoch for c in cmds), default=0)
+
+
+def retrigger(
+    session: Session,
+    job: m.Job,
+    cmd: m.Command,
+    *,
+    passed_ops: int,
+    now: datetime,
+    settings: Settings,
+) -> list[m.Command]:
+    """A rank was past the switch point: the same plan at a later point, under a new epoch.
+
+    Only the current epoch re-triggers, so many ranks reporting the same late
+    trigger produce one new switch point, never a chain.
+    """
+    if cmd.kind not in SWITCH_KINDS:
+        return []
+    comm = session.get(m.Communicator, (job.job_id, cmd.comm_id))
+    current = comm.epoch if comm is not None else max_epoch(session, job.job_id, cmd.comm_id)
+    if cmd.epoch != current:
+        return []
+    siblings = CoordinationRepo(session).comm_commands(
+        job.job_id, cmd.comm_id, [cmd.kind], [s.value for s in CommandState]
+    )
+    same = [c for c in siblings if c.epoch == cmd.epoch]
+    ranks = sorted({r for c in same for r in c.ranks})
+    rank_nodes = {r: c.node for c in same for r in c.ranks}
+    metrics.RETRIGGERS.inc()
+    return switch_point(
+        session,
+        job,
+        comm_id=cmd.comm_id,
+        ranks=ranks,
+        rank_nodes=rank_nodes,
+        kind=CommandKind(cmd.kind),
+        disabled_channels=list(cmd.disabled_channels),
+        decision_id=cmd.decision_id,
+        now=now,
+        settings=settings,
+        passed_ops=max(passed_ops, cmd.ops_done),
+    )
+
+
+def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Settings) -> bool:
+    """An unacknowledged command past its deadline: re-issue it under a new id, or fail it.
+
+    Returns True when it failed for good (its ranks cannot be moved).
+    """
+    if cmd.attempt < settings.command_max_attempts:
+        transition(session, cmd, CommandState.SUPERSEDED, now)
+        retry = m.Command(
+            node=cmd.node,
+            job_id=cmd.job_id,
+            decision_id=cmd.decision_id,
+            kind=cmd.kind,
+            epoch=cmd.epoch,
+            comm_id=cmd.comm_id,
+            ops_done=cmd.ops_done,
+            disabled_channels=list(cmd.disabled_channels),
+            ranks=list(cmd.ranks),
+            created_at=now,
+            attempt=cmd.attempt + 1,
+            ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+        )
+        CommandRepo(session).add_all([retry])
+        notify_nodes(session, [cmd.node])
+        metrics.COMMAND_RETRIES.inc()
+        return False
+    transition(session, cmd, CommandState.FAILED, now)
+    log.warning(
+        "command %d (%s) to %s unacknowledged after %d attempts",
+        cmd.command_id,
+        cmd.kind,
+        cmd.node,
+        cmd.attempt,
+    )
+    return True
+
+
+def take_for_node(
+    session: Session, node: str, now: datetime, include_unacked: bool = False
+) -> list[m.Command]:
+    """Commands not yet delivered to the node (with `include_unacked`, also delivered ones
+    still waiting for an acknowledgement), marking new ones delivered.
+
+    Delivery is at least once: an agent that lost a delivered command asks again
+    with `include_unacked` when it starts, and a command nobody acknowledges by
+    its deadline is re-issued under a new id (`retry_or_fail`).
+    """
+    cmds = list(CommandRepo(session).pending_for_node(node, include_unacked))
+    for c in cmds:
+        transition(session, c, CommandState.DELIVERED, now)
+    return cmds

@@ -1,0 +1,286 @@
+"""Agents' reports: store each once, record the evidence it carries, reconcile the jobs it touches.
+
+An event opens a fault (a link down, an RNIC fatal error, a CQE error that
+means the path is gone), refreshes one (a new error on a component already
+failed), or starts clearing one (a port up). Flapping ports are quarantined
+and correlated port faults become a switch failure here too. None of this
+decides anything: the jobs on the touched nodes (and, for a switch, on every
+node cabled to it) are handed to services.reconciler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
+from scheduler_svc.fleet import EventType, emit
+from scheduler_svc.schemas import EventIn, EventKind
+from scheduler_svc.services import ccl, fabric, reconciler
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import (
+    CoordinationRepo,
+    EventRepo,
+    FaultRepo,
+    JobRepo,
+    NodeRepo,
+)
+
+# ibv_wc_status values that mean the path itself is gone (the RNIC gave up
+# retransmitting), as opposed to WR_FLUSH_ERR (5) and friends, which follow
+# from a QP already in error and say nothing new about the fabric.
+PATH_LOSS_WC_STATUS = {
+    12: "IBV_WC_RETRY_EXC_ERR",
+    13: "IBV_WC_RNR_RETRY_EXC_ERR",
+}
+# ibv_event_type values of async events.
+IBV_EVENT_DEVICE_FATAL = 8
+IBV_EVENT_PORT_ACTIVE = 9
+IBV_EVENT_PORT_ERR = 10
+# Faults a port_up starts clearing; the others clear by quiet, registration or operator.
+CLEARED_BY_PORT_UP = (FaultKind.LINK_DOWN.value, FaultKind.RNIC_FATAL.value)
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    duplicates: int = 0
+    faults_opened: list[m.Fault] = field(default_factory=list)
+    decisions: list[m.Decision] = field(default_factory=list)
+
+
+def _row(e: EventIn, now: datetime) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id,
+        "node": e.node,
+        "kind": e.kind.value,
+        "device": e.device,
+        "port": e.port,
+        "observed_at": e.observed_at,
+        "received_at": now,
+        "payload": e.model_dump(mode="json", exclude={"event_id", "node", "kind"}),
+    }
+
+
+def _fault_kind(e: EventIn) -> tuple[FaultKind, int] | None:
+    """(fault kind, port) when this event means a component broke; port 0 = whole RNIC."""
+    port = e.port or 1
+    if e.kind == EventKind.PORT_DOWN:
+        return FaultKind.LINK_DOWN, port
+    if e.kind == EventKind.DEVICE_FATAL:
+        return FaultKind.RNIC_FATAL, WHOLE_DEVICE
+    if e.kind == EventKind.CQE_ERROR and e.wc_status in PATH_LOSS_WC_STATUS:
+        return FaultKind.RETRY_EXCEEDED, port
+    if e.kind == EventKind.PORT_EVENT:
+        if e.event_type == IBV_EVENT_PORT_ERR:
+            return FaultKind.LINK_DOWN, port
+        if e.event_type == IBV_EVENT_DEVICE_FATAL:
+            return FaultKind.RNIC_FATAL, WHOLE_DEVICE
+    return None
+
+
+def _recovers(e: EventIn) -> bool:
+    return e.kind == EventKind.PORT_UP or (
+        e.kind == EventKind.PORT_EVENT and e.event_type == IBV_EVENT_PORT_ACTIVE
+    )
+
+
+def ingest(
+    session: Session, events: list[EventIn], *, now: datetime, settings: Settings
+) -> IngestResult:
+    """Store new events, record their evidence in order of observation, reconcile touched jobs."""
+    result = IngestResult()
+    # A batch may carry one id twice; the first copy counts, the rest are duplicates.
+    first: dict[str, EventIn] = {}
+    for e in events:
+        first.setdefault(e.event_id, e)
+    inserted = EventRepo(session).insert_new([_row(e, now) for e in first.values()])
+    result.accepted = len(inserted)
+    result.duplicates = len(events) - result.accepted
+    for e in events:
+        fresh = e.event_id in inserted and first[e.event_id] is e
+        metrics.EVENTS.labels(kind=e.kind.value, result="accepted" if fresh else "duplicate").inc()
+    new_events = sorted(
+        (e for e in first.values() if e.event_id in inserted), key=lambda e: e.observed_at
+    )
+    # Announced communicators first: progress in the same batch then finds its job.
+    ccl.register_announced(session, new_events)
+    ccl.record_stalls(session, new_events)
+    record_progress(session, new_events)
+    touched: set[str] = set()
+    for e in new_events:
+        touched |= _record(session, e, result, settings)
+    if touched:
+        fabric.close_cleared(session, now, settings, {n for n in touched if not n.startswith("@")})
+        nodes = {n for n in touched if not n.startswith("@")}
+        for sw in (n[1:] for n in touched if n.startswith("@")):
+            nodes |= {n for n, _, _ in CoordinationRepo(session).ports_on_switch(sw)}
+        result.decisions = reconciler.reconcile_jobs(
+            session, JobRepo(session).job_ids_on_nodes(nodes), now, settings
+        )
+    return result
+
+
+def _record(session: Session, e: EventIn, result: IngestResult, settings: Settings) -> set[str]:
+    """Record one event's evidence; the nodes (and "@switch"es) whose jobs it touches."""
+    faults = FaultRepo(session)
+    coord_repo = CoordinationRepo(session)
+    device = e.device or ""
+    kind = _fault_kind(e)
+    if kind is not None:
+        fault_kind, port = kind
+        fault = faults.open_if_new(
+            m.Fault(
+                node=e.node,
+                device=device,
+                port=port,
+                kind=fault_kind.value,
+                opened_at=e.observed_at,
+                last_error_at=e.observed_at,
+                first_event_id=e.event_id,
+                detail={"wc_status": e.wc_status} if e.wc_status is not None else {},
+                switch=coord_repo.switch_of(e.node, device, port),
+            )
+        )
+        if fault is None:
+            # Already failed: a newer error restarts its quiet period.
+            open_ = faults.open_on_component(e.node, device, port)
+            if open_ is not None and (
+                open_.last_error_at is None or e.observed_at > open_.last_error_at
+            ):
+                open_.last_error_at = e.observed_at
+            return {e.node}
+        metrics.FAULTS_OPENED.labels(kind=fault_kind.value).inc()
+        if fault_kind in (FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL):
+            # A CQE error leaves the port ACTIVE; the quiet period needs to see that.
+            NodeRepo(session).set_port_state(e.node, device, port or None, "DOWN")
+        EventRepo(session).set_fault([e.event_id], fault.id)
+        result.faults_opened.append(fault)
+        touched = {e.node}
+        flag_if_flapping(session, fault, settings)
+        switch_fault = infer_switch(session, fault, settings)
+        if switch_fault is not None:
+            touched.add(f"@{switch_fault.switch}")
+        return touched
+    if _recovers(e):
+        port = e.port or 1
+        NodeRepo(session).set_port_state(e.node, device, port, "ACTIVE")
+        faults.clear(e.node, device, port, e.observed_at, CLEARED_BY_PORT_UP)
+        # A link on the switch came back up: the switch itself works again.
+        switch = coord_repo.switch_of(e.node, device, port)
+        if switch is not None and coord_repo.clear_switch_fault(switch, e.observed_at):
+            return {e.node, f"@{switch}"}
+        return {e.node}
+    return set()
+
+
+def record_progress(session: Session, events: list[EventIn]) -> int:
+    """Store each rank's newest ops_done under its job; returns how many were placed."""
+    repo = CoordinationRepo(session)
+    progress = [e for e in events if e.kind == EventKind.PROGRESS and e.ops_done is not None]
+    if not progress:
+        return 0
+    jobs_by_comm = repo.jobs_of_comm({e.comm_id for e in progress if e.comm_id is not None})
+    placed = 0
+    for e in progress:
+        if e.rank is None:
+            continue
+        job_id = jobs_by_comm.get(e.comm_id) if e.comm_id is not None else None
+        if job_id is None:
+            # No communicator registered: the rank number on this node names the job.
+            candidates = repo.job_of_rank_on_node(e.node, e.rank)
+            if len(candidates) != 1:
+                continue
+            job_id = candidates[0]
+        repo.record_progress(job_id, e.comm_id or 0, e.rank, e.ops_done or 0, e.observed_at)
+        placed += 1
+    return placed
+
+
+def flag_if_flapping(
+    session: Session, fault: m.Fault, settings: Settings
+) -> m.MaintenanceFlag | None:
+    """A port that went down too often in the window is quarantined until an operator clears it."""
+    repo = CoordinationRepo(session)
+    since = fault.opened_at - timedelta(seconds=settings.flap_window_s)
+    transitions = repo.port_transitions(fault.node, fault.device, fault.port or 1, since)
+    health = coord.port_health(
+        transitions,
+        fault.opened_at,
+        damping_s=settings.failback_damping_s,
+        max_flaps=settings.flap_max,
+        window_s=settings.flap_window_s,
+    )
+    if health.state != coord.PortState.FLAPPING:
+        return None
+    flag = repo.flag(
+        m.MaintenanceFlag(
+            node=fault.node,
+            device=fault.device,
+            port=fault.port or 1,
+            flagged_at=fault.opened_at,
+            reason=health.reason,
+            source="flapping",
+        )
+    )
+    if flag is not None:
+        announce_flag(session, flag)
+    return flag
+
+
+def announce_flag(session: Session, flag: m.MaintenanceFlag) -> None:
+    metrics.MAINTENANCE_FLAGS.inc()
+    emit(
+        session,
+        EventType.MAINTENANCE_FLAG,
+        job_id=None,
+        subject=f"node/{flag.node}/{flag.device}/{flag.port}",
+        data={"node": flag.node, "device": flag.device, "port": flag.port, "reason": flag.reason},
+    )
+
+
+def infer_switch(session: Session, fault: m.Fault, settings: Settings) -> m.SwitchFault | None:
+    """Open a switch fault when this fault completes a correlated set on its switch."""
+    if fault.switch is None:
+        return None
+    repo = CoordinationRepo(session)
+    since = fault.opened_at - timedelta(seconds=settings.correlation_window_s)
+    recent = [
+        coord.PortFault(f.node, f.device, f.port, f.switch, f.opened_at)
+        for f in repo.recent_switch_faults(fault.switch, since)
+    ]
+    found = coord.infer_switch_failures(
+        recent, window_s=settings.correlation_window_s, min_nodes=settings.correlation_min_nodes
+    )
+    if not found:
+        return None
+    sw = found[0]
+    row = repo.open_switch_fault(
+        m.SwitchFault(
+            switch=sw.switch, opened_at=fault.opened_at, nodes=list(sw.nodes), reason=sw.reason
+        )
+    )
+    if row is not None:
+        metrics.SWITCH_FAULTS.labels(switch=sw.switch).inc()
+        emit(
+            session,
+            EventType.SWITCH_FAULT,
+            job_id=None,
+            subject=f"switch/{sw.switch}",
+            data={
+                "switch": sw.switch,
+                "nodes": list(sw.nodes),
+                "links": [
+                    {"node": n, "device": d, "port": p}
+                    for n, d, p in repo.ports_on_switch(sw.switch)
+                ],
+                "reason": sw.reason,
+            },
+        )
+    return row

@@ -1,0 +1,212 @@
+"""The fabric as evidence: read it from the store for the engine, and close what has cleared."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import fabric as health
+from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.reconcile import FabricView
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo, NodeRepo
+
+LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
+
+
+def rules(settings: Settings) -> health.ClearingRules:
+    return health.ClearingRules(
+        damping_s=settings.failback_damping_s, quiet_s=settings.fault_quiet_s
+    )
+
+
+def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
+    """A node's topology, with the GPUs and RNICs it lost kept in as failed "ghosts".
+
+    A job was placed on the topology it had; planning on what is left would move
+    its ranks silently to other RNICs. Kept in, the lost parts are faults like any
+    other, and the decision names them.
+    """
+    gpus = [Gpu(g.index, g.pci, g.numa, g.pcie_switch, g.root_complex, g.nvlink) for g in node.gpus]
+    rnics = [
+        Rnic(
+            r.name,
+            r.port,
+            r.pci,
+            r.numa,
+            r.pcie_switch,
+            r.root_complex,
+            r.rate_gbps,
+            r.switch,
+            r.rail,
+            r.state,
+        )
+        for r in node.rnics
+    ]
+    have_gpus = {g.index for g in gpus}
+    have_rnics = {(r.name, r.port) for r in rnics}
+    for f in lost:
+        was: dict[str, Any] = dict(f.detail.get("was") or {})
+        if f.kind == health.FaultKind.GPU_LOST and f.port not in have_gpus and was:
+            gpus.append(Gpu(**was))
+            have_gpus.add(f.port)
+        elif f.kind == health.FaultKind.RNIC_LOST:
+            for row in f.detail.get("ports") or []:
+                key = (row["name"], row["port"])
+                if key not in have_rnics:
+                    rnics.append(Rnic(**row))
+                    have_rnics.add(key)
+    return NodeTopology(
+        name=node.name,
+        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        rnics=tuple(sorted(rnics, key=lambda r: (r.name, r.port))),
+    )
+
+
+class PlanCache:
+    """Node topologies and s-Bond plans by (node, topology version, registration, losses, cap).
+
+    A plan is a pure function of the topology, and a topology never changes under a
+    version number of one registration (plus the set of lost parts kept in), so
+    entries stay valid on every replica.
+    """
+
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self._entries: OrderedDict[tuple[object, ...], tuple[NodeTopology, NodePlan]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self._max = max_entries
+
+    def get(
+        self,
+        session: Session,
+        names: set[str],
+        backup_cap: int | None,
+        lost: dict[str, list[m.Fault]],
+    ) -> tuple[dict[str, NodeTopology], dict[str, NodePlan]]:
+        repo = NodeRepo(session)
+        versions = repo.versions(names)
+        keys = {
+            name: (name, *stamp, tuple(f.id for f in lost.get(name, ())), backup_cap)
+            for name, stamp in versions.items()
+        }
+        found: dict[str, tuple[NodeTopology, NodePlan]] = {}
+        with self._lock:
+            for name, key in keys.items():
+                hit = self._entries.get(key)
+                if hit is not None:
+                    self._entries.move_to_end(key)
+                    found[name] = hit
+        misses = [n for n in versions if n not in found]
+        if misses:
+            for name, node in repo.get_many(misses).items():
+                topo = node_topology(node, lost.get(name, ()))
+                entry = (topo, plan_node(topo, backup_cap))
+                found[name] = entry
+                with self._lock:
+                    self._entries[keys[name]] = entry
+                    while len(self._entries) > self._max:
+                        self._entries.popitem(last=False)
+        return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
+
+
+PLANS = PlanCache()
+
+
+def _evidence_of(f: m.Fault, port_states: dict[tuple[str, str, int], str]) -> health.FaultEvidence:
+    state = port_states.get((f.node, f.device, f.port or 1), "ACTIVE")
+    return health.FaultEvidence(
+        id=f.id,
+        node=f.node,
+        device=f.device,
+        port=f.port,
+        kind=health.FaultKind(f.kind),
+        opened_at=f.opened_at,
+        recovered_at=f.cleared_at,
+        last_error_at=f.last_error_at,
+        port_active=state == "ACTIVE",
+        switch=f.switch,
+        note=str(f.detail.get("reason", "")),
+    )
+
+
+def evidence(
+    session: Session, nodes: Iterable[str] | None
+) -> tuple[health.Evidence, list[m.Fault]]:
+    """Every piece of evidence on `nodes` (all nodes when None), and the fault rows behind it."""
+    faults = list(FaultRepo(session).unresolved(nodes))
+    repo = CoordinationRepo(session)
+    states = repo.port_states({f.node for f in faults})
+    flags = [
+        health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
+        for q in repo.open_flags()
+        if nodes is None or q.node in set(nodes)
+    ]
+    switches = [
+        health.SwitchEvidence(s.id, s.switch, s.opened_at, s.reason)
+        for s in repo.open_switch_faults()
+    ]
+    return (
+        health.Evidence(
+            faults=tuple(_evidence_of(f, states) for f in faults),
+            switches=tuple(switches),
+            quarantines=tuple(flags),
+        ),
+        faults,
+    )
+
+
+def has_cleared(session: Session, now: datetime, settings: Settings) -> bool:
+    """Whether some fault's clearing rule is met at `now` (a read before taking write locks)."""
+    ev, _ = evidence(session, None)
+    return bool(ev.faults) and bool(health.assess(ev, now, rules(settings)).cleared)
+
+
+def close_cleared(
+    session: Session, now: datetime, settings: Settings, nodes: Iterable[str] | None = None
+) -> list[m.Fault]:
+    """Close every fault whose clearing rule is met at `now`; returns them."""
+    ev, rows = evidence(session, nodes)
+    assessed = health.assess(ev, now, rules(settings))
+    by_id = {f.id: f for f in rows}
+    closed = []
+    repo = FaultRepo(session)
+    for h in assessed.cleared:
+        row = by_id[h.fault.id]
+        repo.close(row, now, h.reason, None)
+        closed.append(row)
+    return closed
+
+
+def view_for(
+    session: Session, nodes: set[str], now: datetime, settings: Settings
+) -> tuple[FabricView, health.FabricHealth]:
+    """The fabric as the jobs on `nodes` see it at `now`."""
+    ev, rows = evidence(session, nodes)
+    lost: dict[str, list[m.Fault]] = {}
+    for f in rows:
+        if f.kind in LOST_KINDS:
+            lost.setdefault(f.node, []).append(f)
+    topologies, plans = PLANS.get(session, nodes, settings.backup_cap_per_switch, lost)
+    assessed = health.assess(ev, now, rules(settings))
+    ports: dict[str, frozenset[tuple[str, int]]] = {
+        name: frozenset((r.name, r.port) for r in t.rnics if r.carries_gpu_traffic)
+        for name, t in topologies.items()
+    }
+    return (
+        FabricView(
+            topologies=topologies,
+            plans=plans,
+            failed=assessed.failed,
+            unhealthy=assessed.unhealthy,
+            fabric_ports=ports,
+        ),
+        assessed,
+    )

@@ -1,0 +1,241 @@
+"""Load a job's state, call engine.reconcile, store the decision, send the difference.
+
+Every trigger ends here: it has recorded its evidence and names the jobs it
+touched. Each job is reconciled under its row lock (the one decisions serialise
+on, in sorted order everywhere), so two replicas handling one job's triggers run
+one after the other and the second finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import reconcile as engine
+from scheduler_svc.engine.nccl import NcclSpec
+from scheduler_svc.engine.reconcile import Desired, Mode
+from scheduler_svc.errors import NotFound
+from scheduler_svc.fleet import emit_decision
+from scheduler_svc.schemas import JobPathsOut, RankPathOut
+from scheduler_svc.services import ccl, commands, fabric
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import (
+    CoordinationRepo,
+    DecisionRepo,
+    JobRepo,
+)
+
+log = logging.getLogger(__name__)
+
+
+def options(settings: Settings) -> engine.Options:
+    return engine.Options(
+        default_k=settings.default_k,
+        default_repair_s=settings.default_repair_s,
+        measured_k_tolerance=settings.measured_k_tolerance,
+        nvl_mb_per_channel=settings.nvl_mb_per_channel,
+        nvl_cap_mb=settings.nvl_cap_mb,
+    )
+
+
+def job_state(session: Session, job: m.Job) -> engine.JobState:
+    cp = JobRepo(session).newest_checkpoint(job.job_id)
+    return engine.JobState(
+        job_id=job.job_id,
+        mode=Mode(job.mode),
+        ranks=tuple(JobRepo(session).rank_tuples(job.job_id)),
+        checkpoint_interval_s=job.checkpoint_interval_s,
+        reload_s=job.reload_s,
+        detect_s=job.detect_s,
+        timeout_s=job.timeout_s,
+        last_checkpoint_at=job.last_checkpoint_at,
+        communicators=tuple(
+            engine.CommSpec(c.comm_id, c.channels, tuple(c.ranks))
+            for c in CoordinationRepo(session).communicators(job.job_id)
+        ),
+        slowdown_k=job.slowdown_k,
+        measured_k=job.measured_k,
+        comm_share=job.comm_share,
+        dp_size=job.dp_size,
+        allow_scaling=job.allow_scaling,
+        spare_nodes=job.spare_nodes,
+        node_replace_s=job.node_replace_s,
+        repair_estimate_s=job.repair_estimate_s,
+        failed_over_at=job.failed_over_at,
+        restart_decided_at=job.restart_decided_at,
+        newest_checkpoint=None
+        if cp is None
+        else engine.CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind),
+        previous=Desired.from_json(job.desired),
+        nccl=NcclSpec.from_declaration(job.ccl)
+        if job.ccl is not None and ccl.is_stock_nccl(job)
+        else None,
+    )
+
+
+def current(
+    session: Session, job: m.Job, now: datetime, settings: Settings
+) -> tuple[engine.JobState, engine.FabricView, engine.Reconciled]:
+    """What reconcile says about the job right now, without storing anything (for reads)."""
+    state = job_state(session, job)
+    view, _ = fabric.view_for(session, {n for _, n, _ in state.ranks}, now, settings)
+    return state, view, engine.reconcile(now, state, view, options(settings))
+
+
+def reconcile_jobs(
+    session: Session, job_ids: Iterable[str], now: datetime, settings: Settings
+) -> list[m.Decision]:
+    """Reconcile each job (sorted: one lock order everywhere); the decisions it made.
+
+    Each job in a savepoint of its own: one job that cannot be reconciled must not
+    refuse the evidence (an agent would resend the batch forever) nor hold up the
+    other jobs. It is marked, logged, and the coordinator's sweep tries it again.
+    """
+    made = []
+    jobs = JobRepo(session)
+    for job_id in sorted(set(job_ids)):
+        job = jobs.lock(job_id)
+        if job is None:
+            continue
+        try:
+            with session.begin_nested():
+                row = reconcile_job(session, job, now, settings)
+        except Exception:
+            log.exception("reconciling job %s failed; the coordinator retries it", job_id)
+            job = jobs.lock(job_id)  # the savepoint's rollback expired it
+            if job is not None:
+                job.reconcile_due_at = now
+            continue
+        if job.reconcile_due_at is not None:
+            job.reconcile_due_at = None
+        if row is not None:
+            made.append(row)
+    return made
+
+
+def reconcile_job(
+    session: Session, job: m.Job, now: datetime, settings: Settings
+) -> m.Decision | None:
+    """One pass for a locked job: store the decision if the outcome changed, send the diff."""
+    state, _, out = current(session, job, now, settings)
+    row = None
+    if out.decision is not None:
+        row = record_decision(session, job, out.decision, now)
+    was = Mode(job.mode)
+    desired = out.desired
+    if was == Mode.RESTARTING and desired.mode != Mode.RESTARTING:
+        # The new incarnation's processes have been told nothing yet.
+        job.commanded = Desired().to_json()
+        job.restart_decided_at = None
+        job.failed_over_at = None
+        job.measured_k = None
+    if desired.mode == Mode.FAILED_OVER and was != Mode.FAILED_OVER:
+        job.failed_over_at = now
+    elif desired.mode == Mode.RESTARTING and was != Mode.RESTARTING:
+        job.restart_decided_at = now
+    elif desired.mode == Mode.NORMAL and was == Mode.FAILED_OVER:
+        job.failed_over_at, job.measured_k = None, None
+        CoordinationRepo(session).clear_samples(job.job_id, degraded=True)
+    job.mode = desired.mode.value
+    commanded = Desired.from_json(job.commanded)
+    intents = engine.command_diff(commanded, desired, state)
+    if state.nccl is not None:
+        intents = []  # stock NCCL reads no commands: its own failover does the moving
+        job.commanded = desired.to_json()
+    if intents:
+        commands.issue(
+            session,
+            job,
+            intents,
+            {r: n for r, n, _ in state.ranks},
+            decision_id=None if row is None else row.decision_id,
+            epoch=job.decision_count,
+            now=now,
+            settings=settings,
+        )
+        job.commanded = desired.to_json()
+    new_json = desired.to_json()
+    if job.desired != new_json:
+        job.desired = new_json
+    return row
+
+
+def record_decision(
+    session: Session, job: m.Job, d: engine.DecisionRecord, now: datetime
+) -> m.Decision:
+    """Store one entry of the job's decision history and announce it."""
+    trigger = d.trigger
+    if DecisionRepo(session).exists(job.job_id, trigger):
+        # The same evidence changed the outcome again (it came back, say): one history.
+        trigger = f"{trigger}#{job.decision_count + 1}"
+    fault_id = None
+    if d.fault_key is not None and d.fault_key.startswith("fault:"):
+        fault_id = int(d.fault_key.split(":", 1)[1])
+    row = m.Decision(
+        decision_id=str(uuid.uuid4()),
+        job_id=job.job_id,
+        seq=job.decision_count + 1,
+        trigger=trigger[:128],
+        fault_id=fault_id,
+        action=d.action.value,
+        reason=d.reason,
+        inputs=d.inputs,
+        costs_s=d.costs_s,
+        costs_gpu_s=d.costs_gpu_s,
+        plan=d.plan,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    job.decision_count += 1
+    metrics.DECISIONS.labels(action=d.action.value).inc()
+    emit_decision(session, job, row)  # outbox row in this transaction
+    return row
+
+
+def job_paths(session: Session, job_id: str, now: datetime, settings: Settings) -> JobPathsOut:
+    """Every rank's primary and backup, whether each works now, and the one it should use."""
+    job = JobRepo(session).get(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id!r} does not exist")
+    _, view, out = current(session, job, now, settings)
+    moved = dict(out.desired.moved)
+    ranks = []
+    for r in out.conn.routes:
+        plan = view.plans.get(r.node)
+        g = None
+        if plan is not None and any(p.gpu == r.gpu for p in plan.gpus):
+            g = plan.for_gpu(r.gpu)
+        active = moved.get(r.rank, r.primary if r.primary_ok else None)
+        if job.mode == Mode.RESTARTING.value:
+            active = None
+        ranks.append(
+            RankPathOut(
+                rank=r.rank,
+                node=r.node,
+                gpu=r.gpu,
+                primary=r.primary,
+                backup=r.backup,
+                primary_switch=None if g is None else g.primary_switch,
+                backup_switch=None if g is None else g.backup_switch,
+                rail_disjoint=False if g is None else g.rail_disjoint,
+                primary_ok=r.primary_ok,
+                backup_ok=r.backup_ok,
+                active=active,
+            )
+        )
+    return JobPathsOut(
+        job_id=job_id,
+        ranks=ranks,
+        broken_pairs=out.conn.broken_pairs,
+        total_pairs=out.conn.total_pairs,
+        isolated_ranks=list(out.conn.isolated_ranks),
+        failed_over_ranks=sorted(moved),
+        warnings=list(out.warnings),
+    )

@@ -1,0 +1,76 @@
+"""The unit of work: one transaction, committed in one place, then its after-commit hooks.
+
+Requests (deps.get_session and api/routing.py), the coordinator's sweeps and the
+CLI all end a transaction through `commit`. What must only happen once the
+change is durable (waking the long-polls of nodes that got commands) is queued
+on the session with `after_commit` or `notify_nodes` and runs right after it.
+The clock is passed in the same way: services take `now` from their caller,
+and callers take it from a `Clock`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+Clock = Callable[[], datetime]
+Notify = Callable[[set[str]], None]
+
+_HOOKS = "railover_after_commit"
+_NODES = "notify_nodes"
+_NOTIFY = "railover_notify"
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def after_commit(session: Session, hook: Callable[[], None]) -> None:
+    """Run `hook` once this session's transaction has committed (never on rollback)."""
+    session.info.setdefault(_HOOKS, []).append(hook)
+
+
+def notify_nodes(session: Session, nodes: Iterable[str]) -> None:
+    """After commit, wake the command long-polls of these nodes."""
+    session.info.setdefault(_NODES, set()).update(nodes)
+
+
+def bind_notify(session: Session, notify: Notify) -> None:
+    """Where this session's `notify_nodes` go (the app's notifier)."""
+    session.info[_NOTIFY] = notify
+
+
+def pending_nodes(session: Session) -> set[str]:
+    nodes: set[str] = session.info.get(_NODES, set())
+    return nodes
+
+
+def commit(session: Session) -> None:
+    """Commit, then run the after-commit hooks and wake the nodes that got commands."""
+    session.commit()
+    hooks: list[Callable[[], None]] = session.info.pop(_HOOKS, [])
+    nodes: set[str] = session.info.pop(_NODES, set())
+    notify: Notify | None = session.info.get(_NOTIFY)
+    if nodes and notify is not None:
+        notify(nodes)
+    for hook in hooks:
+        hook()
+
+
+@contextmanager
+def unit_of_work(factory: sessionmaker[Session], notify: Notify | None = None) -> Iterator[Session]:
+    """A session whose work is committed (with its hooks) on success, rolled back on error."""
+    session = factory()
+    if notify is not None:
+        bind_notify(session, notify)
+    try:
+        yield session
+        commit(session)
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,477 @@
+"""The fault lifecycle as stories: evidence in, desired state and decisions out (engine only).
+
+Each story drives `reconcile` the way the service does: it keeps the desired state
+of the previous pass, and the commands are `command_diff` between what was
+commanded and what is desired now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from railover_testing.cluster_shapes import hgx_node
+from scheduler_svc.engine.fabric import (
+    ClearingRules,
+    Evidence,
+    FaultEvidence,
+    FaultKind,
+    Health,
+    Maintenance,
+    Quarantine,
+    SwitchEvidence,
+    assess,
+    fault_health,
+)
+from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.reconcile import (
+    Action,
+    CheckpointSeen,
+    CommSpec,
+    Desired,
+    FabricView,
+    Intent,
+    IntentKind,
+    JobState,
+    Mode,
+    Options,
+    Reconciled,
+    command_diff,
+    reconcile,
+)
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+RULES = ClearingRules(damping_s=120, quiet_s=300)
+
+
+def topo(name: str, gpus: int = 8) -> NodeTopology:
+    body: dict[str, Any] = hgx_node()
+    return NodeTopology(
+        name,
+        tuple(Gpu(**g) for g in body["gpus"] if g["index"] < gpus),
+        tuple(
+            Rnic(**{k: v for k, v in r.items() if k not in ("link_layer", "netdev")})
+            for r in body["rnics"]
+        ),
+    )
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def down(fid: int, node: str, device: str, s: float, **kw: Any) -> FaultEvidence:
+    return FaultEvidence(fid, node, device, 1, FaultKind.LINK_DOWN, at(s), **kw)
+
+
+@dataclass
+class Story:
+    """One job on some nodes, and the evidence as it comes and goes."""
+
+    nodes: list[str]
+    comm_channels: int | None = 16
+    job_kw: dict[str, Any] = field(default_factory=dict)
+    faults: dict[int, FaultEvidence] = field(default_factory=dict)
+    switches: dict[int, SwitchEvidence] = field(default_factory=dict)
+    quarantines: dict[int, Quarantine] = field(default_factory=dict)
+    lost_gpus: dict[str, int] = field(default_factory=dict)
+    desired: Desired = field(default_factory=Desired)
+    commanded: Desired = field(default_factory=Desired)
+    mode: Mode = Mode.NORMAL
+    failed_over_at: datetime | None = None
+    restart_decided_at: datetime | None = None
+    checkpoint: CheckpointSeen | None = None
+    measured_k: float | None = None
+    decisions: list[Reconciled] = field(default_factory=list)
+    intents: list[list[Intent]] = field(default_factory=list)
+
+    def job(self) -> JobState:
+        ranks = tuple((i * 8 + g, n, g) for i, n in enumerate(self.nodes) for g in range(8))
+        comms = () if self.comm_channels is None else (CommSpec(77, self.comm_channels),)
+        kw: dict[str, Any] = {
+            "checkpoint_interval_s": 3600,
+            "reload_s": 600,
+            "detect_s": 0,
+            "timeout_s": 30,
+            "slowdown_k": 1.5,
+        } | self.job_kw
+        return JobState(
+            job_id="j",
+            mode=self.mode,
+            ranks=ranks,
+            last_checkpoint_at=T0,
+            communicators=comms,
+            measured_k=self.measured_k,
+            failed_over_at=self.failed_over_at,
+            restart_decided_at=self.restart_decided_at,
+            newest_checkpoint=self.checkpoint,
+            previous=self.desired,
+            **kw,
+        )
+
+    def fabric(self, now: datetime) -> FabricView:
+        health = assess(
+            Evidence(
+                faults=tuple(self.faults.values()),
+                switches=tuple(self.switches.values()),
+                quarantines=tuple(self.quarantines.values()),
+            ),
+            now,
+            RULES,
+        )
+        topologies = {n: topo(n, self.lost_gpus.get(n, 8)) for n in self.nodes}
+        # A lost GPU stays in the plan (the service keeps it as a ghost) and fails.
+        full = {n: topo(n) for n in self.nodes}
+        return FabricView(
+            topologies=full,
+            plans={n: plan_node(t) for n, t in full.items()},
+            failed=replace(
+                health.failed,
+                gpus=health.failed.gpus
+                | {(n, g) for n, k in self.lost_gpus.items() for g in range(k, 8)},
+            ),
+            unhealthy=health.unhealthy,
+            fabric_ports={
+                n: frozenset((r.name, r.port) for r in t.rnics) for n, t in topologies.items()
+            },
+        )
+
+    def step(self, s: float) -> Reconciled:
+        """One pass at T0 + s, applied as the service applies it."""
+        now = at(s)
+        out = reconcile(now, self.job(), self.fabric(now), Options())
+        intents = command_diff(self.commanded, out.desired, self.job())
+        self.intents.append(intents)
+        if out.decision is not None:
+            self.decisions.append(out)
+        if out.desired.mode == Mode.FAILED_OVER and self.mode != Mode.FAILED_OVER:
+            self.failed_over_at = now
+        if out.desired.mode == Mode.RESTARTING and self.mode != Mode.RESTARTING:
+            self.restart_decided_at = now
+        self.mode = out.desired.mode
+        self.desired = out.desired
+        if intents:
+            self.commanded = out.desired
+        # Level-triggered: the same state again decides nothing and sends nothing.
+        again = reconcile(now, self.job(), self.fabric(now), Options())
+        assert again.decision is None, again.decision
+        assert again.desired == out.desired
+        assert command_diff(self.commanded, again.desired, self.job()) == []
+        return out
+
+
+def mode(s: Story) -> Mode:
+    return s.mode  # a call, so that mypy does not narrow it across steps
+
+
+def kinds(intents: list[Intent]) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    return [(i.kind.value, i.ranks, i.disabled_channels) for i in intents]
+
+
+# --- clearing rules -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "now_s", "health"),
+    [
+        (down(1, "n0", "mlx5_0", 0), 10_000, Health.FAILED),  # no port_up: stays down
+        (down(1, "n0", "mlx5_0", 0, recovered_at=at(10)), 100, Health.RECOVERING),
+        (down(1, "n0", "mlx5_0", 0, recovered_at=at(10)), 130, Health.HEALTHY),
+        # CQE: the port stays ACTIVE; quiet for 300 s after the newest error
+        (
+            FaultEvidence(1, "n0", "mlx5_0", 1, FaultKind.RETRY_EXCEEDED, at(0)),
+            299,
+            Health.RECOVERING,
+        ),
+        (
+            FaultEvidence(1, "n0", "mlx5_0", 1, FaultKind.RETRY_EXCEEDED, at(0)),
+            300,
+            Health.HEALTHY,
+        ),
+        (
+            FaultEvidence(
+                1, "n0", "mlx5_0", 1, FaultKind.RETRY_EXCEEDED, at(0), last_error_at=at(200)
+            ),
+            400,
+            Health.RECOVERING,
+        ),
+        (
+            FaultEvidence(1, "n0", "mlx5_0", 1, FaultKind.RETRY_EXCEEDED, at(0), port_active=False),
+            10_000,
+            Health.FAILED,
+        ),
+        (FaultEvidence(1, "n0", "gpu7", 7, FaultKind.GPU_LOST, at(0)), 10**6, Health.FAILED),
+        (FaultEvidence(1, "n0", "mlx5_0", 0, FaultKind.RNIC_LOST, at(0)), 10**6, Health.FAILED),
+    ],
+)
+def test_clearing_rules(fault: FaultEvidence, now_s: float, health: Health) -> None:
+    assert fault_health(fault, at(now_s), RULES).health == health
+
+
+def test_assess_keeps_recovering_faults_out_of_service_and_says_when_they_clear() -> None:
+    ev = Evidence(
+        faults=(
+            down(1, "n0", "mlx5_0", 0, recovered_at=at(10)),
+            down(2, "n1", "mlx5_1", 0, recovered_at=at(1)),
+        )
+    )
+    h = assess(ev, at(125), RULES)
+    assert h.failed.links == frozenset({("n0", "mlx5_0", 1)})
+    assert [c.fault.id for c in h.cleared] == [2]
+    assert h.next_change_at == at(130)
+
+
+# --- stories ------------------------------------------------------------------------------------
+
+
+def test_late_fault_fails_over_once_and_the_same_input_again_changes_nothing() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    first = s.step(3001)
+    assert first.decision is not None
+    assert (first.decision.action, first.decision.trigger) == (Action.FAILOVER, "fault:1")
+    assert first.desired.moved == {3: "mlx5_2/1"}
+    assert kinds(s.intents[-1])[0] == ("failover", (3,), ())
+    again = s.step(3002)
+    assert again.decision is None
+    assert s.intents[-1] == []
+    assert again.desired == first.desired
+
+
+def test_early_fault_restarts_and_the_job_leaves_restarting_at_its_next_checkpoint() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    out = s.step(1000)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert kinds(s.intents[-1]) == [("abort", tuple(range(16)), ())]
+    # While the job is being restarted, more faults decide nothing and send nothing.
+    s.faults[2] = down(2, "n1", "mlx5_5", 1010)
+    assert s.step(1020).decision is None and s.intents[-1] == []
+    assert mode(s) == Mode.RESTARTING
+    # The fleet manager restarts it; its first checkpoint is the new incarnation.
+    s.faults.clear()
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    assert mode(s) == Mode.NORMAL and out.decision is None
+    s.faults[3] = down(3, "n1", "mlx5_3", 3000)
+    later = s.step(3000)
+    assert later.decision is not None and later.decision.action == Action.FAILOVER
+
+
+def test_flap_fails_over_at_once_and_back_after_damping_at_one_switch_point() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3003))
+    assert s.step(3010).decision is None  # up again, still damping: stays on backup
+    assert mode(s) == Mode.FAILED_OVER
+    back = s.step(3124)
+    assert back.decision is not None
+    assert (back.decision.action, back.decision.trigger) == (Action.FAILBACK, "failback:1")
+    assert back.decision.plan["returning"] == [
+        {"rank": 3, "node": "n0", "gpu": 3, "to": "mlx5_3/1"}
+    ]
+    assert mode(s) == Mode.NORMAL
+    assert kinds(s.intents[-1]) == [("failback", tuple(range(16)), ())]
+
+
+def test_partial_failback_returns_only_healthy_primaries_and_keeps_dead_channels_off() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_5", 3000)
+    out = s.step(3000)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert out.desired.moved == {3: "mlx5_2/1", 13: "mlx5_4/1"}
+    assert out.desired.disabled == {77: (3, 5, 11, 13)}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    back = s.step(3300)
+    assert back.decision is not None and back.decision.action == Action.FAILBACK
+    assert back.desired.moved == {13: "mlx5_4/1"}
+    assert back.desired.mode == Mode.FAILED_OVER
+    assert back.desired.disabled == {77: (5, 13)}
+    assert back.decision.plan["still_failed_over"] == [13]
+    # Every rank of the communicator is told the same switch point: rail 5 stays off.
+    assert kinds(s.intents[-1]) == [("failback", tuple(range(16)), (5, 13))]
+
+
+def test_quarantined_port_carries_no_traffic_until_the_flag_is_cleared() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3005))
+    s.quarantines[4] = Quarantine(4, "n0", "mlx5_3", 1, at(3000), "5 downs in 600 s")
+    s.step(3001)
+    assert s.desired.moved == {3: "mlx5_2/1"}
+    # Long after the damping period the port is up, but quarantined: no fail-back.
+    assert s.step(9000).decision is None and s.desired.moved == {3: "mlx5_2/1"}
+    # An unrelated fault and its fail-back do not return the quarantined port either.
+    s.faults[2] = down(2, "n1", "mlx5_5", 9000)
+    s.step(9000)
+    s.faults[2] = down(2, "n1", "mlx5_5", 9000, recovered_at=at(9001))
+    s.step(9200)
+    assert s.desired.moved == {3: "mlx5_2/1"} and mode(s) == Mode.FAILED_OVER
+    del s.quarantines[4]
+    back = s.step(9300)
+    assert back.decision is not None and back.decision.action == Action.FAILBACK
+    assert back.decision.trigger == "failback:flag:4"
+    assert mode(s) == Mode.NORMAL
+
+
+def test_lost_gpu_is_a_fault_on_that_gpu_and_the_decision_names_it() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = FaultEvidence(1, "n0", "gpu7", 7, FaultKind.GPU_LOST, at(3000))
+    s.lost_gpus["n0"] = 7
+    out = s.step(3000)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert "n0/gpu7" in out.decision.reason
+    assert "no usable path" in out.decision.reason
+    assert out.conn.isolated_ranks == (7,)
+
+
+def test_lost_primary_rnic_fails_the_ranks_over() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = FaultEvidence(1, "n0", "mlx5_3", 0, FaultKind.RNIC_LOST, at(3000))
+    out = s.step(3000)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert "RNIC n0/mlx5_3 is gone" in out.decision.reason
+    assert out.desired.moved == {3: "mlx5_2/1"}
+
+
+def test_two_faults_in_one_pass_are_one_decision_with_the_two_fault_k() -> None:
+    s = Story(["n0", "n1"], job_kw={"slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_0", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_5", 3000)
+    out = s.step(3000)
+    assert out.decision is not None
+    assert (out.decision.inputs["k"], out.decision.inputs["concurrent_faults"]) == (1.2, 2)
+    assert len(s.decisions) == 1
+
+
+def test_switch_failure_moves_ranks_on_nodes_that_reported_nothing() -> None:
+    s = Story(["n0", "n1", "n2", "n3"])
+    for i, n in enumerate(["n0", "n1", "n2"]):
+        s.faults[i + 1] = down(i + 1, n, "mlx5_3", 3000 + i * 0.5, switch="rail3-leaf")
+    s.switches[1] = SwitchEvidence(1, "rail3-leaf", at(3001), "3 nodes lost their port")
+    out = s.step(3002)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert set(out.desired.moved) == {3, 11, 19, 27}
+    # Port faults on the failed switch are that one failure.
+    assert out.decision.inputs["concurrent_faults"] == 1
+
+
+def test_a_flap_during_a_switch_point_sends_the_newest_plan_only() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "rebalance"]
+    # Before the rebalance's switch point the port is back, and after damping it fails
+    # back: the communicator is told the channel plan it should have now, not the old one.
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3000.5))
+    s.step(3121)
+    assert kinds(s.intents[-1]) == [("failback", tuple(range(16)), ())]
+    # It goes down again: a new decision and a new switch point.
+    s.faults[2] = down(2, "n0", "mlx5_3", 3130)
+    out = s.step(3130)
+    assert out.decision is not None and out.decision.trigger == "fault:2"
+    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "rebalance"]
+
+
+def test_a_fault_during_a_failback_fails_over_what_broke_and_returns_what_healed() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3010))
+    s.faults[2] = down(2, "n1", "mlx5_5", 3200)
+    out = s.step(3200)
+    assert out.decision is not None
+    assert (out.decision.action, out.decision.trigger) == (Action.FAILOVER, "fault:2")
+    assert out.desired.moved == {13: "mlx5_4/1"}
+    got = kinds(s.intents[-1])
+    assert ("failover", (13,), ()) in got
+    assert ("failback", tuple(range(16)), (5, 13)) in got
+
+
+def test_flowcheck_checkpoints_while_failed_over_decide_at_most_once() -> None:
+    s = Story(["n0", "n1"], job_kw={"repair_estimate_s": 1200})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    for i in range(100):
+        s.checkpoint = CheckpointSeen(100 + i, at(3006 + 6 * i), at(3006 + 6 * i), "flowcheck")
+        s.step(3006 + 6 * i)
+    assert [d.decision.action for d in s.decisions if d.decision] == [Action.FAILOVER, Action.NONE]
+    assert mode(s) == Mode.FAILED_OVER
+
+
+def test_checkpoint_with_a_long_repair_ahead_restarts() -> None:
+    s = Story(["n0", "n1"], job_kw={"repair_estimate_s": 86400})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    out = s.step(3100)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.decision.reason.startswith("restart at this checkpoint")
+    assert mode(s) == Mode.RESTARTING
+    assert kinds(s.intents[-1])[0][0] == "abort"
+
+
+def test_measured_k_that_changes_the_answer_redecides_once() -> None:
+    s = Story(["n0", "n1"], job_kw={"slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 1500)
+    first = s.step(1500)
+    assert first.decision is not None and first.decision.inputs["k"] == 1.03
+    s.measured_k = 2.5
+    out = s.step(1600)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.decision.inputs["k_source"] == "measured"
+    assert "measured k 2.500 replaces 1.030" in out.decision.reason
+    assert s.step(1700).decision is None
+
+
+def test_job_without_communicators_gets_failover_and_failback_but_no_switch_point_plan() -> None:
+    s = Story(["n0", "n1"], comm_channels=None)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert kinds(s.intents[-1]) == [("failover", (3,), ())]
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3001))
+    s.step(3200)
+    assert [i.kind for i in s.intents[-1]] == [IntentKind.FAILBACK]
+
+
+def test_planned_maintenance_is_evidence_from_its_start_to_its_end() -> None:
+    window = Maintenance(1, at(100), at(200), node="n0", device="mlx5_3", port=1)
+    before = assess(Evidence(maintenance=(window,)), at(50), RULES)
+    assert before.failed.empty and before.next_change_at == at(100)
+    during = assess(Evidence(maintenance=(window,)), at(150), RULES)
+    assert during.failed.links == frozenset({("n0", "mlx5_3", 1)})
+    assert during.next_change_at == at(200)
+    assert [u.key for u in during.unhealthy] == ["maintenance:1"]
+    whole_switch = Maintenance(2, at(0), at(10), switch="rail3-leaf")
+    assert assess(Evidence(maintenance=(whole_switch,)), at(5), RULES).failed.switches == {
+        "rail3-leaf"
+    }
+
+
+def test_early_fault_without_a_spare_node_restarts_scaled_and_aborts_every_rank() -> None:
+    s = Story(
+        ["n0", "n1"],
+        job_kw={"allow_scaling": True, "dp_size": 8, "spare_nodes": False, "node_replace_s": 3600},
+    )
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(100)
+    assert out.decision is not None and out.decision.action == Action.RESTART_SCALED
+    scaled, failover = out.decision.costs_s["restart_scaled"], out.decision.costs_s["failover"]
+    assert scaled is not None and failover is not None and scaled < failover
+    assert kinds(s.intents[-1]) == [("abort", tuple(range(16)), ())]
+    assert mode(s) == Mode.RESTARTING
+
+
+def test_dcr_or_balance_disables_the_lost_rails_channels_for_the_whole_communicator() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    out = s.step(3000)
+    assert out.decision is not None
+    comm = out.decision.plan["communicators"][0]
+    assert comm["mitigation"] in ("dcr", "balance")
+    assert comm["disabled_channels"] == [3, 11]
+    assert ("rebalance", tuple(range(16)), (3, 11)) in kinds(s.intents[-1])
