@@ -39,7 +39,14 @@ class Settings(BaseSettings):
     backup_cap_per_switch: Annotated[int | None, Field(ge=1)] = None
     default_k: tuple[float, ...] = (1.03, 1.20, 1.50)
     commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = 30.0
-    max_events_per_request: Annotated[int, Field(ge=1)] = 1000
+    # The schema caps a batch at 1000 events; this may only lower it.
+    max_events_per_request: Annotated[int, Field(ge=1, le=1000)] = 1000
+    # Request bodies over this are refused with 413 before they are parsed.
+    max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 2**20)] = 16 * 2**20
+    # An event observed further in the future than this (by the service's clock) is
+    # refused: a wrong agent clock must not pass for "long since the checkpoint".
+    # Old events are accepted and decided as old.
+    observed_at_future_skew_s: Annotated[float, Field(ge=0, le=86400)] = 300.0
     log_level: str = "INFO"
 
     # --- cluster-wide coordination ---

@@ -20,8 +20,9 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Name
+from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Id64, Name, Role
 from scheduler_svc.services import registry
+from scheduler_svc.store.repositories import CommandRepo
 
 router = routing.router(prefix="/v1", tags=["commands"])
 
@@ -77,8 +78,12 @@ def _take(
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
 def ack_command(
-    command_id: int, body: AckIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
+    command_id: Id64, body: AckIn, session: SessionDep, who: AgentAuth, settings: SettingsDep
 ) -> CommandOut:
     """Acknowledge a command for one rank (or the whole node): delivered, applied or failed."""
     who.require_node(body.node)
+    if who.role == Role.AGENT:
+        cmd = CommandRepo(session).get(command_id)
+        if cmd is not None and cmd.node != who.node:
+            raise Forbidden(f"command {command_id} is addressed to another node, not {who.node!r}")
     return command_out(registry.ack_command(session, command_id, body, datetime.now(UTC), settings))

@@ -16,7 +16,8 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import EventBatch, EventsAccepted
+from scheduler_svc.schemas import EventBatch, EventIn, EventsAccepted, Role
+from scheduler_svc.services import targets
 from scheduler_svc.services.ingest import ingest
 from scheduler_svc.store.repositories import NodeRepo
 
@@ -46,10 +47,20 @@ def post_events(
     unknown = sorted(nodes - known.keys())
     if unknown:
         raise NotFound(f"node {unknown[0]!r} is not registered; PUT /v1/nodes/{unknown[0]} first")
+    events: list[EventIn] = list(body.events)
+    now = datetime.now(UTC)
+    targets.refuse_unknown(
+        session,
+        events,
+        known,
+        now=now,
+        future_skew_s=settings.observed_at_future_skew_s,
+        agent=who.role == Role.AGENT,
+    )
     result = ingest(
         session,
-        body.events,
-        now=datetime.now(UTC),
+        events,
+        now=now,
         settings=settings,
     )
     if result.decisions:

@@ -28,6 +28,7 @@ from scheduler_svc.schemas import (
     DecisionOut,
     IterationsIn,
     IterationsOut,
+    JobId,
     JobIn,
     JobMode,
     JobOut,
@@ -106,7 +107,7 @@ def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
 
 
 @router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
-def get_job(job_id: str, session: SessionDep, _: Reader) -> JobOut:
+def get_job(job_id: JobId, session: SessionDep, _: Reader) -> JobOut:
     """One job, with its current mode and newest checkpoint."""
     return job_out(session, registry.get_job(session, job_id))
 
@@ -117,7 +118,7 @@ def get_job(job_id: str, session: SessionDep, _: Reader) -> JobOut:
     operation_id="delete_job",
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
-def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
+def delete_job(job_id: JobId, session: SessionDep, _: FleetAuth) -> Response:
     """Forget a finished job with its decisions and commands."""
     registry.delete_job(session, job_id)
     return Response(status_code=204)
@@ -130,7 +131,7 @@ def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_checkpoint(
-    job_id: str, body: CheckpointIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: JobId, body: CheckpointIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
 ) -> CheckpointOut:
     """Report a checkpoint; the newest one sets t_elapsed for later decisions."""
     current = registry.add_checkpoint(session, job_id, body, datetime.now(UTC), settings)
@@ -145,7 +146,7 @@ def report_checkpoint(
     responses=responses(Unauthorized, NotFound),
 )
 def list_decisions(
-    job_id: str,
+    job_id: JobId,
     session: SessionDep,
     _: Reader,
     limit: int = Query(100, ge=1, le=1000),
@@ -160,7 +161,7 @@ def list_decisions(
 @router.get(
     "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
 )
-def get_paths(job_id: str, session: SessionDep, _: Reader, settings: SettingsDep) -> JobPathsOut:
+def get_paths(job_id: JobId, session: SessionDep, _: Reader, settings: SettingsDep) -> JobPathsOut:
     """Primary and backup RNIC of every rank and whether each works under the open faults."""
     job = registry.get_job(session, job_id)
     view = job_view(session, job, settings.backup_cap_per_switch)
@@ -198,7 +199,7 @@ def get_paths(job_id: str, session: SessionDep, _: Reader, settings: SettingsDep
     operation_id="list_job_commands",
     responses=responses(Unauthorized, NotFound),
 )
-def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandList:
+def list_job_commands(job_id: JobId, session: SessionDep, _: Reader) -> CommandList:
     """Every command issued for the job and its delivery state."""
     registry.get_job(session, job_id)
     return CommandList(commands=[command_out(c) for c in CommandRepo(session).for_job(job_id)])
@@ -210,7 +211,7 @@ def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandLis
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_iterations(
-    job_id: str, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
+    job_id: JobId, body: IterationsIn, session: SessionDep, _: FleetAuth, settings: SettingsDep
 ) -> IterationsOut:
     """Report iteration times; once steady, the measured k replaces the estimate and re-decides."""
     job = registry.lock_job(session, job_id)

@@ -53,7 +53,7 @@ def test_roles(secured: str, tokens: dict[str, str]) -> None:
     with client(secured, tokens["revoked"]) as c:
         assert c.get("/v1/jobs").status_code == 401
     with client(secured, "rvr_nope_nope") as c:
-        assert "unknown or revoked" in c.get("/v1/jobs").json()["detail"]
+        assert "unknown, revoked or expired" in c.get("/v1/jobs").json()["detail"]
     with client(secured, tokens["agent0"]) as agent:
         assert agent.put("/v1/nodes/n0", json=hgx_node()).status_code == 200
         r = agent.put("/v1/nodes/n1", json=hgx_node())
