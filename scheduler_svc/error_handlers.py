@@ -10,6 +10,7 @@ parses what it really gets.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
+from starlette.routing import compile_path
 
 from scheduler_svc.errors import ErrorBody, FieldProblem, RailoverError
 from scheduler_svc.schemas import EventKind
@@ -68,6 +69,8 @@ def _validation_body(exc: RequestValidationError) -> ErrorBody:
         # The body's own name and pydantic's union-member tags say nothing to a caller.
         parts = [str(p) for p in loc if p != "body" and not _is_union_tag(p)]
         field = ".".join(parts) or "body"
+        if any(p.field == field for p in problems):
+            continue  # one problem per field: the other union members failed too
         problems.append(FieldProblem(field=field, problem=str(err.get("msg", "invalid"))))
     first = problems[0] if problems else FieldProblem(field="body", problem="invalid")
     summary = f"{first.field}: {first.problem}"
@@ -76,25 +79,33 @@ def _validation_body(exc: RequestValidationError) -> ErrorBody:
     return ErrorBody(error="invalid", detail=summary, fields=problems)
 
 
-def _is_union_tag(part: object) -> bool:
-    # Discriminated-union members appear in locations as their tag, e.g. "port_down".
-    return isinstance(part, str) and part in _UNION_TAGS
-
-
+# Pydantic names the member of a union it tried in an error's location: a tag such as
+# "constrained-str", "literal['']", "int" or an event kind. None of them is a field.
+_TYPE_TAGS = {"int", "float", "str", "bool", "none", "list", "dict"}
 _UNION_TAGS = {k.value for k in EventKind}
 
 
+def _is_union_tag(part: object) -> bool:
+    if not isinstance(part, str):
+        return False
+    return part in _UNION_TAGS or part in _TYPE_TAGS or any(c in part for c in "-[]'(")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves at this path (Starlette's 405 names only the first)."""
+    """Every method the document lists at this path (Starlette's 405 names only one route's)."""
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(
+        request.app.state, "_allow", None
+    )
+    if table is None:
+        table = []
+        for path, item in request.app.openapi().get("paths", {}).items():
+            regex, _, _ = compile_path(path)
+            table.append((regex, {m.upper() for m in item if m in _METHODS}))
+        request.app.state._allow = table
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-        for method in ("POST", "PUT", "DELETE", "PATCH"):
-            m2, _ = route.matches({**request.scope, "method": method})
-            if m2 == Match.FULL:
-                methods.add(method)
+    for regex, found in table:
+        if regex.match(request.url.path):
+            methods |= found
     return sorted(methods)
 
 
@@ -165,6 +176,7 @@ def _add_errors(doc: dict[str, Any]) -> dict[str, Any]:
             if has_params or path.startswith("/v1"):
                 extra["422"] = _error("A field is missing or invalid")
             if "requestBody" in op:
+                extra["400"] = _error("The body is not JSON (or not UTF-8)")
                 extra["413"] = _error("The request body is too large")
             if path.startswith("/v1"):
                 extra["401"] = _error("No valid bearer token")
@@ -180,13 +192,64 @@ def _add_errors(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+# Which answers lead to which operations (OpenAPI links), for clients and for stateful
+# testing: (from operation, status) -> {link name: (to operation, {parameter: expression})}.
+_LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str]]]] = {
+    ("create_job", "201"): {
+        name: (op, {"job_id": "$response.body#/job_id"})
+        for name, op in (
+            ("GetJob", "get_job"),
+            ("ListDecisions", "list_decisions"),
+            ("GetPaths", "get_paths"),
+            ("ListJobCommands", "list_job_commands"),
+            ("ReportCheckpoint", "report_checkpoint"),
+            ("ReportIterations", "report_iterations"),
+            ("DeleteJob", "delete_job"),
+        )
+    },
+    ("register_node", "200"): {
+        "GetNode": ("get_node", {"node": "$response.body#/name"}),
+        "PollCommands": ("poll_commands", {"node": "$response.body#/name"}),
+    },
+    ("list_job_commands", "200"): {
+        "AckCommand": ("ack_command", {"command_id": "$response.body#/commands/0/command_id"}),
+    },
+    ("poll_commands", "200"): {
+        "AckCommand": ("ack_command", {"command_id": "$response.body#/commands/0/command_id"}),
+    },
+    ("create_subscription", "201"): {
+        name: (op, {"subscription_id": "$response.body#/subscription_id"})
+        for name, op in (("GetSubscription", "get_subscription"), ("Delete", "delete_subscription"))
+    },
+    ("list_deliveries", "200"): {
+        "Replay": ("replay_delivery", {"delivery_id": "$response.body#/deliveries/0/delivery_id"}),
+    },
+}
+
+
+def _add_links(doc: dict[str, Any]) -> None:
+    for item in doc.get("paths", {}).values():
+        for method in _METHODS:
+            op = item.get(method)
+            if op is None:
+                continue
+            for (source, status), links in _LINKS.items():
+                if op.get("operationId") == source and status in op.get("responses", {}):
+                    op["responses"][status]["links"] = {
+                        name: {"operationId": target, "parameters": params}
+                        for name, (target, params) in links.items()
+                    }
+
+
 def document_errors(app: FastAPI) -> None:
     """Make the OpenAPI document list every error answer with the one error body."""
     plain = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _add_errors(plain())
+            doc = _add_errors(plain())
+            _add_links(doc)
+            app.openapi_schema = doc
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -10,24 +10,45 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
+    StrictBool,
+    UrlConstraints,
     field_validator,
     model_validator,
 )
 from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
+
+def whole_number(value: Any) -> Any:
+    # JSON Schema's integers include 5.0; booleans and numeric text are not numbers here.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _given_not_null(value: Any) -> Any:
+    # Leave the field out rather than sending null: null is not a number of seconds.
+    if value is None:
+        raise ValueError("give a number, or leave the field out")
+    return value
+
+
 # Every integer fits the store's signed 64-bit columns (comm ids, unsigned 64-bit on
-# the wire, are mapped onto them by store.models.UInt64).
+# the wire, are mapped onto them by store.models.UInt64). Counts and ids stop at 2^53 - 1,
+# the largest integer every JSON parser (and a float-typed JSON Schema bound) keeps exact.
 INT64_MAX = 2**63 - 1
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
-Id64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
-RankNo = Annotated[int, Field(ge=0, le=131071)]
-GpuNo = Annotated[int, Field(ge=0, le=1023)]
-Numa = Annotated[int, Field(ge=-1, le=1023)]
-Scale = Annotated[int, Field(ge=1, le=2**20)]
+JSON_INT_MAX = 2**53 - 1
+Count = Annotated[int, Field(strict=True, ge=0, le=JSON_INT_MAX), BeforeValidator(whole_number)]
+# Path ids arrive as text: parsed, so not strict.
+Id64 = Annotated[int, Field(ge=1, le=JSON_INT_MAX)]
+RankNo = Annotated[int, Field(strict=True, ge=0, le=131071), BeforeValidator(whole_number)]
+GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
+Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]
+Scale = Annotated[int, Field(strict=True, ge=1, le=2**20), BeforeValidator(whole_number)]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
 # An RDMA device as the kernel names it (mlx5_0, rocep1s0f0, irdma1): no slashes, no dots first.
@@ -49,20 +70,38 @@ PciAddress = Annotated[
 ]
 Text = Annotated[str, Field(max_length=2000)]
 
+
+def _fits_column(url: HttpUrl) -> HttpUrl:
+    # Normalising (a trailing slash, punycode) can lengthen what was sent.
+    if len(str(url)) > 2048:
+        raise ValueError("URL longer than 2048 characters once normalised")
+    return url
+
+
+# Webhook targets: at most 2000 characters as sent, 2048 as stored.
+WebUrl = Annotated[HttpUrl, UrlConstraints(max_length=2000), AfterValidator(_fits_column)]
+
 # Durations: finite, and bounded where a bigger value can only be a typo.
 DAY_S = 86400.0
-Seconds = Annotated[float, Field(ge=0, le=DAY_S)]
-Interval = Annotated[float, Field(gt=0, le=7 * DAY_S)]
-LongSeconds = Annotated[float, Field(gt=0, le=365 * DAY_S)]
-Slowdown = Annotated[float, Field(ge=1, le=100)]
-Share = Annotated[float, Field(ge=0, le=1)]
+Seconds = Annotated[float, Field(strict=True, ge=0, le=DAY_S)]
+Interval = Annotated[float, Field(strict=True, gt=0, le=7 * DAY_S)]
+LongSeconds = Annotated[float, Field(strict=True, gt=0, le=365 * DAY_S)]
+Slowdown = Annotated[float, Field(strict=True, ge=1, le=100)]
+Share = Annotated[float, Field(strict=True, ge=0, le=1)]
 
 
 def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
+def _text_time(value: Any) -> Any:
+    # A bare number would pass as a Unix time; the API takes RFC 3339 text only.
+    if not isinstance(value, (str, datetime)):
+        raise ValueError("give an RFC 3339 time with its offset, e.g. 2026-11-01T12:00:00Z")
+    return value
+
+
+UtcTime = Annotated[AwareDatetime, BeforeValidator(_text_time), AfterValidator(_utc)]
 
 
 def _is_text_safe(value: str) -> bool:
@@ -85,7 +124,8 @@ def _check_text(value: Any) -> None:
 
 class Strict(BaseModel):
     """Unknown fields are refused so a typo never silently means "use the default";
-    numbers are finite (JSON's Infinity and NaN are refused) and text is storable."""
+    numbers are finite (JSON's Infinity and NaN are refused) and text is storable.
+    Numbers, booleans and times are strict (false is not 0, 1 is not a time)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -105,24 +145,26 @@ class GpuIn(Strict):
     numa: Numa | None = None
     pcie_switch: Label | None = None
     root_complex: Label | None = None
-    nvlink: bool = False
+    nvlink: StrictBool = False
 
 
 class RnicIn(Strict):
     name: DeviceName
-    port: Annotated[int, Field(ge=1, le=255)] = 1
+    port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)] = 1
     pci: PciAddress | Literal[""] = ""
     numa: Numa | None = None
     pcie_switch: Label | None = None
     root_complex: Label | None = None
-    rate_gbps: Annotated[float, Field(ge=0, le=10000)] = 0.0
-    link_layer: Label | None = None
+    rate_gbps: Annotated[float, Field(strict=True, ge=0, le=10000)] = 0.0
+    link_layer: Annotated[Label, Field(max_length=32)] | None = None
     netdev: Label | None = None
     switch: Label | None = Field(
         default=None, description="Fabric switch this port is cabled to; null = not GPU fabric"
     )
-    rail: Annotated[int, Field(ge=0, le=1023)] | None = None
-    state: Label = "ACTIVE"
+    rail: (
+        Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)] | None
+    ) = None
+    state: Annotated[Label, Field(max_length=32)] = "ACTIVE"
 
 
 class NodeIn(Strict):
@@ -169,7 +211,9 @@ class RankIn(Strict):
     gpu: GpuNo
 
 
-CommId = Annotated[int, Field(ge=0, lt=2**64, description="The CCL's 64-bit communicator id")]
+CommId = Annotated[
+    int, Field(strict=True, ge=0, lt=2**64, description="The CCL's 64-bit communicator id")
+]
 
 # The retransmission timeout is timeout_s, or derived from both IB fields.
 _TIMEOUT_GIVEN: JsonDict = {
@@ -185,8 +229,10 @@ _IB_PAIR: JsonDict = {
 
 
 class CommunicatorIn(Strict):
-    comm_id: Annotated[int, Field(gt=0, lt=2**64, description="The CCL's 64-bit communicator id")]
-    channels: Annotated[int, Field(ge=1, le=64)] = 8
+    comm_id: Annotated[
+        int, Field(strict=True, gt=0, lt=2**64, description="The CCL's 64-bit communicator id")
+    ]
+    channels: Annotated[int, Field(strict=True, ge=1, le=64), BeforeValidator(whole_number)] = 8
     ranks: Annotated[list[RankNo], Field(max_length=131072)] = Field(
         default_factory=list, description="Job ranks in this communicator; empty = all"
     )
@@ -204,8 +250,14 @@ class JobIn(Strict):
     timeout_s: Seconds | SkipJsonSchema[None] = Field(
         default=None, description="RNIC retransmission timeout; or give ib_timeout and ib_retry_cnt"
     )
-    ib_timeout: Annotated[int, Field(ge=0, le=31)] | SkipJsonSchema[None] = None
-    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | SkipJsonSchema[None] = None
+    ib_timeout: (
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)]
+        | SkipJsonSchema[None]
+    ) = None
+    ib_retry_cnt: (
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)]
+        | SkipJsonSchema[None]
+    ) = None
     last_checkpoint_at: UtcTime
     last_checkpoint_iteration: Count | None = None
     slowdown_k: Slowdown | None = Field(
@@ -217,18 +269,24 @@ class JobIn(Strict):
     dp_size: Scale = 1
     tp_size: Scale = 1
     pp_size: Scale = 1
-    allow_scaling: bool = Field(
+    allow_scaling: StrictBool = Field(
         default=False, description="The job can restart without a node, shrinking DP"
     )
-    spare_nodes: bool = Field(default=True, description="A healthy spare node is ready for restart")
+    spare_nodes: StrictBool = Field(
+        default=True, description="A healthy spare node is ready for restart"
+    )
     node_replace_s: Seconds = 0.0
-    notify_url: Annotated[HttpUrl, Field(max_length=2048)] | None = None
+    notify_url: WebUrl | None = None
     communicators: Annotated[list[CommunicatorIn], Field(max_length=1024)] = Field(
         default_factory=list,
         description="CCL communicators whose progress the agents report, for switch points",
     )
     repair_estimate_s: LongSeconds | None = Field(
         default=None, description="How long a failed RNIC/link takes to repair here"
+    )
+
+    _no_null = field_validator("timeout_s", "ib_timeout", "ib_retry_cnt", mode="before")(
+        _given_not_null
     )
 
     @model_validator(mode="after")
@@ -297,7 +355,9 @@ class CheckpointOut(BaseModel):
     at: datetime
     iteration: int | None
     kind: str
-    current: bool = Field(description="True when this is now the job's newest usable checkpoint")
+    current: StrictBool = Field(
+        description="True when this is now the job's newest usable checkpoint"
+    )
 
 
 # --- events ----------------------------------------------------------------
@@ -322,14 +382,24 @@ class EventIn(Strict):
     node: Name
     kind: EventKind
     device: DeviceName | None = None
-    port: Annotated[int, Field(ge=1, le=255)] | None = None
-    wc_status: Annotated[int, Field(ge=0, le=255)] | None = None
-    vendor_err: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None
-    event_type: Annotated[int, Field(ge=0, le=255)] | None = None
+    port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)] | None = (
+        None
+    )
+    wc_status: (
+        Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)] | None
+    ) = None
+    vendor_err: (
+        Annotated[int, Field(strict=True, ge=0, le=2**32 - 1), BeforeValidator(whole_number)] | None
+    ) = None
+    event_type: (
+        Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)] | None
+    ) = None
     counter: Label | None = None
     delta: Count | None = None
     comm_id: CommId | None = None
-    rank: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    rank: (
+        Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), BeforeValidator(whole_number)] | None
+    ) = None
     ops_done: Count | None = None
     observed_at: UtcTime = Field(
         description="When the agent saw it; at most observed_at_future_skew_s ahead of the "
@@ -339,8 +409,12 @@ class EventIn(Strict):
         dict[
             Annotated[str, Field(min_length=1, max_length=64)],
             Annotated[str, Field(max_length=256)]
-            | Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
-            | Annotated[float, Field(ge=-1e12, le=1e12)]
+            | Annotated[
+                int,
+                Field(strict=True, ge=-JSON_INT_MAX, le=JSON_INT_MAX),
+                BeforeValidator(whole_number),
+            ]
+            | Annotated[float, Field(strict=True, ge=-1e12, le=1e12)]
             | bool
             | None,
         ],
@@ -362,7 +436,7 @@ class PortUpEvent(_OnDevice):
 
 class CqeErrorEvent(_OnDevice):
     kind: Literal[EventKind.CQE_ERROR]
-    wc_status: Annotated[int, Field(ge=0, le=255)]
+    wc_status: Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)]
 
 
 class DeviceFatalEvent(_OnDevice):
@@ -419,14 +493,15 @@ class EventsAccepted(BaseModel):
 
 class IterationsIn(Strict):
     iteration_time_s: Annotated[
-        list[Annotated[float, Field(gt=0, le=DAY_S)]], Field(min_length=1, max_length=1000)
+        list[Annotated[float, Field(strict=True, gt=0, le=DAY_S)]],
+        Field(min_length=1, max_length=1000),
     ]
 
 
 class IterationsOut(BaseModel):
     job_id: str
     samples: int
-    degraded: bool = Field(description="True when these were taken while failed over")
+    degraded: StrictBool = Field(description="True when these were taken while failed over")
     measured_k: float | None
     trustworthy: bool
     detail: str
@@ -469,10 +544,10 @@ class DecisionInputsOut(BaseModel):
     threshold_s: float
     gpus: int
     concurrent_faults: int = 0
-    path_available: bool = True
+    path_available: StrictBool = True
     dp_size: int = 1
-    allow_scaling: bool = False
-    spare_nodes: bool = True
+    allow_scaling: StrictBool = False
+    spare_nodes: StrictBool = True
     node_replace_s: float = 0.0
 
 
@@ -499,23 +574,35 @@ class EvaluateIn(Strict):
     model_config = ConfigDict(json_schema_extra={"allOf": [_IB_PAIR]})
 
     checkpoint_interval_s: Interval
-    t_elapsed_s: Annotated[float, Field(ge=0, le=365 * DAY_S)]
+    t_elapsed_s: Annotated[float, Field(strict=True, ge=0, le=365 * DAY_S)]
     reload_s: Seconds
     detect_s: Seconds = 0.0
     timeout_s: Seconds | SkipJsonSchema[None] = None
-    ib_timeout: Annotated[int, Field(ge=0, le=31)] | SkipJsonSchema[None] = None
-    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | SkipJsonSchema[None] = None
+    ib_timeout: (
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)]
+        | SkipJsonSchema[None]
+    ) = None
+    ib_retry_cnt: (
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)]
+        | SkipJsonSchema[None]
+    ) = None
     k: Slowdown | None = None
     comm_share: Share | None = None
-    bandwidth_left: Annotated[float, Field(gt=0, le=1)] | None = None
-    concurrent_faults: Annotated[int, Field(ge=1, le=1024)] = 1
+    bandwidth_left: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    concurrent_faults: Annotated[
+        int, Field(strict=True, ge=1, le=1024), BeforeValidator(whole_number)
+    ] = 1
     gpus: Scale = 1
-    path_available: bool = True
-    healed: bool = False
+    path_available: StrictBool = True
+    healed: StrictBool = False
     dp_size: Scale = 1
-    allow_scaling: bool = False
-    spare_nodes: bool = True
+    allow_scaling: StrictBool = False
+    spare_nodes: StrictBool = True
     node_replace_s: Seconds = 0.0
+
+    _no_null = field_validator("timeout_s", "ib_timeout", "ib_retry_cnt", mode="before")(
+        _given_not_null
+    )
 
     @model_validator(mode="after")
     def _timeout(self) -> EvaluateIn:

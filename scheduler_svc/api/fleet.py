@@ -28,7 +28,7 @@ from scheduler_svc.fleet.schemas import (
     SubscriptionOut,
 )
 from scheduler_svc.fleet.types import EventType
-from scheduler_svc.schemas import INT64_MAX, Id64, JobId
+from scheduler_svc.schemas import JSON_INT_MAX, Id64, JobId
 
 router = routing.router(prefix="/v1", tags=["fleet"])
 AUTH = responses(Unauthorized, Forbidden)
@@ -97,7 +97,7 @@ def list_deliveries(
     ] = None,
     job_id: JobId | None = None,
     event_type: EventType | None = None,
-    after_id: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    after_id: Annotated[int, Query(ge=0, le=JSON_INT_MAX)] = 0,
     limit: Limit = 100,
 ) -> DeliveryList:
     """Deliveries in outbox order; state=dead lists the dead letters."""
@@ -139,7 +139,7 @@ def list_audit(
     _: FleetAuth,
     *,
     token_id: Annotated[str | None, Query(max_length=32, pattern=r"^[0-9a-f]{1,32}$")] = None,
-    before_id: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=JSON_INT_MAX)] = None,
     limit: Limit = 100,
 ) -> AuditList:
     """State-changing calls, newest first: who (token, role), what and when."""

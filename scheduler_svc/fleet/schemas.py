@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, HttpUrl
+from pydantic import BaseModel, BeforeValidator, Field
 
 from scheduler_svc.fleet.types import EventType
-from scheduler_svc.schemas import INT64_MAX, JobId, Strict
+from scheduler_svc.schemas import JSON_INT_MAX, JobId, Strict, WebUrl, whole_number
 
 DeliveryState = Literal["pending", "delivered", "dead", "cancelled"]
 SubscriptionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^sub_[0-9a-f]{1,32}$")]
@@ -17,7 +17,7 @@ TARGET_PATTERN = r"^(sub:sub_[0-9a-f]{1,32}|job:[A-Za-z0-9][\w.:-]{0,127}|k8s|sl
 
 
 class SubscriptionIn(Strict):
-    url: Annotated[HttpUrl, Field(max_length=2048)]
+    url: WebUrl
     event_types: Annotated[list[EventType], Field(max_length=64)] = Field(
         default_factory=list, description="Only these event types; empty for all"
     )
@@ -76,7 +76,15 @@ class DeliveryList(BaseModel):
 
 class ReplayIn(Strict):
     delivery_ids: (
-        Annotated[list[Annotated[int, Field(ge=1, le=INT64_MAX)]], Field(max_length=10000)] | None
+        Annotated[
+            list[
+                Annotated[
+                    int, Field(strict=True, ge=1, le=JSON_INT_MAX), BeforeValidator(whole_number)
+                ]
+            ],
+            Field(max_length=10000),
+        ]
+        | None
     ) = Field(
         default=None, description="These dead deliveries; unset for every dead one matching target"
     )
