@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from railover_testing.processes import Agent, Service, stop_all, store_rows, wait_for
 from railover_testing.sysfs_fixture import build_cluster, bump_counter, set_port_state
 from scheduler_svc.store.db import upgrade
-from tests.crash.harness import Agent, Service, stop_all, store_rows, wait_for
 from tests.scheduler_svc.helpers import job_body
 
 NODES = [f"c{i:02d}" for i in range(16)]
@@ -29,7 +29,7 @@ ROUNDS = 4  # 16 nodes x 8 ports x 2 counters x 4 rounds = 1,024 counter events,
 def test_kill_9_mid_storm_loses_and_doubles_nothing(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'railover.db'}"
     upgrade(db_url)
-    service = Service(db_url, tmp_path, RAILOVER_COMMAND_ACK_TIMEOUT_S="2").start()
+    service = Service(db_url, tmp_path, env={"RAILOVER_COMMAND_ACK_TIMEOUT_S": "2"}).start()
     cluster = build_cluster(tmp_path / "nodes", NODES)
     agents = [Agent(n, node, rails, tmp_path, service.url) for n, (node, rails) in cluster.items()]
     try:
@@ -61,12 +61,12 @@ def test_kill_9_mid_storm_loses_and_doubles_nothing(tmp_path: Path) -> None:
                 f"round {r} spooled",
             )
 
-        for r in range(ROUNDS):
-            if r == ROUNDS // 2:
+        for rnd in range(ROUNDS):
+            if rnd == ROUNDS // 2:
                 wait_for(lambda: _stored(db_url) >= 300, 60, "300 events stored before the kill")
                 service.kill9()
-            storm_round(r)
-            if r == ROUNDS // 2:
+            storm_round(rnd)
+            if rnd == ROUNDS // 2:
                 service.start()
         for a in (agents[1], agents[9]):
             set_port_state(a.node.root, "mlx5_2", 1, "ACTIVE")

@@ -6,6 +6,7 @@ restart, so what survives is only what the store and the agents' spools hold.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -13,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -46,20 +48,22 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 
 class Service:
     """`railover serve` on a fixed loopback port; killed and restarted on the same one."""
 
-    def __init__(self, db_url: str, work: Path, port: int | None = None, **env: str) -> None:
+    def __init__(
+        self, db_url: str, work: Path, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.db_url = db_url
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.work = work
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAILOVER_")}
-        self.env.update({"RAILOVER_LOG_LEVEL": "WARNING", **env})
+        self.env.update({"RAILOVER_LOG_LEVEL": "WARNING", **(env or {})})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> Service:
         self.starts += 1
         log = (self.work / f"serve-{self.port}-{self.starts}.log").open("wb")
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # noqa: S603  our own console script
             [str(RAILOVER), "serve", "--db", self.db_url, "--port", str(self.port)],
             env=self.env,
             stdout=log,
@@ -123,7 +127,9 @@ class Agent:
         self.log_path = work / name / "agent.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen([str(AGENT)], env=env, stdout=out, stderr=out)
+            self.proc = subprocess.Popen(  # noqa: S603  our own console script
+                [str(AGENT)], env=env, stdout=out, stderr=out
+            )
 
     def metrics(self) -> dict[str, float]:
         """Sample name{labels} -> value from its /metrics."""
@@ -185,19 +191,20 @@ def pg_bindir() -> Path | None:
 class Cluster:
     """initdb + pg_ctl on a free port, owned by an unprivileged user when run as root."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self) -> None:
         bindir = pg_bindir()
         assert bindir is not None, "PostgreSQL server binaries (initdb, pg_ctl) are needed"
         self.bin = bindir
         self.port = free_port()
-        self.dir = work / "pgdata"
-        self.sock = Path(short_socket_path()).parent
+        # Its own directory under /tmp: pytest's tmp_path is private to the test's user.
+        self.root = Path(tempfile.mkdtemp(prefix="railover-pg-", dir="/tmp"))
+        self.dir = self.root / "data"
+        self.sock = self.root
         self.user: str | None = None
         if os.geteuid() == 0:
             # initdb refuses to run as root.
             self.user = "postgres" if _has_user("postgres") else "nobody"
-            shutil.chown(work, self.user)
-            shutil.chown(self.sock, self.user)
+            shutil.chown(self.root, self.user)
         self._run("initdb", "-D", str(self.dir), "-U", "postgres", "-A", "trust", "--no-sync")
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
@@ -205,7 +212,7 @@ class Cluster:
         cmd = [str(self.bin / tool), *args]
         if self.user is not None:
             cmd = ["runuser", "-u", self.user, "--", *cmd]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)  # noqa: S603
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.sock} -c listen_addresses=127.0.0.1 -c fsync=off"
@@ -219,6 +226,12 @@ class Cluster:
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.dir), "-m", "immediate", "-w", "stop")
+
+    def remove(self) -> None:
+        """Stop it if running and delete its files."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _has_user(name: str) -> bool:
