@@ -20,20 +20,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
-from pydantic.json_schema import SkipJsonSchema
 
 
 def whole_number(value: Any) -> Any:
     # JSON Schema's integers include 5.0; booleans and numeric text are not numbers here.
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return value
-
-
-def _given_not_null(value: Any) -> Any:
-    # Leave the field out rather than sending null: null is not a number of seconds.
-    if value is None:
-        raise ValueError("give a number, or leave the field out")
     return value
 
 
@@ -215,15 +207,22 @@ CommId = Annotated[
     int, Field(strict=True, ge=0, lt=2**64, description="The CCL's 64-bit communicator id")
 ]
 
+
 # The retransmission timeout is timeout_s, or derived from both IB fields.
-_TIMEOUT_GIVEN: JsonDict = {
-    "anyOf": [{"required": ["timeout_s"]}, {"required": ["ib_timeout", "ib_retry_cnt"]}]
-}
+# A field "given" is present and not null; null counts as left out.
+def _given(*names: str) -> JsonDict:
+    return {
+        "required": list(names),
+        "properties": {n: {"not": {"type": "null"}} for n in names},
+    }
+
+
+_TIMEOUT_GIVEN: JsonDict = {"anyOf": [_given("timeout_s"), _given("ib_timeout", "ib_retry_cnt")]}
 # ib_timeout and ib_retry_cnt come together or not at all.
 _IB_PAIR: JsonDict = {
     "anyOf": [
-        {"required": ["ib_timeout", "ib_retry_cnt"]},
-        {"not": {"anyOf": [{"required": ["ib_timeout"]}, {"required": ["ib_retry_cnt"]}]}},
+        _given("ib_timeout", "ib_retry_cnt"),
+        {"not": {"anyOf": [_given("ib_timeout"), _given("ib_retry_cnt")]}},
     ]
 }
 
@@ -246,17 +245,15 @@ class JobIn(Strict):
     checkpoint_interval_s: Interval
     reload_s: Seconds
     detect_s: Seconds = 0.0
-    # Not nullable in the document: give it, or give the IB pair instead.
-    timeout_s: Seconds | SkipJsonSchema[None] = Field(
+    # Give it, or give the IB pair instead (the document's allOf says so).
+    timeout_s: Seconds | None = Field(
         default=None, description="RNIC retransmission timeout; or give ib_timeout and ib_retry_cnt"
     )
     ib_timeout: (
-        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)]
-        | SkipJsonSchema[None]
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)] | None
     ) = None
     ib_retry_cnt: (
-        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)]
-        | SkipJsonSchema[None]
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)] | None
     ) = None
     last_checkpoint_at: UtcTime
     last_checkpoint_iteration: Count | None = None
@@ -283,10 +280,6 @@ class JobIn(Strict):
     )
     repair_estimate_s: LongSeconds | None = Field(
         default=None, description="How long a failed RNIC/link takes to repair here"
-    )
-
-    _no_null = field_validator("timeout_s", "ib_timeout", "ib_retry_cnt", mode="before")(
-        _given_not_null
     )
 
     @model_validator(mode="after")
@@ -577,14 +570,12 @@ class EvaluateIn(Strict):
     t_elapsed_s: Annotated[float, Field(strict=True, ge=0, le=365 * DAY_S)]
     reload_s: Seconds
     detect_s: Seconds = 0.0
-    timeout_s: Seconds | SkipJsonSchema[None] = None
+    timeout_s: Seconds | None = None
     ib_timeout: (
-        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)]
-        | SkipJsonSchema[None]
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)] | None
     ) = None
     ib_retry_cnt: (
-        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)]
-        | SkipJsonSchema[None]
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)] | None
     ) = None
     k: Slowdown | None = None
     comm_share: Share | None = None
@@ -599,10 +590,6 @@ class EvaluateIn(Strict):
     allow_scaling: StrictBool = False
     spare_nodes: StrictBool = True
     node_replace_s: Seconds = 0.0
-
-    _no_null = field_validator("timeout_s", "ib_timeout", "ib_retry_cnt", mode="before")(
-        _given_not_null
-    )
 
     @model_validator(mode="after")
     def _timeout(self) -> EvaluateIn:
