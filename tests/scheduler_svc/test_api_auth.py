@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -213,3 +216,30 @@ def test_settings_for_a_routable_bind_never_open_anonymous_access(settings: Sett
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def test_token_create_expires_in(settings: Settings) -> None:
+    railover = Path(sys.executable).with_name("railover")
+    db = ["--db", settings.db_url]
+    made = subprocess.run(
+        [str(railover), "token", "create", "--role", "fleet", "--expires-in", "2h", *db],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    plain = made.stdout.strip()
+    bad = subprocess.run(
+        [str(railover), "token", "create", "--role", "fleet", "--expires-in", "soon", *db],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--expires-in" in bad.stderr
+    engine = make_engine(settings.sqlalchemy_url)
+    with make_sessionmaker(engine)() as s:
+        now = datetime.now(UTC)
+        row = TokenRepo(s).by_plain(plain, now)
+        assert row is not None and row.expires_at is not None
+        assert timedelta(hours=1.9) < row.expires_at - now <= timedelta(hours=2)
+        assert TokenRepo(s).by_plain(plain, now + timedelta(hours=3)) is None
+    engine.dispose()
