@@ -116,8 +116,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(exc.status_code, exc.body(), headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _render(422, _validation_body(exc))
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        body = _validation_body(exc)
+        sent = request.headers.get("content-type", "")
+        if "json" not in sent and any(p.field == "body" for p in body.fields):
+            # A body that was not read as JSON at all, e.g. curl -d without a header.
+            as_sent = sent or "no Content-Type"
+            hint = f"sent as {as_sent}; send JSON with Content-Type: application/json"
+            body = ErrorBody(
+                error="invalid",
+                detail=f"body: {hint}",
+                fields=[FieldProblem(field="body", problem=hint)],
+            )
+        return _render(422, body)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

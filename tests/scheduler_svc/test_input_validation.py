@@ -199,3 +199,16 @@ def test_one_error_body_for_routes_methods_and_syntax(
     )
     refused(r, 413, "body")
     assert snapshot(http) == cluster
+
+
+def test_a_body_sent_without_json_content_type_says_so(
+    http: httpx.Client, cluster: dict[str, Any]
+) -> None:
+    r = http.post(
+        "/v1/jobs",
+        content=json.dumps(job_body("j2", ["n0"])),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    body = refused(r, 422, "body")
+    assert "Content-Type: application/json" in body["detail"]
+    assert snapshot(http) == cluster
