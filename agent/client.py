@@ -4,6 +4,13 @@ A call either returns the service's answer, raises ``Rejected`` (the service
 understood and refused: retrying the same request cannot help), or raises
 ``Unavailable`` (no answer, 5xx, 429, auth trouble: try again later). Callers
 loop on; nothing here ends the agent.
+
+``ServerFault`` is the ``Unavailable`` of a 500 (or another 5xx that is not a
+gateway or outage answer): the service took the request and broke on it. That
+may pass, or may be one event the service cannot digest; the reporting loop
+retries it a bounded number of rounds, then bisects the batch to find it
+(agent/runner.py). 502, 503 and 504 say the service or its store is away, and
+are retried for as long as that lasts.
 """
 
 from __future__ import annotations
@@ -41,6 +48,17 @@ class Unavailable(ServiceError):
 
 class Rejected(ServiceError):
     """The service refused this request as it stands."""
+
+
+class ServerFault(Unavailable):
+    """The service failed on this request (HTTP 500 and kin): maybe the request itself."""
+
+
+# Rounds of retries (each one a backed-off call of `attempts` tries) that a batch
+# answered with a server fault gets before it is bisected to find the event at fault.
+SERVER_FAULT_ROUNDS = 3
+# Statuses that say the service, a gateway or the store is away, not that it broke.
+_OUTAGE = frozenset({502, 503, 504})
 
 
 class _Retryable(Exception):
@@ -121,6 +139,8 @@ class ServiceClient:
         if code < 300:
             return resp
         body = resp.text[:2000]
+        if code >= 500 and code not in _OUTAGE:
+            raise _Retryable(ServerFault(f"{endpoint}: HTTP {code}: {body}", code, body))
         if code in _TRANSIENT:
             raise _Retryable(Unavailable(f"{endpoint}: HTTP {code}: {body}", code, body))
         if code in (401, 403):

@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 
 from agent import metrics
-from agent.client import Backoff, Rejected, ServiceClient, Unavailable
+from agent.client import (
+    SERVER_FAULT_ROUNDS,
+    Backoff,
+    Rejected,
+    ServerFault,
+    ServiceClient,
+    Unavailable,
+)
 from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorContext, Supervisor
 from agent.config import AgentSettings
 from agent.events import Event
@@ -58,6 +65,8 @@ class Agent:
         metrics.watch_own_process(settings.proc_root)
         self.registered: str | None = None
         self._rejected_topology: str | None = None
+        # Server-fault rounds of the batch at the spool's head, by its first seq.
+        self._server_fault_rounds: dict[int, int] = {}
         self.last_poll: float | None = None
         self.metrics_port: int | None = None
         # asyncio.Event binds to a loop only when first awaited, so these can
@@ -193,10 +202,34 @@ class Agent:
         )
         return True
 
-    async def _send(self, batch: list[tuple[int, Event]]) -> None:
-        """Send a batch; find and set aside events the service refuses one by one."""
+    async def _send(self, batch: list[tuple[int, Event]], bisecting: bool = False) -> None:
+        """Send a batch; find and set aside events the service refuses one by one.
+
+        A batch the service keeps failing on (500) is retried SERVER_FAULT_ROUNDS
+        rounds with the loop's backoff, then halved until the event at fault is
+        alone; that one gets its own rounds and is then dead-lettered, so the
+        events behind it (later faults of this node) still arrive.
+        """
         try:
             accepted, duplicates = await self.client.post_events([ev for _, ev in batch])
+        except ServerFault as exc:
+            if not bisecting:
+                head = batch[0][0]
+                rounds = self._server_fault_rounds.get(head, 0) + 1
+                if rounds < SERVER_FAULT_ROUNDS:
+                    self._server_fault_rounds = {head: rounds}
+                    raise  # the loop backs off and sends the same head again
+                self._server_fault_rounds = {}
+                if len(batch) == 1:
+                    self._dead_letter_fault(batch[0], exc, rounds)
+                    return
+            if len(batch) > 1:
+                mid = len(batch) // 2
+                await self._send(batch[:mid], bisecting=True)
+                await self._send(batch[mid:], bisecting=True)
+                return
+            await self._send_alone(batch[0], exc)
+            return
         except Rejected as exc:
             # A 404 most likely means our node is unknown (the service lost its
             # store): re-register once, then treat it as a refusal.
@@ -208,13 +241,36 @@ class Agent:
                 self.spool.dead_letter(seq, ev, str(exc))
                 return
             mid = len(batch) // 2
-            await self._send(batch[:mid])
-            await self._send(batch[mid:])
+            await self._send(batch[:mid], bisecting)
+            await self._send(batch[mid:], bisecting)
             return
+        self._server_fault_rounds = {}
         self.spool.remove([seq for seq, _ in batch])
         metrics.EVENTS_SENT.inc(len(batch))
         metrics.EVENTS_DUPLICATE.inc(duplicates)
         log.debug("sent %d events (%d new, %d duplicates)", len(batch), accepted, duplicates)
+
+    async def _send_alone(self, item: tuple[int, Event], exc: ServerFault) -> None:
+        """One event found while bisecting: its own rounds, then the dead letter."""
+        seq, ev = item
+        for rounds in range(1, SERVER_FAULT_ROUNDS):
+            await asyncio.sleep(min(2.0, 0.2 * 2**rounds))
+            try:
+                await self.client.post_events([ev])
+            except ServerFault as again:
+                exc = again
+                continue
+            except Rejected as refused:
+                self.spool.dead_letter(seq, ev, str(refused))
+                return
+            self.spool.remove([seq])
+            metrics.EVENTS_SENT.inc()
+            return
+        self._dead_letter_fault(item, exc, SERVER_FAULT_ROUNDS)
+
+    def _dead_letter_fault(self, item: tuple[int, Event], exc: ServerFault, rounds: int) -> None:
+        seq, ev = item
+        self.spool.dead_letter(seq, ev, f"{exc} (after {rounds} rounds)", cause="server_error")
 
     async def _report_loop(self) -> None:
         backoff = Backoff(0.2, self.settings.retry_max_backoff_s)

@@ -156,8 +156,9 @@ class Spool:
         self._depth = self._count()
         metrics.SPOOL_EVENTS.set(self._depth)
 
-    def dead_letter(self, seq: int, ev: Event, reason: str) -> None:
-        """Set aside an event the service refuses outright, so it cannot block the rest."""
+    def dead_letter(self, seq: int, ev: Event, reason: str, cause: str = "rejected") -> None:
+        """Set aside an event the service refuses outright (cause "rejected") or keeps
+        failing on ("server_error"), so it cannot block the rest."""
         self._db.execute("BEGIN IMMEDIATE")
         self._db.execute(
             "INSERT OR REPLACE INTO dead_letter (event_id, body, reason) VALUES (?, ?, ?)",
@@ -167,8 +168,16 @@ class Spool:
         self._db.execute("COMMIT")
         self._depth = self._count()
         metrics.SPOOL_EVENTS.set(self._depth)
-        metrics.EVENTS_DROPPED.labels(ev["kind"], "rejected").inc()
-        log.error("service rejected event %s (%s): %s", ev["event_id"], ev["kind"], reason)
+        metrics.EVENTS_DROPPED.labels(ev["kind"], cause).inc()
+        verb = "rejected" if cause == "rejected" else "keeps failing on"
+        log.error(
+            "dead-lettered event %s (%s, device %s): the service %s it: %s",
+            ev["event_id"],
+            ev["kind"],
+            ev.get("device", "-"),
+            verb,
+            reason,
+        )
 
     def dead_letters(self) -> list[tuple[Event, str]]:
         rows = self._db.execute("SELECT body, reason FROM dead_letter ORDER BY at").fetchall()

@@ -139,6 +139,8 @@ class StandInState:
     poison: set[str] = field(default_factory=set)
     # Respond 503 to the next N event posts.
     fail_next: int = 0
+    # Event ids the stand-in breaks on: any batch holding one is answered 500, always.
+    crash_on: set[str] = field(default_factory=set)
     token: str | None = None
     lock: threading.Condition = field(default_factory=threading.Condition)
 
@@ -201,6 +203,9 @@ class StandInService:
                             self._send(503, {"error": "unavailable", "detail": "test"})
                             return
                         evs = body["events"]
+                        if any(e["event_id"] in st.crash_on for e in evs):
+                            self._send(500, {"error": "internal_error", "detail": "test"})
+                            return
                         bad = [e["event_id"] for e in evs if e["event_id"] in st.poison]
                         if bad:
                             self._send(422, {"error": "invalid", "detail": f"events: {bad}"})

@@ -13,7 +13,7 @@ import logging
 import socket
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -129,7 +129,7 @@ def serve(
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
     with make_sessionmaker(engine)() as session:
-        tokens = TokenRepo(session).count_active()
+        tokens = TokenRepo(session).count_active(datetime.now(UTC))
     engine.dispose()
     if not is_loopback(settings.host) and tokens == 0:
         typer.echo(
@@ -194,11 +194,29 @@ def _bind(host: str, port: int) -> socket.socket:
         )
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> timedelta | None:
+    """'3600', '90m', '12h', '30d' as a positive duration of at most ten years."""
+    text = text.strip().lower()
+    unit = _UNITS.get(text[-1:])
+    number = text[:-1] if unit is not None else text
+    if not number.isdigit():
+        return None
+    seconds = int(number) * (unit or 1)
+    return timedelta(seconds=seconds) if 0 < seconds <= 3650 * 86400 else None
+
+
 @token_app.command("create")
 def token_create(
     role: Annotated[Role, typer.Option(help="agent (one node), fleet (read/write) or viewer")],
     node: Annotated[str | None, typer.Option(help="The node an agent token speaks for")] = None,
     description: Annotated[str, typer.Option(help="Free text kept with the token")] = "",
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="Stop working after this long: 3600, 90m, 12h or 30d; unset: never"),
+    ] = None,
     db: DbOpt = None,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
@@ -214,12 +232,23 @@ def token_create(
     if role != Role.AGENT and node:
         typer.echo("--node applies to agent tokens only", err=True)
         raise typer.Exit(2)
+    lifetime = None
+    if expires_in is not None:
+        lifetime = _duration(expires_in)
+        if lifetime is None:
+            typer.echo(f"--expires-in {expires_in!r}: give seconds, or 90m, 12h, 30d", err=True)
+            raise typer.Exit(2)
     settings = _settings(db)
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
+    now = datetime.now(UTC)
     with unit_of_work(make_sessionmaker(engine)) as session:
         row, plain = TokenRepo(session).create(
-            role=role.value, node=node, description=description, now=datetime.now(UTC)
+            role=role.value,
+            node=node,
+            description=description,
+            now=now,
+            expires_at=None if lifetime is None else now + lifetime,
         )
     engine.dispose()
     typer.echo(
@@ -251,8 +280,8 @@ def token_bootstrap(db: DbOpt = None) -> None:
     with make_sessionmaker(engine)() as session, session.begin():
         take_bootstrap_lock(session)
         repo = TokenRepo(session)
-        if repo.count_active() == 0:
-            now = datetime.now(UTC)
+        now = datetime.now(UTC)
+        if repo.count_active(now) == 0:
             for role, what in (("fleet", "bootstrap"), ("viewer", "status page")):
                 _, plain = repo.create(role=role, node=None, description=what, now=now)
                 created.append((role, plain))

@@ -199,8 +199,18 @@ class Settings(BaseSettings):
     commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = Field(
         default=30.0, description="Longest long-poll an agent may ask for on /v1/commands"
     )
-    max_events_per_request: Annotated[int, Field(ge=1)] = Field(
-        default=1000, description="Events one agent request may carry"
+    max_events_per_request: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=1000,
+        description="Events one agent request may carry (the schema caps a batch at 1000)",
+    )
+    max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 2**20)] = Field(
+        default=16 * 2**20, description="Request bodies over this are refused with 413 unparsed"
+    )
+    # A wrong agent clock must not pass for "long since the checkpoint".
+    observed_at_future_skew_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=300.0,
+        description="Events observed further ahead of the service's clock are refused; old "
+        "ones are accepted and decided as old",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the service"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from scheduler_svc.config import Settings
+from scheduler_svc.config import Settings, is_loopback
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.schemas import Role
 from scheduler_svc.store.repositories import TokenRepo
@@ -92,20 +92,46 @@ def get_principal(
         # Its own short read, not the request's session: a long-poll must not
         # hold a transaction (and SQLite's write lock) open while it waits.
         with request.app.state.read_sessionmaker() as session:
-            token = TokenRepo(session).by_plain(creds.credentials)
+            token = TokenRepo(session).by_plain(creds.credentials, datetime.now(UTC))
             found = (
                 None if token is None else Principal(token.token_id, Role(token.role), token.node)
             )
             session.rollback()
         if found is None:
-            raise Unauthorized("Authorization: token unknown or revoked")
+            raise Unauthorized("Authorization: token unknown, revoked or expired")
         request.state.principal = found  # for the audit log (fleet.service.audit_requests)
         return found
-    if request.app.state.anonymous:
+    if anonymous_open(request):
         anonymous = Principal(None, Role.FLEET)
         request.state.principal = anonymous
         return anonymous
     raise Unauthorized("Authorization: bearer token required")
+
+
+def _loopback_peer(address: object) -> bool:
+    host = address[0] if isinstance(address, (tuple, list)) and address else None
+    return isinstance(host, str) and is_loopback(host)
+
+
+def anonymous_open(request: Request) -> bool:
+    """Whether this request may go without a token.
+
+    Only when the app was configured for a loopback bind (main.py's lifespan), the
+    connection itself is loopback at both ends (so an app served some other way on a
+    routable address, `uvicorn --host 0.0.0.0` say, never answers a remote caller),
+    and, read now rather than at start, no usable token exists: the first
+    `railover token create` closes it for the next request.
+    """
+    if not getattr(request.app.state, "anonymous_allowed", False):
+        return False
+    if not (
+        _loopback_peer(request.scope.get("client")) and _loopback_peer(request.scope.get("server"))
+    ):
+        return False
+    with request.app.state.read_sessionmaker() as session:
+        taken = TokenRepo(session).any_active(datetime.now(UTC))
+        session.rollback()
+    return not taken
 
 
 def require(*roles: Role) -> Callable[[Principal], Principal]:

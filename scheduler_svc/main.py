@@ -7,10 +7,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from scheduler_svc import __version__, metrics
 from scheduler_svc.api import (
@@ -26,8 +25,8 @@ from scheduler_svc.api import (
     status,
 )
 from scheduler_svc.api import fleet as fleet_api
-from scheduler_svc.config import Settings, get_settings
-from scheduler_svc.errors import RailoverError
+from scheduler_svc.config import Settings, get_settings, is_loopback
+from scheduler_svc.error_handlers import document_errors, install_error_handlers, limit_body
 from scheduler_svc.fleet.service import Fleet, audit_requests
 from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.services.sweeps import Coordinator
@@ -57,10 +56,15 @@ def create_app(
         engine = make_engine(settings.sqlalchemy_url)
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        # Anonymous access needs a loopback bind in the settings here, and then per
+        # request a loopback connection and an empty token table (deps.get_principal),
+        # so `uvicorn --host 0.0.0.0` and a first `railover token create` both close it.
+        app.state.anonymous_allowed = settings.allow_anonymous_loopback and is_loopback(
+            settings.host
+        )
         with app.state.sessionmaker() as session:
-            tokens = TokenRepo(session).count_active()
-        app.state.anonymous = settings.allow_anonymous_loopback and tokens == 0
-        if app.state.anonymous:
+            tokens = TokenRepo(session).count_active(datetime.now(UTC))
+        if app.state.anonymous_allowed and tokens == 0:
             log.warning(
                 "no API tokens exist: answering without authentication on %s; "
                 "create tokens with `railover token create` to close it",
@@ -98,29 +102,15 @@ def create_app(
     app.state.settings = settings
     app.state.clock = clock
     app.state.notifier = CommandNotifier()
-    app.state.anonymous = False
+    app.state.anonymous_allowed = False
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
     app.middleware("http")(audit_requests)
 
-    @app.exception_handler(RailoverError)
-    async def _domain_error(_: Request, exc: RailoverError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse(
-            {"error": exc.code, "detail": exc.detail}, status_code=exc.status_code, headers=headers
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            {
-                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
-                "problem": err.get("msg", "invalid"),
-            }
-            for err in exc.errors()
-        ]
-        return JSONResponse({"error": "invalid", "detail": problems}, status_code=422)
+    install_error_handlers(app)
+    document_errors(app)
+    app.middleware("http")(limit_body(settings.max_body_bytes))
 
     @app.middleware("http")
     async def _timing(

@@ -12,6 +12,11 @@ EVENTS = Counter(
     "railover_events_received_total", "Events received from agents", ["kind", "result"]
 )
 
+# reason: unknown_device | unknown_port | no_device | rank_elsewhere | future_time
+EVENTS_REFUSED = Counter(
+    "railover_events_refused_total", "Event batches refused at ingestion, by reason", ["reason"]
+)
+
 FAULTS_OPENED = Counter("railover_faults_opened_total", "Faults opened, by kind", ["kind"])
 
 DECISION_LATENCY = Histogram(

@@ -10,59 +10,155 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
+    StrictBool,
+    UrlConstraints,
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from scheduler_svc.store.models import AckStatus, CommandKind, CommandState, JobMode
 
+
+def whole_number(value: Any) -> Any:
+    # JSON Schema's integers include 5.0; booleans and numeric text are not numbers here.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Every integer fits the store's signed 64-bit columns (comm ids, unsigned 64-bit on
+# the wire, are mapped onto them by store.models.UInt64). Counts and ids stop at 2^53 - 1,
+# the largest integer every JSON parser (and a float-typed JSON Schema bound) keeps exact.
+INT64_MAX = 2**63 - 1
+JSON_INT_MAX = 2**53 - 1
+Count = Annotated[int, Field(strict=True, ge=0, le=JSON_INT_MAX), BeforeValidator(whole_number)]
+# Path ids arrive as text: parsed, so not strict.
+Id64 = Annotated[int, Field(ge=1, le=JSON_INT_MAX)]
+RankNo = Annotated[int, Field(strict=True, ge=0, le=131071), BeforeValidator(whole_number)]
+GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
+Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]
+Scale = Annotated[int, Field(strict=True, ge=1, le=2**20), BeforeValidator(whole_number)]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
-PciAddress = Annotated[str, Field(max_length=32)]
+JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
+# An RDMA device as the kernel names it (mlx5_0, rocep1s0f0, irdma1): no slashes, no dots first.
+DeviceName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+]
+# A PCIe switch, root complex, fabric switch, netdev or state label.
+Label = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+# domain:bus:device.function, with the 16-bit domain or the 32-bit one of VMD and Hyper-V.
+PciAddress = Annotated[
+    str,
+    Field(
+        min_length=12,
+        max_length=16,
+        pattern=r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$",
+    ),
+]
+Text = Annotated[str, Field(max_length=2000)]
+
+
+def _fits_column(url: HttpUrl) -> HttpUrl:
+    # Normalising (a trailing slash, punycode) can lengthen what was sent.
+    if len(str(url)) > 2048:
+        raise ValueError("URL longer than 2048 characters once normalised")
+    return url
+
+
+# Webhook targets: at most 2000 characters as sent, 2048 as stored.
+WebUrl = Annotated[HttpUrl, UrlConstraints(max_length=2000), AfterValidator(_fits_column)]
+
+# Durations: finite, and bounded where a bigger value can only be a typo.
+DAY_S = 86400.0
+Seconds = Annotated[float, Field(strict=True, ge=0, le=DAY_S)]
+Interval = Annotated[float, Field(strict=True, gt=0, le=7 * DAY_S)]
+LongSeconds = Annotated[float, Field(strict=True, gt=0, le=365 * DAY_S)]
+Slowdown = Annotated[float, Field(strict=True, ge=1, le=100)]
+Share = Annotated[float, Field(strict=True, ge=0, le=1)]
 
 
 def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
+def _text_time(value: Any) -> Any:
+    # A bare number would pass as a Unix time; the API takes RFC 3339 text only.
+    if not isinstance(value, (str, datetime)):
+        raise ValueError("give an RFC 3339 time with its offset, e.g. 2026-11-01T12:00:00Z")
+    return value
+
+
+UtcTime = Annotated[AwareDatetime, BeforeValidator(_text_time), AfterValidator(_utc)]
+
+
+def _is_text_safe(value: str) -> bool:
+    # Lone UTF-16 surrogates cannot be stored as UTF-8, and PostgreSQL refuses NUL.
+    return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+
+
+def _check_text(value: Any) -> None:
+    if isinstance(value, str):
+        if not _is_text_safe(value):
+            raise ValueError("text must be valid Unicode without NUL or lone surrogates")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k)
+            _check_text(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_text(v)
 
 
 class Strict(BaseModel):
-    """Unknown fields are refused so a typo never silently means "use the default"."""
+    """Unknown fields are refused so a typo never silently means "use the default";
+    numbers are finite (JSON's Infinity and NaN are refused) and text is storable.
+    Numbers, booleans and times are strict (false is not 0, 1 is not a time)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable_text(cls, value: Any) -> Any:
+        _check_text(value)
+        return value
 
 
 # --- nodes -----------------------------------------------------------------
 
 
 class GpuIn(Strict):
-    index: Annotated[int, Field(ge=0, le=1023)]
+    index: GpuNo
     pci: PciAddress
-    numa: Annotated[int, Field(ge=-1)] | None = None
-    pcie_switch: str | None = None
-    root_complex: str | None = None
-    nvlink: bool = False
+    numa: Numa | None = None
+    pcie_switch: Label | None = None
+    root_complex: Label | None = None
+    nvlink: StrictBool = False
 
 
 class RnicIn(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64)]
-    port: Annotated[int, Field(ge=1, le=255)] = 1
-    pci: PciAddress = ""
-    numa: Annotated[int, Field(ge=-1)] | None = None
-    pcie_switch: str | None = None
-    root_complex: str | None = None
-    rate_gbps: Annotated[float, Field(ge=0)] = 0.0
-    link_layer: str | None = None
-    netdev: str | None = None
-    switch: str | None = Field(
+    name: DeviceName
+    port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)] = 1
+    pci: PciAddress | Literal[""] = ""
+    numa: Numa | None = None
+    pcie_switch: Label | None = None
+    root_complex: Label | None = None
+    rate_gbps: Annotated[float, Field(strict=True, ge=0, le=10000)] = 0.0
+    link_layer: Annotated[Label, Field(max_length=32)] | None = None
+    netdev: Label | None = None
+    switch: Label | None = Field(
         default=None, description="Fabric switch this port is cabled to; null = not GPU fabric"
     )
-    rail: Annotated[int, Field(ge=0)] | None = None
-    state: str = "ACTIVE"
+    rail: (
+        Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)] | None
+    ) = None
+    state: Annotated[Label, Field(max_length=32)] = "ACTIVE"
 
 
 class NodeIn(Strict):
@@ -104,22 +200,43 @@ class NodeOut(NodeIn):
 
 
 class RankIn(Strict):
-    rank: Annotated[int, Field(ge=0)]
+    rank: RankNo
     node: Name
-    gpu: Annotated[int, Field(ge=0)]
+    gpu: GpuNo
+
+
+CommId = Annotated[
+    int, Field(strict=True, ge=0, lt=2**64, description="The CCL's 64-bit communicator id")
+]
+
+
+# The retransmission timeout is timeout_s, or derived from both IB fields.
+# A field "given" is present and not null; null counts as left out.
+def _given(*names: str) -> JsonDict:
+    return {
+        "required": list(names),
+        "properties": {n: {"not": {"type": "null"}} for n in names},
+    }
+
+
+_TIMEOUT_GIVEN: JsonDict = {"anyOf": [_given("timeout_s"), _given("ib_timeout", "ib_retry_cnt")]}
+# ib_timeout and ib_retry_cnt come together or not at all.
+_IB_PAIR: JsonDict = {
+    "anyOf": [
+        _given("ib_timeout", "ib_retry_cnt"),
+        {"not": {"anyOf": [_given("ib_timeout"), _given("ib_retry_cnt")]}},
+    ]
+}
 
 
 class CommunicatorIn(Strict):
-    comm_id: Annotated[int, Field(gt=0, lt=2**64, description="The CCL's 64-bit communicator id")]
-    channels: Annotated[int, Field(ge=1, le=64)] = 8
-    ranks: list[Annotated[int, Field(ge=0)]] = Field(
+    comm_id: Annotated[
+        int, Field(strict=True, gt=0, lt=2**64, description="The CCL's 64-bit communicator id")
+    ]
+    channels: Annotated[int, Field(strict=True, ge=1, le=64), BeforeValidator(whole_number)] = 8
+    ranks: Annotated[list[RankNo], Field(max_length=131072)] = Field(
         default_factory=list, description="Job ranks in this communicator; empty = all"
     )
-
-
-DeviceName = Annotated[
-    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
-]
 
 
 class CclIn(Strict):
@@ -168,38 +285,47 @@ class CclIn(Strict):
 
 
 class JobIn(Strict):
-    job_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
+    model_config = ConfigDict(json_schema_extra={"allOf": [_TIMEOUT_GIVEN, _IB_PAIR]})
+
+    job_id: JobId
     ranks: Annotated[list[RankIn], Field(min_length=1, max_length=131072)]
-    checkpoint_interval_s: Annotated[float, Field(gt=0)]
-    reload_s: Annotated[float, Field(ge=0)]
-    detect_s: Annotated[float, Field(ge=0)] = 0.0
-    timeout_s: Annotated[float, Field(ge=0)] | None = Field(
+    checkpoint_interval_s: Interval
+    reload_s: Seconds
+    detect_s: Seconds = 0.0
+    # Give it, or give the IB pair instead (the document's allOf says so).
+    timeout_s: Seconds | None = Field(
         default=None, description="RNIC retransmission timeout; or give ib_timeout and ib_retry_cnt"
     )
-    ib_timeout: Annotated[int, Field(ge=0, le=31)] | None = None
-    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | None = None
+    ib_timeout: (
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)] | None
+    ) = None
+    ib_retry_cnt: (
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)] | None
+    ) = None
     last_checkpoint_at: UtcTime
-    last_checkpoint_iteration: Annotated[int, Field(ge=0)] | None = None
-    slowdown_k: Annotated[float, Field(ge=1)] | None = Field(
+    last_checkpoint_iteration: Count | None = None
+    slowdown_k: Slowdown | None = Field(
         default=None, description="k the job measured while failed over, if it has"
     )
-    comm_share: Annotated[float, Field(ge=0, le=1)] | None = Field(
+    comm_share: Share | None = Field(
         default=None, description="Share of step time spent in communication (for modelled k)"
     )
-    dp_size: Annotated[int, Field(ge=1)] = 1
-    tp_size: Annotated[int, Field(ge=1)] = 1
-    pp_size: Annotated[int, Field(ge=1)] = 1
-    allow_scaling: bool = Field(
+    dp_size: Scale = 1
+    tp_size: Scale = 1
+    pp_size: Scale = 1
+    allow_scaling: StrictBool = Field(
         default=False, description="The job can restart without a node, shrinking DP"
     )
-    spare_nodes: bool = Field(default=True, description="A healthy spare node is ready for restart")
-    node_replace_s: Annotated[float, Field(ge=0)] = 0.0
-    notify_url: HttpUrl | None = None
+    spare_nodes: StrictBool = Field(
+        default=True, description="A healthy spare node is ready for restart"
+    )
+    node_replace_s: Seconds = 0.0
+    notify_url: WebUrl | None = None
     communicators: Annotated[list[CommunicatorIn], Field(max_length=1024)] = Field(
         default_factory=list,
         description="CCL communicators whose progress the agents report, for switch points",
     )
-    repair_estimate_s: Annotated[float, Field(gt=0)] | None = Field(
+    repair_estimate_s: LongSeconds | None = Field(
         default=None, description="How long a failed RNIC/link takes to repair here"
     )
     ccl: CclIn | None = Field(
@@ -214,7 +340,9 @@ class JobIn(Strict):
         placed = [(r.node, r.gpu) for r in self.ranks]
         if len(set(placed)) != len(placed):
             raise ValueError("ranks: two ranks are placed on the same node and GPU")
-        if self.timeout_s is None and (self.ib_timeout is None or self.ib_retry_cnt is None):
+        if (self.ib_timeout is None) != (self.ib_retry_cnt is None):
+            raise ValueError("ib_timeout: give both ib_timeout and ib_retry_cnt, or neither")
+        if self.timeout_s is None and self.ib_timeout is None:
             raise ValueError("timeout_s: give timeout_s, or both ib_timeout and ib_retry_cnt")
         comm_ids = [c.comm_id for c in self.communicators]
         if len(set(comm_ids)) != len(comm_ids):
@@ -256,7 +384,7 @@ class JobOut(BaseModel):
 
 class CheckpointIn(Strict):
     at: UtcTime
-    iteration: Annotated[int, Field(ge=0)] | None = None
+    iteration: Count | None = None
     kind: Literal["full", "flowcheck"] = "full"
 
 
@@ -265,7 +393,9 @@ class CheckpointOut(BaseModel):
     at: datetime
     iteration: int | None
     kind: str
-    current: bool = Field(description="True when this is now the job's newest usable checkpoint")
+    current: StrictBool = Field(
+        description="True when this is now the job's newest usable checkpoint"
+    )
 
 
 # --- events ----------------------------------------------------------------
@@ -286,68 +416,143 @@ class EventKind(enum.StrEnum):
 
 
 class EventIn(Strict):
-    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    """What every event kind may carry; each kind's own model (below) says what it needs."""
+
+    event_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
     node: Name
     kind: EventKind
-    device: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    port: Annotated[int, Field(ge=1, le=255)] | None = None
-    wc_status: Annotated[int, Field(ge=0, le=255)] | None = None
-    vendor_err: Annotated[int, Field(ge=0)] | None = None
-    event_type: Annotated[int, Field(ge=0)] | None = None
-    counter: Annotated[str, Field(max_length=64)] | None = None
-    delta: Annotated[int, Field(ge=0)] | None = None
-    comm_id: Annotated[int, Field(ge=0, lt=2**64)] | None = None
-    rank: Annotated[int, Field(ge=0)] | None = None
-    ops_done: Annotated[int, Field(ge=0)] | None = None
-    nranks: Annotated[int, Field(ge=1, lt=2**31)] | None = Field(
-        default=None, description="communicator: ranks in the communicator"
+    device: DeviceName | None = None
+    port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)] | None = (
+        None
     )
-    job_id: (
-        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")] | None
-    ) = Field(default=None, description="communicator: the job the process says it is in")
-    seq_number: Annotated[int, Field(ge=0, lt=2**64)] | None = Field(
+    wc_status: (
+        Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)] | None
+    ) = None
+    vendor_err: (
+        Annotated[int, Field(strict=True, ge=0, le=2**32 - 1), BeforeValidator(whole_number)] | None
+    ) = None
+    event_type: (
+        Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)] | None
+    ) = None
+    counter: Label | None = None
+    delta: Count | None = None
+    comm_id: CommId | None = None
+    rank: (
+        Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), BeforeValidator(whole_number)] | None
+    ) = None
+    ops_done: Count | None = None
+    nranks: (
+        Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), BeforeValidator(whole_number)] | None
+    ) = Field(default=None, description="communicator: ranks in the communicator")
+    job_id: JobId | None = Field(
+        default=None, description="communicator: the job the process says it is in"
+    )
+    seq_number: CommId | None = Field(
         default=None, description="stall: the CCL's sequence number of the open collective"
     )
-    observed_at: UtcTime
-    detail: dict[str, Any] = Field(default_factory=dict)
+    observed_at: UtcTime = Field(
+        description="When the agent saw it; at most observed_at_future_skew_s ahead of the "
+        "service's clock"
+    )
+    detail: Annotated[
+        dict[
+            Annotated[str, Field(min_length=1, max_length=64)],
+            Annotated[str, Field(max_length=256)]
+            | Annotated[
+                int,
+                Field(strict=True, ge=-JSON_INT_MAX, le=JSON_INT_MAX),
+                BeforeValidator(whole_number),
+            ]
+            | Annotated[float, Field(strict=True, ge=-1e12, le=1e12)]
+            | bool
+            | None,
+        ],
+        Field(max_length=16),
+    ] = Field(default_factory=dict, description="Up to 16 scalar facts for people and the log")
 
-    @field_validator("detail")
-    @classmethod
-    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(repr(value)) > 4096:
-            raise ValueError("detail is larger than 4 KiB")
-        return value
+
+class _OnDevice(EventIn):
+    device: DeviceName
+
+
+class PortDownEvent(_OnDevice):
+    kind: Literal[EventKind.PORT_DOWN]
+
+
+class PortUpEvent(_OnDevice):
+    kind: Literal[EventKind.PORT_UP]
+
+
+class CqeErrorEvent(_OnDevice):
+    kind: Literal[EventKind.CQE_ERROR]
+    wc_status: Annotated[int, Field(strict=True, ge=0, le=255), BeforeValidator(whole_number)]
+
+
+class DeviceFatalEvent(_OnDevice):
+    kind: Literal[EventKind.DEVICE_FATAL]
+
+
+class CounterEvent(_OnDevice):
+    kind: Literal[EventKind.COUNTER]
+
+
+class PortEventEvent(EventIn):
+    kind: Literal[EventKind.PORT_EVENT]
+
+
+class PcieDegradedEvent(EventIn):
+    kind: Literal[EventKind.PCIE_DEGRADED]
+
+
+class PathSwitchEvent(EventIn):
+    kind: Literal[EventKind.PATH_SWITCH]
+
+
+class ProgressEvent(EventIn):
+    kind: Literal[EventKind.PROGRESS]
+
+
+class CommunicatorEvent(EventIn):
+    """A CCL communicator a process joined (the NCCL profiler plugin announces each)."""
+
+    kind: Literal[EventKind.COMMUNICATOR]
+    comm_id: Annotated[CommId, Field(ge=1)]
+    rank: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), BeforeValidator(whole_number)]
+    nranks: Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), BeforeValidator(whole_number)]
 
     @model_validator(mode="after")
-    def _device_for_port_events(self) -> EventIn:
-        needs_device = {
-            EventKind.PORT_DOWN,
-            EventKind.PORT_UP,
-            EventKind.CQE_ERROR,
-            EventKind.DEVICE_FATAL,
-            EventKind.COUNTER,
-        }
-        if self.kind in needs_device and self.device is None:
-            raise ValueError(f"device: required for {self.kind.value} events")
-        if self.kind == EventKind.CQE_ERROR and self.wc_status is None:
-            raise ValueError("wc_status: required for cqe_error events")
-        if self.kind in (EventKind.COMMUNICATOR, EventKind.STALL):
-            if not self.comm_id:
-                raise ValueError(f"comm_id: required (non-zero) for {self.kind.value} events")
-            if self.rank is not None and self.rank >= 2**31:
-                raise ValueError(f"rank: must be below 2**31, got {self.rank}")
-        if self.kind == EventKind.COMMUNICATOR:
-            if self.rank is None or self.nranks is None:
-                raise ValueError("rank, nranks: required for communicator events")
-            if self.rank >= self.nranks:
-                raise ValueError(f"rank: {self.rank} is not below nranks {self.nranks}")
-        if self.kind == EventKind.STALL and self.seq_number is None:
-            raise ValueError("seq_number: required for stall events")
+    def _rank_in_communicator(self) -> CommunicatorEvent:
+        if self.rank >= self.nranks:
+            raise ValueError(f"rank: {self.rank} is not below nranks {self.nranks}")
         return self
 
 
+class StallEvent(EventIn):
+    """A collective open far longer than expected: evidence on the node, not a NIC fault."""
+
+    kind: Literal[EventKind.STALL]
+    comm_id: Annotated[CommId, Field(ge=1)]
+    seq_number: CommId
+
+
+AnyEvent = Annotated[
+    PortDownEvent
+    | PortUpEvent
+    | CqeErrorEvent
+    | DeviceFatalEvent
+    | CounterEvent
+    | PortEventEvent
+    | PcieDegradedEvent
+    | PathSwitchEvent
+    | ProgressEvent
+    | CommunicatorEvent
+    | StallEvent,
+    Field(discriminator="kind"),
+]
+
+
 class EventBatch(Strict):
-    events: Annotated[list[EventIn], Field(min_length=1)]
+    events: Annotated[list[AnyEvent], Field(min_length=1, max_length=1000)]
 
 
 class EventsAccepted(BaseModel):
@@ -362,14 +567,15 @@ class EventsAccepted(BaseModel):
 
 class IterationsIn(Strict):
     iteration_time_s: Annotated[
-        list[Annotated[float, Field(gt=0)]], Field(min_length=1, max_length=1000)
+        list[Annotated[float, Field(strict=True, gt=0, le=DAY_S)]],
+        Field(min_length=1, max_length=1000),
     ]
 
 
 class IterationsOut(BaseModel):
     job_id: str
     samples: int
-    degraded: bool = Field(description="True when these were taken while failed over")
+    degraded: StrictBool = Field(description="True when these were taken while failed over")
     measured_k: float | None
     trustworthy: bool
     detail: str
@@ -413,10 +619,10 @@ class DecisionInputsOut(BaseModel):
     threshold_s: float
     gpus: int
     concurrent_faults: int = 0
-    path_available: bool = True
+    path_available: StrictBool = True
     dp_size: int = 1
-    allow_scaling: bool = False
-    spare_nodes: bool = True
+    allow_scaling: StrictBool = False
+    spare_nodes: StrictBool = True
     node_replace_s: float = 0.0
 
 
@@ -440,29 +646,37 @@ class DecisionList(BaseModel):
 class EvaluateIn(Strict):
     """A what-if question: the same decision the service would make, nothing stored."""
 
-    checkpoint_interval_s: Annotated[float, Field(gt=0)]
-    t_elapsed_s: Annotated[float, Field(ge=0)]
-    reload_s: Annotated[float, Field(ge=0)]
-    detect_s: Annotated[float, Field(ge=0)] = 0.0
-    timeout_s: Annotated[float, Field(ge=0)] | None = None
-    ib_timeout: Annotated[int, Field(ge=0, le=31)] | None = None
-    ib_retry_cnt: Annotated[int, Field(ge=0, le=7)] | None = None
-    k: Annotated[float, Field(ge=1)] | None = None
-    comm_share: Annotated[float, Field(ge=0, le=1)] | None = None
-    bandwidth_left: Annotated[float, Field(gt=0, le=1)] | None = None
-    concurrent_faults: Annotated[int, Field(ge=1)] = 1
-    gpus: Annotated[int, Field(ge=1)] = 1
-    path_available: bool = True
-    healed: bool = False
-    dp_size: Annotated[int, Field(ge=1)] = 1
-    allow_scaling: bool = False
-    spare_nodes: bool = True
-    node_replace_s: Annotated[float, Field(ge=0)] = 0.0
+    model_config = ConfigDict(json_schema_extra={"allOf": [_IB_PAIR]})
+
+    checkpoint_interval_s: Interval
+    t_elapsed_s: Annotated[float, Field(strict=True, ge=0, le=365 * DAY_S)]
+    reload_s: Seconds
+    detect_s: Seconds = 0.0
+    timeout_s: Seconds | None = None
+    ib_timeout: (
+        Annotated[int, Field(strict=True, ge=0, le=31), BeforeValidator(whole_number)] | None
+    ) = None
+    ib_retry_cnt: (
+        Annotated[int, Field(strict=True, ge=0, le=7), BeforeValidator(whole_number)] | None
+    ) = None
+    k: Slowdown | None = None
+    comm_share: Share | None = None
+    bandwidth_left: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    concurrent_faults: Annotated[
+        int, Field(strict=True, ge=1, le=1024), BeforeValidator(whole_number)
+    ] = 1
+    gpus: Scale = 1
+    path_available: StrictBool = True
+    healed: StrictBool = False
+    dp_size: Scale = 1
+    allow_scaling: StrictBool = False
+    spare_nodes: StrictBool = True
+    node_replace_s: Seconds = 0.0
 
     @model_validator(mode="after")
     def _timeout(self) -> EvaluateIn:
-        if self.timeout_s is None and (self.ib_timeout is None) != (self.ib_retry_cnt is None):
-            raise ValueError("timeout_s: give both ib_timeout and ib_retry_cnt, or timeout_s")
+        if (self.ib_timeout is None) != (self.ib_retry_cnt is None):
+            raise ValueError("ib_timeout: give both ib_timeout and ib_retry_cnt, or neither")
         return self
 
 
@@ -558,13 +772,13 @@ class CommandList(BaseModel):
 
 class AckIn(Strict):
     node: Name
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: RankNo | None = None
     status: AckStatus = Field(
         description="delivered, applied, failed, or too_late: the rank was already past "
         "the switch point (give its ops_done); nothing was applied"
     )
-    detail: Annotated[str, Field(max_length=2000)] = ""
-    ops_done: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
+    detail: Text = ""
+    ops_done: Count | None = Field(
         default=None, description="The rank's op count when it saw the command (too_late)"
     )
 

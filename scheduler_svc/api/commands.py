@@ -19,8 +19,9 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Name
+from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Id64, Name, Role
 from scheduler_svc.services import acks, registry
+from scheduler_svc.store.repositories import CommandRepo
 from scheduler_svc.store.uow import Clock, unit_of_work
 
 router = routing.router(prefix="/v1", tags=["commands"])
@@ -86,7 +87,7 @@ def _take(
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
 def ack_command(
-    command_id: int,
+    command_id: Id64,
     *,
     body: AckIn,
     session: SessionDep,
@@ -97,4 +98,8 @@ def ack_command(
     """Acknowledge a command for one rank (or the whole node): delivered, applied, failed,
     or too_late with the rank's ops_done."""
     who.require_node(body.node)
+    if who.role == Role.AGENT:
+        cmd = CommandRepo(session).get(command_id)
+        if cmd is not None and cmd.node != who.node:
+            raise Forbidden(f"command {command_id} is addressed to another node, not {who.node!r}")
     return command_out(acks.ack_command(session, command_id, body, now, settings))

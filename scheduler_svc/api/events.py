@@ -15,7 +15,8 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import EventBatch, EventsAccepted
+from scheduler_svc.schemas import EventBatch, EventIn, EventsAccepted, Role
+from scheduler_svc.services import targets
 from scheduler_svc.services.events import ingest
 from scheduler_svc.store.repositories import NodeRepo
 
@@ -45,9 +46,18 @@ def post_events(
     unknown = sorted(nodes - known.keys())
     if unknown:
         raise NotFound(f"node {unknown[0]!r} is not registered; PUT /v1/nodes/{unknown[0]} first")
+    events: list[EventIn] = list(body.events)
+    targets.refuse_unknown(
+        session,
+        events,
+        known,
+        now=now,
+        future_skew_s=settings.observed_at_future_skew_s,
+        agent=who.role == Role.AGENT,
+    )
     result = ingest(
         session,
-        body.events,
+        events,
         now=now,
         settings=settings,
     )

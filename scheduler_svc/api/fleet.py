@@ -13,6 +13,7 @@ from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unau
 from scheduler_svc.fleet import admin
 from scheduler_svc.fleet.repositories import AuditRepo, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.schemas import (
+    TARGET_PATTERN,
     AuditList,
     AuditOut,
     DeliveryList,
@@ -21,11 +22,13 @@ from scheduler_svc.fleet.schemas import (
     ReplayIn,
     ReplayOut,
     SubscriptionCreated,
+    SubscriptionId,
     SubscriptionIn,
     SubscriptionList,
     SubscriptionOut,
 )
 from scheduler_svc.fleet.types import EventType
+from scheduler_svc.schemas import JSON_INT_MAX, Id64, JobId
 
 router = routing.router(prefix="/v1", tags=["fleet"])
 AUTH = responses(Unauthorized, Forbidden)
@@ -57,7 +60,9 @@ def list_subscriptions(session: SessionDep, _: FleetAuth) -> SubscriptionList:
     operation_id="get_subscription",
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
-def get_subscription(subscription_id: str, session: SessionDep, _: FleetAuth) -> SubscriptionOut:
+def get_subscription(
+    subscription_id: SubscriptionId, session: SessionDep, _: FleetAuth
+) -> SubscriptionOut:
     """One subscription, without its secret."""
     return admin.subscription_out(admin.get_subscription(session, subscription_id))
 
@@ -68,7 +73,9 @@ def get_subscription(subscription_id: str, session: SessionDep, _: FleetAuth) ->
     operation_id="delete_subscription",
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
-def delete_subscription(subscription_id: str, session: SessionDep, _: FleetAuth) -> Response:
+def delete_subscription(
+    subscription_id: SubscriptionId, session: SessionDep, _: FleetAuth
+) -> Response:
     """Delete a subscription; events not yet delivered to it are cancelled."""
     admin.delete_subscription(session, subscription_id)
     return Response(status_code=204)
@@ -80,10 +87,17 @@ def list_deliveries(
     _: FleetAuth,
     *,
     state: DeliveryState | None = None,
-    target: str | None = Query(None, description="sub:<id>, job:<job_id>, k8s or slurm"),
-    job_id: str | None = None,
+    target: Annotated[
+        str | None,
+        Query(
+            max_length=160,
+            pattern=TARGET_PATTERN,
+            description="sub:<id>, job:<job_id>, k8s or slurm",
+        ),
+    ] = None,
+    job_id: JobId | None = None,
     event_type: EventType | None = None,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    after_id: Annotated[int, Query(ge=0, le=JSON_INT_MAX)] = 0,
     limit: Limit = 100,
 ) -> DeliveryList:
     """Deliveries in outbox order; state=dead lists the dead letters."""
@@ -106,7 +120,7 @@ def list_deliveries(
     operation_id="replay_delivery",
     responses=responses(Unauthorized, Forbidden, NotFound, Conflict),
 )
-def replay_delivery(delivery_id: int, session: SessionDep, _: FleetAuth) -> DeliveryOut:
+def replay_delivery(delivery_id: Id64, session: SessionDep, _: FleetAuth) -> DeliveryOut:
     """Send a dead delivery again, with a fresh attempt budget."""
     return admin.replay_one(session, delivery_id, datetime.now(UTC))
 
@@ -124,8 +138,8 @@ def list_audit(
     session: SessionDep,
     _: FleetAuth,
     *,
-    token_id: str | None = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    token_id: Annotated[str | None, Query(max_length=32, pattern=r"^[0-9a-f]{1,32}$")] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=JSON_INT_MAX)] = None,
     limit: Limit = 100,
 ) -> AuditList:
     """State-changing calls, newest first: who (token, role), what and when."""

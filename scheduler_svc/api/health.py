@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc import __version__
 from scheduler_svc.api import routing
+from scheduler_svc.deps import anonymous_open
 from scheduler_svc.schemas import Health
 from scheduler_svc.services import status
 
@@ -33,7 +34,7 @@ def readyz(request: Request, response: Response) -> Health:
     except Exception as exc:  # any store failure means not ready
         response.status_code = 503
         return Health(status="unavailable", detail={"store": str(exc).splitlines()[0]})
-    return Health(status="ok", detail={"auth": "open" if request.app.state.anonymous else "tokens"})
+    return Health(status="ok", detail={"auth": "open" if anonymous_open(request) else "tokens"})
 
 
 @router.get("/metrics", operation_id="metrics", include_in_schema=False)

@@ -28,6 +28,7 @@ from scheduler_svc.schemas import (
     DecisionOut,
     IterationsIn,
     IterationsOut,
+    JobId,
     JobIn,
     JobOut,
     JobPathsOut,
@@ -104,13 +105,8 @@ def create_job(
     # here rather than accepted and never notified.
     if body.notify_url is not None and settings.notify_secret is None:
         raise Unprocessable(
-            [
-                {
-                    "field": "notify_url",
-                    "problem": "this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
-                    "with; set it, or subscribe under /v1/subscriptions (own secret)",
-                }
-            ]
+            "notify_url: this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
+            "with; set it, or subscribe under /v1/subscriptions (own secret)"
         )
     return job_out(session, registry.create_job(session, body, now, settings))
 
@@ -122,7 +118,7 @@ def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
 
 
 @router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
-def get_job(job_id: str, session: SessionDep, _: Reader) -> JobOut:
+def get_job(job_id: JobId, session: SessionDep, _: Reader) -> JobOut:
     """One job, with its current mode and newest checkpoint."""
     return job_out(session, registry.get_job(session, job_id))
 
@@ -133,7 +129,7 @@ def get_job(job_id: str, session: SessionDep, _: Reader) -> JobOut:
     operation_id="delete_job",
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
-def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
+def delete_job(job_id: JobId, session: SessionDep, _: FleetAuth) -> Response:
     """Forget a finished job with its decisions and commands."""
     registry.delete_job(session, job_id)
     return Response(status_code=204)
@@ -146,7 +142,7 @@ def delete_job(job_id: str, session: SessionDep, _: FleetAuth) -> Response:
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_checkpoint(
-    job_id: str,
+    job_id: JobId,
     body: CheckpointIn,
     session: SessionDep,
     _: FleetAuth,
@@ -167,7 +163,7 @@ def report_checkpoint(
     responses=responses(Unauthorized, NotFound),
 )
 def list_decisions(
-    job_id: str,
+    job_id: JobId,
     session: SessionDep,
     _: Reader,
     limit: int = Query(100, ge=1, le=1000),
@@ -182,7 +178,7 @@ def list_decisions(
     "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
 )
 def get_paths(
-    job_id: str, session: SessionDep, _: Reader, settings: SettingsDep, now: NowDep
+    job_id: JobId, session: SessionDep, _: Reader, settings: SettingsDep, now: NowDep
 ) -> JobPathsOut:
     """Primary and backup RNIC of every rank, whether each works, and the one in use."""
     return reconciler.job_paths(session, job_id, now, settings)
@@ -193,7 +189,7 @@ def get_paths(
     operation_id="list_job_commands",
     responses=responses(Unauthorized, NotFound),
 )
-def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandList:
+def list_job_commands(job_id: JobId, session: SessionDep, _: Reader) -> CommandList:
     """Every command issued for the job and its delivery state."""
     return CommandList(commands=[command_out(c) for c in registry.commands_of(session, job_id)])
 
@@ -204,7 +200,7 @@ def list_job_commands(job_id: str, session: SessionDep, _: Reader) -> CommandLis
     responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
 )
 def report_iterations(
-    job_id: str,
+    job_id: JobId,
     body: IterationsIn,
     session: SessionDep,
     _: FleetAuth,
@@ -229,7 +225,7 @@ def report_iterations(
 @router.get(
     "/{job_id}/progress", operation_id="get_progress", responses=responses(Unauthorized, NotFound)
 )
-def get_progress(job_id: str, session: SessionDep, _: Reader) -> JobProgressOut:
+def get_progress(job_id: JobId, session: SessionDep, _: Reader) -> JobProgressOut:
     """The job's communicators, each rank's ops_done, and collective stalls its CCL reported."""
     registry.get_job(session, job_id)
     coord = CoordinationRepo(session)

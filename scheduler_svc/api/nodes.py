@@ -68,6 +68,6 @@ def list_nodes(session: SessionDep, _: Reader, settings: SettingsDep) -> list[No
 
 
 @router.get("/{node}", operation_id="get_node", responses=responses(Unauthorized, NotFound))
-def get_node(node: str, session: SessionDep, _: Reader, settings: SettingsDep) -> NodeOut:
+def get_node(node: Name, session: SessionDep, _: Reader, settings: SettingsDep) -> NodeOut:
     """One node's topology and the s-Bond backup plan the service derives from it."""
     return node_out(registry.get_node(session, node), settings.backup_cap_per_switch)

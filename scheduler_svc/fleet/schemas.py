@@ -5,25 +5,29 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import BaseModel, BeforeValidator, Field
 
 from scheduler_svc.fleet.types import EventType
+from scheduler_svc.schemas import JSON_INT_MAX, JobId, Strict, WebUrl, whole_number
 
 DeliveryState = Literal["pending", "delivered", "dead", "cancelled"]
+SubscriptionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^sub_[0-9a-f]{1,32}$")]
+# sub:<subscription_id>, job:<job_id>, k8s or slurm.
+TARGET_PATTERN = r"^(sub:sub_[0-9a-f]{1,32}|job:[A-Za-z0-9][\w.:-]{0,127}|k8s|slurm)$"
 
 
-class SubscriptionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    url: HttpUrl
-    event_types: list[EventType] = Field(
+class SubscriptionIn(Strict):
+    url: WebUrl
+    event_types: Annotated[list[EventType], Field(max_length=64)] = Field(
         default_factory=list, description="Only these event types; empty for all"
     )
-    job_id: Annotated[str, Field(max_length=128)] | None = Field(
+    job_id: JobId | None = Field(
         default=None, description="Only this job's events; unset for every job and cluster events"
     )
     description: Annotated[str, Field(max_length=200)] = ""
-    secret: Annotated[str, Field(min_length=16, max_length=128)] | None = Field(
+    secret: (
+        Annotated[str, Field(min_length=16, max_length=128, pattern=r"^[\x21-\x7e]+$")] | None
+    ) = Field(
         default=None, description="HMAC secret; generated when omitted. Never returned again."
     )
 
@@ -70,13 +74,21 @@ class DeliveryList(BaseModel):
     next_after_id: int | None = Field(description="Pass as after_id for the next page")
 
 
-class ReplayIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    delivery_ids: Annotated[list[int], Field(max_length=10000)] | None = Field(
+class ReplayIn(Strict):
+    delivery_ids: (
+        Annotated[
+            list[
+                Annotated[
+                    int, Field(strict=True, ge=1, le=JSON_INT_MAX), BeforeValidator(whole_number)
+                ]
+            ],
+            Field(max_length=10000),
+        ]
+        | None
+    ) = Field(
         default=None, description="These dead deliveries; unset for every dead one matching target"
     )
-    target: str | None = None
+    target: Annotated[str, Field(max_length=160, pattern=TARGET_PATTERN)] | None = None
 
 
 class ReplayOut(BaseModel):

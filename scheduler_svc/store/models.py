@@ -64,6 +64,27 @@ class AckStatus(enum.StrEnum):
     TOO_LATE = "too_late"
 
 
+class UInt64(TypeDecorator[int]):
+    """An unsigned 64-bit number (a CCL communicator id) in a signed 64-bit column.
+
+    Stored as its two's-complement bit pattern, so every value the wire allows
+    fits both SQLite's INTEGER and PostgreSQL's BIGINT, and equality still works.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        return value - 2**64 if value >= 2**63 else value
+
+    def process_result_value(self, value: int | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        return value + 2**64 if value < 0 else value
+
+
 class UtcDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone of its own)."""
 
@@ -82,29 +103,6 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class U64(TypeDecorator[int]):
-    """An unsigned 64-bit id (a CCL communicator id) in a signed BIGINT column.
-
-    NCCL's commId is a hash: half of all ids are >= 2**63, which neither
-    PostgreSQL's BIGINT nor SQLite's INTEGER holds. They are stored as the
-    two's-complement signed value, so ids below 2**63 read and compare exactly
-    as before.
-    """
-
-    impl = BigInteger
-    cache_ok = True
-
-    def process_bind_param(self, value: int | None, dialect: Dialect) -> int | None:
-        if value is None:
-            return None
-        return value - 2**64 if value >= 2**63 else value
-
-    def process_result_value(self, value: int | None, dialect: Dialect) -> int | None:
-        if value is None:
-            return None
-        return value + 2**64 if value < 0 else value
 
 
 NAMING = {
@@ -133,6 +131,8 @@ class ApiToken(Base):
     description: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    # Unset: valid until revoked.
+    expires_at: Mapped[datetime | None]
 
 
 class Node(Base):
@@ -352,7 +352,7 @@ class Command(Base):
     decision_id: Mapped[str | None] = mapped_column(String(36))
     kind: Mapped[str] = mapped_column(String(16))
     epoch: Mapped[int] = mapped_column(Integer, default=1)
-    comm_id: Mapped[int] = mapped_column(U64, default=0)
+    comm_id: Mapped[int] = mapped_column(UInt64, default=0)
     ops_done: Mapped[int] = mapped_column(BigInteger, default=0)
     disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
@@ -477,7 +477,7 @@ class Communicator(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
     )
-    comm_id: Mapped[int] = mapped_column(U64, primary_key=True, autoincrement=False)
+    comm_id: Mapped[int] = mapped_column(UInt64, primary_key=True, autoincrement=False)
     channels: Mapped[int] = mapped_column(Integer, default=8)
     # Ranks of the job in this communicator; empty = all of them.
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
@@ -498,7 +498,7 @@ class RankProgress(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True
     )
-    comm_id: Mapped[int] = mapped_column(U64, primary_key=True, autoincrement=False)
+    comm_id: Mapped[int] = mapped_column(UInt64, primary_key=True, autoincrement=False)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     ops_done: Mapped[int] = mapped_column(BigInteger)
     at: Mapped[datetime]
@@ -583,9 +583,9 @@ class CclStall(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     event_id: Mapped[str] = mapped_column(String(128))
     node: Mapped[str] = mapped_column(String(253))
-    comm_id: Mapped[int] = mapped_column(U64)
+    comm_id: Mapped[int] = mapped_column(UInt64)
     rank: Mapped[int | None]
-    seq_number: Mapped[int] = mapped_column(U64)
+    seq_number: Mapped[int] = mapped_column(UInt64)
     func: Mapped[str] = mapped_column(String(64), default="")
     open_s: Mapped[float | None]
     job_id: Mapped[str | None] = mapped_column(String(128))

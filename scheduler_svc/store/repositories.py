@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -45,7 +45,13 @@ class TokenRepo:
         self.s = session
 
     def create(
-        self, *, role: str, node: str | None, description: str, now: datetime
+        self,
+        *,
+        role: str,
+        node: str | None,
+        description: str,
+        now: datetime,
+        expires_at: datetime | None = None,
     ) -> tuple[m.ApiToken, str]:
         """Store a new token; the plain text is returned once and never stored."""
         token_id = secrets.token_hex(6)
@@ -57,25 +63,25 @@ class TokenRepo:
             node=node,
             description=description,
             created_at=now,
+            expires_at=expires_at,
         )
         self.s.add(row)
         self.s.flush()
         return row, plain
 
-    def by_plain(self, plain: str) -> m.ApiToken | None:
+    def by_plain(self, plain: str, now: datetime) -> m.ApiToken | None:
+        """The token with this secret, unless it is revoked or expired."""
         return self.s.scalar(
-            select(m.ApiToken).where(
-                m.ApiToken.secret_sha256 == hash_secret(plain), m.ApiToken.revoked_at.is_(None)
-            )
+            select(m.ApiToken).where(m.ApiToken.secret_sha256 == hash_secret(plain), *_usable(now))
         )
 
-    def count_active(self) -> int:
-        return (
-            self.s.scalar(
-                select(func.count()).select_from(m.ApiToken).where(m.ApiToken.revoked_at.is_(None))
-            )
-            or 0
-        )
+    def count_active(self, now: datetime) -> int:
+        """Tokens that still work: any at all closes anonymous access."""
+        return self.s.scalar(select(func.count()).select_from(m.ApiToken).where(*_usable(now))) or 0
+
+    def any_active(self, now: datetime) -> bool:
+        """Cheaper than a count: asked on every anonymous request."""
+        return self.s.scalar(select(m.ApiToken.token_id).where(*_usable(now)).limit(1)) is not None
 
     def all(self) -> Sequence[m.ApiToken]:
         return self.s.scalars(select(m.ApiToken).order_by(m.ApiToken.created_at)).all()
@@ -87,6 +93,13 @@ class TokenRepo:
             .values(revoked_at=now)
         )
         return bool(getattr(res, "rowcount", 0))
+
+
+def _usable(now: datetime) -> tuple[Any, ...]:
+    return (
+        m.ApiToken.revoked_at.is_(None),
+        or_(m.ApiToken.expires_at.is_(None), m.ApiToken.expires_at > now),
+    )
 
 
 class NodeRepo:

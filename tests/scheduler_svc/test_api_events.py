@@ -131,8 +131,8 @@ def test_bad_events_change_nothing(http: httpx.Client) -> None:
     good = event("n0", after_s=2000)
     r = http.post("/v1/events", json={"events": [good, event("n0", "cqe_error", after_s=1)]})
     assert r.status_code == 422
-    assert r.json()["detail"][0]["field"] == "events.1"
-    assert "wc_status" in r.json()["detail"][0]["problem"]
+    assert r.json()["fields"][0]["field"] == "events.1.wc_status"
+    assert r.json()["fields"][0]["problem"] == "Field required"
     r = http.post("/v1/events", json={"events": [good, event("n9")]})
     assert r.status_code == 404 and "n9" in r.json()["detail"]
     assert http.get("/v1/jobs/j1/decisions").json()["decisions"] == []

@@ -30,9 +30,9 @@ def test_bad_node_body_names_the_field(http: httpx.Client) -> None:
     assert r.status_code == 422
     body = r.json()
     assert body["error"] == "invalid"
-    assert body["detail"][0]["field"] == "gpus.0.index"
+    assert body["fields"][0]["field"] == "gpus.0.index"
     r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": [], "gpuz": []})
-    assert r.json()["detail"][0]["field"] == "gpuz"
+    assert r.json()["fields"][0]["field"] == "gpuz"
     assert http.get("/v1/nodes/n0").status_code == 404
 
 
@@ -60,26 +60,27 @@ def test_job_with_missing_gpu_is_refused_whole(http: httpx.Client) -> None:
     body["ranks"][3]["gpu"] = 3
     r = http.post("/v1/jobs", json=body)
     assert r.status_code == 422
-    assert any("ranks[8].node" in p and "ghost" in p for p in r.json()["detail"])
+    fields = r.json()["fields"]
+    assert any(f["field"] == "ranks.8.node" and "ghost" in f["problem"] for f in fields)
     assert http.get("/v1/jobs/j1").status_code == 404
     assert http.get("/v1/jobs").json() == []
     bad_gpu = job_body("j1", ["n0"], gpus=8)
     bad_gpu["ranks"][7]["gpu"] = 9
     r = http.post("/v1/jobs", json=bad_gpu)
-    assert r.status_code == 422 and "ranks[7].gpu" in r.json()["detail"][0]
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "ranks.7.gpu"
 
 
 def test_job_schema_errors(http: httpx.Client) -> None:
     body = job_body("j1", ["n0"])
     body["ranks"][1]["rank"] = 0
     r = http.post("/v1/jobs", json=body)
-    assert r.status_code == 422 and "rank numbers" in r.json()["detail"][0]["problem"]
+    assert r.status_code == 422 and "rank numbers" in r.json()["fields"][0]["problem"]
     body = job_body("j1", ["n0"], timeout_s=None)
     r = http.post("/v1/jobs", json=body)
-    assert "timeout_s" in r.json()["detail"][0]["problem"]
+    assert "timeout_s" in r.json()["fields"][0]["problem"]
     body = job_body("j1", ["n0"], last_checkpoint_at="2026-11-01T12:00:00")
     r = http.post("/v1/jobs", json=body)
-    assert r.json()["detail"][0]["field"] == "last_checkpoint_at"
+    assert r.json()["fields"][0]["field"] == "last_checkpoint_at"
 
 
 def test_ib_timeout_derives_timeout(http: httpx.Client) -> None:
@@ -106,7 +107,7 @@ def test_evaluate_is_stateless(http: httpx.Client) -> None:
     r = http.post("/v1/evaluate", json=q | {"k": None, "concurrent_faults": 3})
     assert r.json()["inputs"]["k"] == 1.5 and r.json()["inputs"]["k_source"] == "default"
     r = http.post("/v1/evaluate", json=q | {"k": 0.5})
-    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "k"
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "k"
 
 
 def test_health(http: httpx.Client) -> None:

@@ -1,7 +1,7 @@
 """Railover beside stock NCCL: job CCL, announced communicators, stalls
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-01 09:30:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
