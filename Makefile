@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYSRC := scheduler_svc agent native_plugin railover_testing
 
-.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check
+.PHONY: all venv plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check mutation
 
 all: venv plugin
 
@@ -60,6 +60,12 @@ demo: venv plugin
 
 openapi: venv
 	$(BIN)/python -m scheduler_svc.openapi_dump openapi/openapi.json
+
+# Mutation testing, module by module, with one niced worker (not part of `make test`: slow).
+# Results: benchmarks/RESULTS.md, "Test strength". `make mutation TARGETS="signing spool"`.
+mutation: venv plugin
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python scripts/mutation.py $(TARGETS)
 
 bench: venv plugin
 	PYTHONPATH=. $(BIN)/python benchmarks/run_all.py

@@ -25,8 +25,8 @@ import pytest
 from native_plugin import wire
 from railover_testing.agents import AgentThread, settings_for, wait_until
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from tests.deploy.tools import need_console_script
 
-pytest.importorskip("scheduler_svc.main")
 RAILOVER = Path(sys.executable).with_name("railover")
 
 
@@ -85,8 +85,7 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    if not RAILOVER.exists():
-        pytest.skip("railover console script not installed")
+    need_console_script("railover")
     svc = Service(_free_port(), tmp_path / "svc.db", tmp_path / "svc.log")
     yield svc
     svc.stop()

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
 
 from native_plugin import binding
 
@@ -33,8 +30,7 @@ def ctypes_layout() -> dict[str, int]:
     return out
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-def test_ctypes_structs_match_header(tmp_path: Path) -> None:
+def test_ctypes_structs_match_header(tmp_path: Path, cc: str) -> None:
     expected = ctypes_layout()
     body = "".join(
         f'  printf("%s=%lld\\n", "{key}", (long long)({key}));\n' for key in sorted(expected)
@@ -44,7 +40,7 @@ def test_ctypes_structs_match_header(tmp_path: Path) -> None:
     src.write_text(f"{head}{body}  return 0;\n}}\n")
     exe = tmp_path / "abi"
     subprocess.run(
-        ["cc", "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        [cc, "-std=c11", "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
         check=True,
     )
     printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
