@@ -15,6 +15,13 @@ from scheduler_svc.engine.decision import (
     restart_cost_s,
     restart_scaled_cost_s,
 )
+from scheduler_svc.engine.slowdown import (
+    KSource,
+    SlowdownEstimate,
+    default_k,
+    estimate_k,
+    modelled_k,
+)
 
 
 def inputs(**kw: float | int | bool | str) -> DecisionInputs:
@@ -228,3 +235,41 @@ def test_boundary_inputs_are_accepted() -> None:
     # k = 1: failing over costs exactly the lost interval, restarting the same: a tie, restart.
     assert d.costs_s["failover"] == d.costs_s["restart"] == 3600.0
     assert d.action == Action.RESTART
+
+
+def test_scaled_restart_of_two_replicas_costs_half_the_gpus() -> None:
+    d = decide(inputs(allow_scaling=True, dp_size=2))
+    assert d.costs_gpu_s["restart_scaled"] == 7830.0 * 16 / 2
+    d = decide(inputs(allow_scaling=True, dp_size=3))
+    assert d.costs_gpu_s["restart_scaled"] == d.costs_s["restart_scaled"] * 16 * 2 / 3  # type: ignore[operator]
+
+
+# -- the slowdown factor --------------------------------------------------------------------------
+def test_k_estimates_say_where_they_came_from() -> None:
+    measured = estimate_k(measured_k=1.0, comm_share=None, bandwidth_left=None, concurrent_faults=1)
+    assert measured == SlowdownEstimate(1.0, KSource.MEASURED, "measured by the job")
+    with pytest.raises(ValueError, match=r"^measured k must be >= 1, got 0.99$"):
+        estimate_k(measured_k=0.99, comm_share=None, bandwidth_left=None, concurrent_faults=1)
+    model = estimate_k(measured_k=None, comm_share=0.25, bandwidth_left=0.5, concurrent_faults=1)
+    assert model == SlowdownEstimate(
+        0.75 + 0.25 / 0.5, KSource.MODEL, "communication share 25% at 50% of the bandwidth"
+    )
+    default = estimate_k(
+        measured_k=None,
+        comm_share=None,
+        bandwidth_left=None,
+        concurrent_faults=2,
+        table=(1.1, 1.4),
+    )
+    assert default == SlowdownEstimate(
+        1.4, KSource.DEFAULT, "paper default for 2 concurrent fault(s)"
+    )
+    assert default_k(5, (1.1, 1.4)) == 1.4
+
+
+def test_modelled_k_bandwidth_bounds() -> None:
+    assert modelled_k(0.5, 1.0) == 1.0
+    with pytest.raises(ValueError, match=r"^bandwidth_left must be within \(0, 1\], got 1.5$"):
+        modelled_k(0.5, 1.5)
+    with pytest.raises(ValueError, match=r"^comm_share must be within \[0, 1\], got -0.1$"):
+        modelled_k(-0.1, 0.5)

@@ -6,9 +6,12 @@ fate, so it is never chosen, even though it is the nearest port there is.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from railover_testing.cluster_shapes import dual_port_node, hgx_node
 from scheduler_svc.engine.paths import (
@@ -260,3 +263,164 @@ def test_bandwidth_of_a_slower_backup() -> None:
     routes = route_ranks(ranks, plans, topologies, FailedSet(links=frozenset({("a", "mlx5_0", 1)})))
     # GPU 0 moves to mlx5_1/1 (100G), shared with GPU 2: 50G against its 200G.
     assert bandwidth_left(routes, topologies) == 0.25
+
+
+# -- connectivity against brute force, on both shapes --------------------------------------------
+SHAPES = {"hgx4": hgx_node(rails=4), "dual": dual_port_node()}
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(
+    shape=st.sampled_from(sorted(SHAPES)),
+    nodes=st.integers(2, 4),
+    dead_links=st.sets(st.tuples(st.integers(0, 3), st.integers(0, 7)), max_size=10),
+    dead_cards=st.sets(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=3),
+)
+def test_connectivity_matches_brute_force(
+    shape: str, nodes: int, dead_links: set[tuple[int, int]], dead_cards: set[tuple[int, int]]
+) -> None:
+    names = [f"n{i}" for i in range(nodes)]
+    topologies = {n: topo(n, SHAPES[shape]) for n in names}
+    plans = {n: plan_node(t) for n, t in topologies.items()}
+    fabric = [r for r in topologies["n0"].rnics if r.carries_gpu_traffic]
+    links = frozenset(
+        (names[n], fabric[i % len(fabric)].name, fabric[i % len(fabric)].port)
+        for n, i in dead_links
+        if n < nodes
+    )
+    cards = frozenset((names[n], f"mlx5_{c}") for n, c in dead_cards if n < nodes)
+    ranks = [(8 * i + g, n, g) for i, n in enumerate(names) for g in range(8)]
+    routes = route_ranks(ranks, plans, topologies, FailedSet(rnics=cards, links=links))
+    c = connectivity(routes, max_examples=5)
+    fabric_pairs = [(a, b) for a, b in itertools.combinations(routes, 2) if talks_over_fabric(a, b)]
+    broken = sorted((a.rank, b.rank) for a, b in fabric_pairs if not pair_survives(a, b))
+    assert type(c.broken_pairs) is int and type(c.total_pairs) is int
+    assert c.total_pairs == len(fabric_pairs)
+    assert c.broken_pairs == len(broken)
+    assert c.routes == tuple(routes)
+    assert set(c.examples) <= set(broken)
+    assert len(c.examples) == min(5, len(broken)) or len(c.examples) >= 1 or not broken
+    assert c.isolated_ranks == tuple(r.rank for r in routes if not (r.primary_ok or r.backup_ok))
+    assert c.failed_over_ranks == tuple(r.rank for r in routes if r.backup_ok and not r.primary_ok)
+    assert [r.gpu for r in routes] == [g for _, _, g in ranks]
+
+
+def test_examples_take_isolated_ranks_first_then_failed_over_ones() -> None:
+    def route(rank: int, node: str, rail: int, primary_ok: bool, backup_ok: bool) -> RankRoute:
+        return RankRoute(rank, node, rail, f"p{rail}", f"b{rail}", primary_ok, backup_ok, rail)
+
+    routes = [
+        route(0, "a", 0, False, False),  # no path left: cut off from ranks 2 and 4
+        route(1, "a", 1, False, True),  # failed over ...
+        route(2, "b", 0, True, True),
+        route(3, "b", 1, True, False),  # ... while its peer lost its backup: (1, 3) is cut
+        route(4, "c", 0, True, True),
+        route(5, "c", 1, True, True),
+    ]
+    c = connectivity(routes, max_examples=3)
+    assert c.broken_pairs == 3
+    assert c.examples == ((0, 2), (0, 4), (1, 3))
+    assert connectivity(routes, max_examples=2).examples == ((0, 2), (0, 4))
+
+
+# -- planner details ------------------------------------------------------------------------------
+def test_no_fabric_rnic_gives_every_gpu_an_empty_plan() -> None:
+    node = NodeTopology("n", (Gpu(0, "g0"), Gpu(1, "g1"), Gpu(2, "g2")), (Rnic("s", 1),))
+    plan = plan_node(node)
+    assert [g.gpu for g in plan.gpus] == [0, 1, 2]
+    assert all(g.primary is None and g.backup is None for g in plan.gpus)
+
+
+def test_equal_primaries_are_taken_in_turn() -> None:
+    gpus = tuple(Gpu(i, f"g{i}", 0, "sw0", "rc0") for i in range(4))
+    rnics = tuple(
+        Rnic(f"mlx5_{c}", 1, numa=0, pcie_switch="sw0", root_complex="rc0", switch=f"s{c}", rail=c)
+        for c in range(2)
+    )
+    plan = plan_node(NodeTopology("n", gpus, rnics))
+    assert [g.primary for g in plan.gpus] == ["mlx5_0/1", "mlx5_1/1", "mlx5_0/1", "mlx5_1/1"]
+
+
+def test_backups_spread_over_the_ports_of_the_backup_card() -> None:
+    # Four GPUs behind card 0's switch; card 1 (two ports) on another switch is every backup.
+    gpus = tuple(Gpu(i, f"g{i}", 0, "sw0", "rc0") for i in range(4))
+    rnics = (
+        Rnic("mlx5_0", 1, numa=0, pcie_switch="sw0", root_complex="rc0", switch="s0", rail=0),
+        Rnic("mlx5_1", 1, numa=0, pcie_switch="sw1", root_complex="rc0", switch="s1", rail=1),
+        Rnic("mlx5_1", 2, numa=0, pcie_switch="sw1", root_complex="rc0", switch="s2", rail=2),
+    )
+    plan = plan_node(NodeTopology("n", gpus, rnics), backup_cap_per_switch=10)
+    assert [g.backup for g in plan.gpus] == ["mlx5_1/1", "mlx5_1/2", "mlx5_1/1", "mlx5_1/2"]
+
+
+def test_backups_spread_over_switches_by_their_load() -> None:
+    gpus = tuple(Gpu(i, f"g{i}", 0, "sw0", "rc0") for i in range(4))
+    rnics = (
+        Rnic("mlx5_0", 1, numa=0, pcie_switch="sw0", root_complex="rc0", switch="s0", rail=0),
+        Rnic("mlx5_1", 1, numa=0, pcie_switch="sw1", root_complex="rc0", switch="s1", rail=1),
+        Rnic("mlx5_2", 1, numa=0, pcie_switch="sw2", root_complex="rc0", switch="s2", rail=2),
+    )
+    plan = plan_node(NodeTopology("n", gpus, rnics), backup_cap_per_switch=10)
+    assert [g.backup for g in plan.gpus] == ["mlx5_1/1", "mlx5_2/1", "mlx5_1/1", "mlx5_2/1"]
+
+
+def test_cap_with_every_fabric_rnic_behind_one_switch() -> None:
+    gpus = tuple(Gpu(i, f"g{i}", 0, "sw0", "rc0") for i in range(4))
+    rnics = tuple(
+        Rnic(f"mlx5_{c}", 1, numa=0, pcie_switch="sw0", root_complex="rc0", switch=f"s{c}", rail=c)
+        for c in range(2)
+    )
+    assert default_backup_cap(NodeTopology("n", gpus, rnics)) == 4
+
+
+# -- bandwidth ------------------------------------------------------------------------------------
+def test_bandwidth_when_nothing_routes_and_when_primaries_are_shared() -> None:
+    assert bandwidth_left([], {}) == 1.0
+    topologies = {"a": topo("a", hgx_node(rails=4))}  # two GPUs per RNIC
+    plans = {"a": plan_node(topologies["a"])}
+    ranks = [(g, "a", g) for g in range(8)]
+    healthy = route_ranks(ranks, plans, topologies, FailedSet())
+    assert bandwidth_left(healthy, topologies) == 1.0
+    # Every RNIC dead: no rank routes, nothing to compare.
+    dead = FailedSet(rnics=frozenset(("a", f"mlx5_{i}") for i in range(4)))
+    assert bandwidth_left(route_ranks(ranks, plans, topologies, dead), topologies) == 1.0
+
+
+def test_bandwidth_skips_isolated_ranks_and_looks_at_the_rest() -> None:
+    topologies = {"a": topo("a", dual_port_node())}
+    plans = {"a": plan_node(topologies["a"])}
+    ranks = [(g, "a", g) for g in range(8)]
+    # GPU 0 loses both paths (mlx5_0/1 and mlx5_1/1); GPU 1 fails over onto mlx5_1/2,
+    # which it then shares with GPU 3: half its bandwidth.
+    failed = FailedSet(
+        links=frozenset({("a", "mlx5_0", 1), ("a", "mlx5_1", 1), ("a", "mlx5_0", 2)})
+    )
+    routes = route_ranks(ranks, plans, topologies, failed)
+    assert routes[0].active is None
+    assert bandwidth_left(routes, topologies) == 0.5
+
+
+def test_unknown_primary_rate_counts_as_one_gbps() -> None:
+    body = dual_port_node()
+    for r in body["rnics"]:
+        r["rate_gbps"] = 0.0 if r["name"] == "mlx5_0" else 0.5
+    topologies = {"a": topo("a", body)}
+    plans = {"a": plan_node(topologies["a"])}
+    routes = route_ranks(
+        [(0, "a", 0)], plans, topologies, FailedSet(links=frozenset({("a", "mlx5_0", 1)}))
+    )
+    # 0.5 Gb/s on the backup against the 1 Gb/s assumed for the unknown primary.
+    assert bandwidth_left(routes, topologies) == 0.5
+
+
+def test_a_switch_with_two_backup_cards_counts_both_cards_backups() -> None:
+    gpus = tuple(Gpu(i, f"g{i}", 0, "sw0", "rc0") for i in range(4))
+    rnics = (
+        Rnic("mlx5_0", 1, numa=0, pcie_switch="sw0", root_complex="rc0", switch="s0", rail=0),
+        Rnic("mlx5_1", 1, numa=0, pcie_switch="sw1", root_complex="rc0", switch="s1", rail=1),
+        Rnic("mlx5_2", 1, numa=0, pcie_switch="sw1", root_complex="rc0", switch="s2", rail=2),
+        Rnic("mlx5_3", 1, numa=0, pcie_switch="sw2", root_complex="rc0", switch="s3", rail=3),
+    )
+    plan = plan_node(NodeTopology("n", gpus, rnics), backup_cap_per_switch=10)
+    # sw1 holds two backups after GPU 2, sw2 one: GPU 3 goes to sw2.
+    assert [g.backup for g in plan.gpus] == ["mlx5_1/1", "mlx5_3/1", "mlx5_2/1", "mlx5_3/1"]
