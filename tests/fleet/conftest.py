@@ -100,6 +100,20 @@ class ApiCall:
     path: str
     content_type: str | None
     body: Any
+    status: int = 0  # what the stand-in answered
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A metav1.Status, the body the API server sends with an error."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 @dataclass
@@ -109,12 +123,18 @@ class K8sStandIn:
     url: str = ""
     calls: list[ApiCall] = field(default_factory=list)
     taints: list[dict[str, Any]] = field(default_factory=list)
+    # Every write moves it on; a PATCH naming an older one is a 409 Conflict.
+    resource_version: int = 42
+    # Names already created, per collection: a second POST is a 409 AlreadyExists.
+    created: set[tuple[str, str]] = field(default_factory=set)
+    # Someone else writes the node right after each GET (a racing controller).
+    racing_writer: bool = False
 
     def node(self, name: str) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "resourceVersion": "42"},
+            "metadata": {"name": name, "resourceVersion": str(self.resource_version)},
             "spec": {"taints": self.taints},
             "status": {},
         }
@@ -134,6 +154,7 @@ def k8s() -> Iterator[K8sStandIn]:
             return body
 
         def _answer(self, status: int, payload: Any) -> None:
+            api.calls[-1].status = status
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -144,14 +165,32 @@ def k8s() -> Iterator[K8sStandIn]:
         def do_GET(self) -> None:
             self._record()
             self._answer(200, api.node(self.path.rsplit("/", 1)[-1]))
+            if api.racing_writer:
+                api.resource_version += 1
 
         def do_PATCH(self) -> None:
-            self._record()
+            body = self._record()
             name = self.path.split("/")[4]
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != str(api.resource_version):
+                message = (
+                    f'Operation cannot be fulfilled on nodes "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again"
+                )
+                self._answer(409, _status(409, "Conflict", message))
+                return
+            api.resource_version += 1
             self._answer(200, api.node(name))
 
         def do_POST(self) -> None:
             body = self._record()
+            collection = self.path.rsplit("/", 1)[-1]
+            name = body["metadata"]["name"]
+            if (collection, name) in api.created:
+                message = f'{collection} "{name}" already exists'
+                self._answer(409, _status(409, "AlreadyExists", message))
+                return
+            api.created.add((collection, name))
             self._answer(201, body)
 
         def log_message(self, *_: Any) -> None:

@@ -22,6 +22,7 @@ from scheduler_svc.fleet.actions import NodeFlag, node_flags, requeue_job
 from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
 from scheduler_svc.fleet.kubernetes import CONDITION_TYPE, TAINT_KEY, KubernetesActions
 from scheduler_svc.fleet.slurm import render
+from scheduler_svc.fleet.webhooks import DeliveryFailed
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.fleet.conftest import K8sStandIn
 from tests.fleet.helpers import fast, fault, two_jobs
@@ -87,8 +88,9 @@ def test_k8s_flag_node_requests_are_what_the_api_accepts(
     _roundtrips(condition[0], "V1NodeCondition")
     patch = k8s.calls[-2].body
     if taint:
-        # The whole list (taints have no merge key), guarded by the version we read.
-        assert patch["metadata"] == {"resourceVersion": "42"}
+        # The whole list (taints have no merge key), guarded by the version we read
+        # (43: the condition's status patch just before moved it on from 42).
+        assert patch["metadata"] == {"resourceVersion": "43"}
         assert patch["spec"]["taints"] == [
             {"key": "gpu.example/maintenance", "effect": "PreferNoSchedule"},
             {"key": TAINT_KEY, "value": "mlx5_2", "effect": "NoSchedule"},
@@ -107,9 +109,34 @@ def test_k8s_event_retry_is_idempotent(k8s: K8sStandIn) -> None:
     actions = KubernetesActions(settings)
     flag = NodeFlag("n1", "restart")
     actions.flag_node(flag, event_id="same", now=NOW)
-    actions.flag_node(flag, event_id="same", now=NOW)
-    names = [c.body["metadata"]["name"] for c in k8s.calls if c.method == "POST"]
-    assert len(names) == 2 and names[0] == names[1]  # a second POST meets AlreadyExists
+    actions.flag_node(flag, event_id="same", now=NOW)  # AlreadyExists is taken as done
+    posts = [(c.body["metadata"]["name"], c.status) for c in k8s.calls if c.method == "POST"]
+    assert [status for _, status in posts] == [201, 409]
+    assert posts[0][0] == posts[1][0]
+    # Another event id is another Event object.
+    actions.flag_node(flag, event_id="other", now=NOW)
+    assert [c.status for c in k8s.calls if c.method == "POST"] == [201, 409, 201]
+
+
+def test_k8s_errors_other_than_already_exists_fail_the_delivery(k8s: K8sStandIn) -> None:
+    """A taint patch racing another writer meets 409 Conflict: retried later, not dropped."""
+    settings = Settings(k8s_enabled=True, k8s_api_url=k8s.url, k8s_node_policy="taint")
+    k8s.racing_writer = True
+    with pytest.raises(DeliveryFailed) as info:
+        KubernetesActions(settings).flag_node(
+            NodeFlag("n7", "x", "mlx5_2", 1), event_id="e", now=NOW
+        )
+    assert str(info.value) == "kubernetes 409 Conflict: node n7"
+    assert info.value.status == 409
+    assert [(c.method, c.status) for c in k8s.calls] == [
+        ("PATCH", 200),
+        ("GET", 200),
+        ("PATCH", 409),
+    ]
+    # Fresh data on the retry: the patch carries the version it read and goes through.
+    k8s.racing_writer = False
+    KubernetesActions(settings).flag_node(NodeFlag("n7", "x", "mlx5_2", 1), event_id="e", now=NOW)
+    assert [c.status for c in k8s.calls[3:]] == [200, 200, 200, 201]
 
 
 def test_action_table() -> None:
