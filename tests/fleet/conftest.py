@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from railover_testing.agents import wait_until
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
 
 
@@ -43,13 +44,12 @@ class Receiver:
             return [r for r in self.requests if r.status == 200]
 
     def wait_for(self, n: int, timeout_s: float = 20.0) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = self.accepted()
-            if len({r.event["id"] for r in got}) >= n:
-                return got
-            time.sleep(0.02)
-        raise AssertionError(f"receiver got {len(self.accepted())} events, wanted {n}")
+        def enough() -> bool:
+            return len({r.event["id"] for r in self.accepted()}) >= n
+
+        if not wait_until(enough, timeout=timeout_s):
+            raise AssertionError(f"receiver got {len(self.accepted())} events, wanted {n}")
+        return self.accepted()
 
     def verify_all(self, secret: str) -> None:
         with self.lock:

@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import httpx
 import pytest
 from kubernetes import client
 
+from railover_testing.agents import wait_until
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet import EventType, emit
@@ -184,13 +184,13 @@ def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
                 subject="node/n3/mlx5_1/1",
                 data={"node": "n3", "device": "mlx5_1", "port": 1, "reason": "port flapped 5x"},
             )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+
+        def both_acted() -> bool:
             lines = log.read_text().splitlines() if log.exists() else []
-            posts = [c for c in k8s.calls if c.method == "POST"]
-            if len(lines) >= 2 and len(posts) >= 2:
-                break
-            time.sleep(0.05)
+            return len(lines) >= 2 and len([c for c in k8s.calls if c.method == "POST"]) >= 2
+
+        assert wait_until(both_acted, timeout=20)
+    lines = log.read_text().splitlines()
     argvs = [json.loads(line) for line in lines]
     assert ["requeue", "j1"] in argvs
     assert [

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,10 +35,9 @@ def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
         assert rv.wait_for_decision("j1", timeout_s=0.1, poll_s=0.05) is None
         # A fault arrives while the launcher waits for the decision.
         threading.Timer(0.3, lambda: fault(rv._http, "n0", "mlx5_0", 2000)).start()
-        started = time.monotonic()
+        # Not None: the wait ended on the decision, not on its 10 s timeout.
         decision = rv.wait_for_decision("j1", timeout_s=10, poll_s=0.05)
         assert decision is not None and decision.action == "failover"
-        assert time.monotonic() - started < 5
         assert rv.wait_for_decision("j1", after=decision, timeout_s=0.1, poll_s=0.05) is None
         with pytest.raises(RailoverError) as err:
             rv.get_job("nope")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from railover_testing.agents import wait_until
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
@@ -111,10 +111,8 @@ def serve(app: FastAPI) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:  # startup, not synchronisation of the test's steps
-        assert thread.is_alive() and time.monotonic() < deadline, "service did not start"
-        time.sleep(0.02)
+    assert wait_until(lambda: server.started or not thread.is_alive(), timeout=30)
+    assert server.started, "service did not start"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
