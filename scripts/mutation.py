@@ -51,8 +51,8 @@ class Target:
     name: str
     files: tuple[str, ...]  # globs of the files to mutate
     tests: tuple[str, ...]  # the tests that cover them
-    # Mutant names to keep (fnmatch), to mutate one function of a larger file.
-    only: str | None = None
+    # Mutant names to keep (fnmatch), to mutate some functions of a larger file.
+    only: tuple[str, ...] = ()
 
 
 TARGETS = (
@@ -80,7 +80,10 @@ TARGETS = (
         "store-idempotency",
         ("scheduler_svc/store/repositories.py",),
         ("tests/store/test_idempotency.py",),
-        only="scheduler_svc.store.repositories.x__insert_unless_taken__mutmut_*",
+        only=(
+            "scheduler_svc.store.repositories.x__insert_unless_taken__mutmut_*",
+            "scheduler_svc.store.repositories.xǁEventRepoǁinsert_new__mutmut_*",
+        ),
     ),
     Target(
         "collectors",
@@ -187,7 +190,7 @@ def outcomes(work: Path, target: Target) -> dict[str, str]:
     for meta in (work / "mutants").rglob("*.meta"):
         data = json.loads(meta.read_text())
         for name, code in data["exit_code_by_key"].items():
-            if target.only is None or fnmatch.fnmatch(name, target.only):
+            if not target.only or any(fnmatch.fnmatch(name, p) for p in target.only):
                 found[name] = status_by_exit_code[code]
     return found
 
@@ -197,8 +200,7 @@ def run_target(target: Target) -> dict[str, Any]:
     started = time.monotonic()
     work = prepare(target)
     args = ["run", "--max-children", "1"]
-    if target.only is not None:
-        args.append(target.only)
+    args.extend(target.only)
     proc = mutmut(work, *args)
     status = outcomes(work, target)
     if proc.returncode != 0 or not status:
