@@ -157,9 +157,9 @@ def test_action_table() -> None:
     ]
 
 
-def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
+def test_service_drives_k8s_and_slurm(tmp_path: Path, db_url: str, k8s: K8sStandIn) -> None:
     script, log = scontrol(tmp_path)
-    db = f"sqlite:///{tmp_path / 'railover.db'}"
+    db = db_url
     settings = fast(
         db,
         k8s_enabled=True,

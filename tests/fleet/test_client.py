@@ -21,8 +21,8 @@ from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+def test_client_registers_reports_and_waits(db_url: str) -> None:
+    settings = Settings(db_url=db_url, port=0)
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0", "n1"])
         job = JobIn.model_validate(job_body("j1", ["n0", "n1"]))

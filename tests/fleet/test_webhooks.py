@@ -176,11 +176,11 @@ def test_signature_rejects_forgery_and_replay() -> None:
     assert SIGNATURE_HEADER == "Railover-Signature"
 
 
-def test_notify_url_filters_and_metrics(tmp_path: Any, receiver: Receiver) -> None:
+def test_notify_url_filters_and_metrics(db_url: str, receiver: Receiver) -> None:
     from tests.scheduler_svc.helpers import job_body, register_nodes
 
     notify_secret = "notify-secret-0123456789abcdef"
-    settings = fast(f"sqlite:///{tmp_path / 'r.db'}", notify_secret=notify_secret)
+    settings = fast(db_url, notify_secret=notify_secret)
     with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0", "n1", "n2", "n3"])
         body = job_body("j1", ["n0", "n1"], notify_url=f"{receiver.url}/j1")
