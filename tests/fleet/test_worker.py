@@ -10,14 +10,17 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.agents import wait_until
+from railover_testing.local import free_port
 from scheduler_svc.fleet.events import emit
 from scheduler_svc.fleet.repositories import DEAD, DELIVERED, PENDING, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.signing import verify
+from scheduler_svc.fleet.webhooks import USER_AGENT, DeliveryFailed, post_event
 from scheduler_svc.fleet.worker import DeliveryWorker, backoff_s, target_kind
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
@@ -218,3 +221,26 @@ def test_wakes_on_a_commit_that_queued_an_event(
         w.stop()
     assert len(got) == 1
     assert cycles[:2] == [0, 1]
+
+
+def test_post_event_answers_and_failures(
+    sessions: sessionmaker[Session], receiver: Receiver
+) -> None:
+    (event_id,) = queue(sessions)
+    with sessions() as s:
+        ev = s.scalars(select(m.OutboxEvent)).one()
+    assert ev.event_id == event_id
+    with httpx.Client(timeout=5) as client:
+        assert post_event(client, receiver.url, SECRET, ev) == 200
+        (r,) = receiver.requests
+        assert r.headers["user-agent"] == USER_AGENT == "railover-webhooks/1"
+        assert r.headers["content-type"] == "application/cloudevents+json"
+        assert verify(SECRET, r.headers["railover-signature"], r.body) > 0
+        receiver.fail = lambda _e: True
+        with pytest.raises(DeliveryFailed) as refused:
+            post_event(client, receiver.url, SECRET, ev)
+        assert (str(refused.value), refused.value.status) == ("HTTP 500", 500)
+        with pytest.raises(DeliveryFailed) as unreachable:
+            post_event(client, f"http://127.0.0.1:{free_port()}/", SECRET, ev)
+        assert str(unreachable.value).startswith("ConnectError: ")
+        assert unreachable.value.status is None
