@@ -88,7 +88,11 @@ TARGETS = (
     Target(
         "collectors",
         ("agent/collectors/*.py",),
-        ("tests/agent/test_agent_collectors.py", "tests/agent/test_counter_baseline.py"),
+        (
+            "tests/agent/test_agent_collectors.py",
+            "tests/agent/test_counter_baseline.py",
+            "tests/agent/test_collectors_strength.py",
+        ),
     ),
     Target(
         "engine",
