@@ -161,6 +161,14 @@ def test_a_dual_port_card_is_one_pcie_device(node: FixtureNode, tmp_path: Path) 
     }
     assert got.state == {"pcie": {card: "x8@32GT/s"}}
     assert p.collect().state == {}  # unchanged
+    # A second card trains down later: reported, although the first is still degraded.
+    other = node.rnic("mlx5_3").pci
+    degrade_pcie_link(node.root, other, width=4)
+    later = p.collect()
+    assert [e["device"] for e in later.events] == ["mlx5_3"]
+    assert later.state == {"pcie": {card: "x8@32GT/s", other: "x4@32GT/s"}}
+    (node.root / "bus" / "pci" / "devices" / other / "current_link_width").write_text("16\n")
+    p.collect()
     # A restarted agent keeps what it reported: no second event for the same state.
     again = PcieCollector(context(node, tmp_path, state={"pcie": got.state["pcie"]}))
     assert again.collect().events == []
