@@ -246,13 +246,23 @@ def run_target(target: Target) -> dict[str, Any]:
     return result
 
 
+def function_of(pattern: str) -> str:
+    """`pkg.mod.xǁClassǁmethod__mutmut_*` -> `Class.method` (mutmut's mangled names)."""
+    mangled = pattern.rsplit(".", 1)[1].split("__mutmut_", maxsplit=1)[0]
+    if mangled.startswith("xǁ"):
+        return mangled[2:].replace("ǁ", ".")
+    return mangled.removeprefix("x_")
+
+
 def render(results: dict[str, dict[str, Any]]) -> str:
     rows = [
         SECTION,
         "",
         "`make mutation` (mutmut, one worker, niced; 2 cores loaded by parallel work). Each",
         "target's files are mutated one change at a time and run against the tests listed;",
-        "equivalent survivors, each with its reason, are in `scripts/mutation_equivalent.txt`.",
+        "equivalent survivors, each with its reason, are in `scripts/mutation_equivalent.txt`",
+        "(SQL case changes are recognised by the script). The engine was measured as it was",
+        "before its rewrite into a reconciler; run `make mutation TARGETS=engine` again after.",
         "",
         "| target | mutated | tests | mutants | killed | equivalent | survived | killed of "
         "non-equivalent | minutes | date |",
@@ -262,8 +272,11 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         r = results.get(t.name)
         if r is None:
             continue
+        mutated = ", ".join(r["files"])
+        if t.only:
+            mutated += " (" + ", ".join(function_of(p) for p in t.only) + " only)"
         rows.append(
-            f"| {t.name} | {', '.join(r['files'])} | {', '.join(r['tests'])} | {r['mutants']} "
+            f"| {t.name} | {mutated} | {', '.join(r['tests'])} | {r['mutants']} "
             f"| {r['killed']} | {r['equivalent']} | {r['survived']} | {r['score']}% "
             f"| {r['minutes']} | {r['date']} |"
         )
