@@ -7,7 +7,7 @@ STAMP_RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 PYSRC := scheduler_svc agent native_plugin railover_testing
 
-.PHONY: all venv venv-runtime plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check image image-name image-test
+.PHONY: all venv venv-runtime plugin lint typecheck test test-python test-plugin demo openapi bench clean tools deploy-check image image-name image-test mutation
 
 all: venv plugin
 
@@ -91,6 +91,12 @@ demo: venv-runtime plugin
 
 openapi: venv
 	$(BIN)/python -m scheduler_svc.openapi_dump openapi/openapi.json
+
+# Mutation testing, module by module, with one niced worker (not part of `make test`: slow).
+# Results: benchmarks/RESULTS.md, "Test strength". `make mutation TARGETS="signing spool"`.
+mutation: venv plugin
+	bash scripts/ensure-postgres.sh
+	$(BIN)/python scripts/mutation.py $(TARGETS)
 
 bench: venv plugin
 	PYTHONPATH=. $(BIN)/python benchmarks/run_all.py

@@ -55,7 +55,7 @@ PHYS_STATES = {
 }
 
 # The counters an mlx5 port exposes (names as in drivers/infiniband/core/sysfs.c
-# and drivers/infiniband/hw/mlx5/counters.c); values start at zero.
+# and drivers/infiniband/hw/mlx5/counters.c); values start at NodeSpec.counter_start.
 IB_COUNTERS = (
     "VL15_dropped",
     "excessive_buffer_overrun_errors",
@@ -151,6 +151,8 @@ class RnicSpec:
     link_layer: LinkLayer = "InfiniBand"
     rate: str = "400 Gb/sec (4X NDR)"
     storage: bool = False
+    # Ports of the one PCI function (ConnectX dual-port cards: ports 1 and 2, one netdev each).
+    ports: int = 1
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,12 @@ class NodeSpec:
     # RNICs on their own root port, no switch (storage NICs on most HGX boards).
     direct_rnics: tuple[tuple[int, RnicSpec], ...] = ()
     nvswitches: int = 4
+    # First PCI domain. Above 0xffff it takes more than four hex digits, as the
+    # domains that Intel VMD creates do (10000:e1:00.0).
+    domain: int = 0
+    # What every error and traffic counter reads before any test touches it: a node
+    # that has been up a while has counted something already.
+    counter_start: int = 0
 
 
 @dataclass
@@ -194,15 +202,16 @@ class FixtureNode:
     def rail_map(
         self, switch_name: Callable[[int], str] = lambda rail: f"rail{rail}-a"
     ) -> dict[str, dict[str, str | int]]:
-        """Rail i for the i-th GPU-traffic RNIC; storage NICs are left out."""
+        """Rail i for the i-th GPU-traffic RNIC port; storage NICs are left out."""
         out: dict[str, dict[str, str | int]] = {}
         rail = 0
         for r in self.rnics:
             if r.storage:
                 continue
+            # Each port of a multi-port RNIC is cabled to a rail of its own.
             for port in r.ports:
                 out[f"{r.name}/{port}"] = {"switch": switch_name(rail), "rail": rail}
-            rail += 1
+                rail += 1
         return out
 
 
@@ -260,7 +269,7 @@ class _Builder:
     def _new_rc(self) -> tuple[str, int]:
         i = self.next_rc
         self.next_rc += 1
-        domain, base = i // 8, 0x14 + 0x20 * (i % 8)
+        domain, base = self.spec.domain + i // 8, 0x14 + 0x20 * (i % 8)
         name = f"pci{domain:04x}:{base:02x}"
         self.rc_buses[name] = base
         self.rc_ports[name] = 0
@@ -380,12 +389,6 @@ class _Builder:
         )
         name = f"mlx5_{self.rnic_index}"
         self.rnic_index += 1
-        if ib:
-            netdev = f"ib{self.ib_netdev_index}"
-            self.ib_netdev_index += 1
-        else:
-            netdev = f"ens{self.eth_netdev_index + 1}f0np0"
-            self.eth_netdev_index += 1
 
         dev_dir = pci_path / "infiniband" / name
         _put(dev_dir / "node_type", "1: CA")
@@ -395,27 +398,43 @@ class _Builder:
         _put(dev_dir / "node_guid", f"a088:c203:00{self.rnic_index:02x}:1e4c")
         _symlink(dev_dir / "device", pci_path)
         _symlink(dev_dir / "subsystem", self.root / "class" / "infiniband")
-        port = dev_dir / "ports" / "1"
-        _put(port / "state", "4: ACTIVE")
-        _put(port / "phys_state", "5: LinkUp")
-        _put(port / "rate", spec.rate)
-        _put(port / "link_layer", spec.link_layer)
-        _put(port / "lid", f"0x{self.rnic_index + 1:x}" if ib else "0x0")
-        _put(port / "sm_lid", "0x1" if ib else "0x0")
-        for c in IB_COUNTERS:
-            _put(port / "counters" / c, NO_PMA if not ib and c in ROCE_NO_PMA_COUNTERS else 0)
-        for c in HW_COUNTERS:
-            _put(port / "hw_counters" / c, 10 if c == "lifespan" else 0)
         _symlink(self.root / "class" / "infiniband" / name, dev_dir)
+        eth_card = self.eth_netdev_index + 1
+        netdevs: list[str] = []
+        for number in range(1, spec.ports + 1):
+            port = dev_dir / "ports" / str(number)
+            _put(port / "state", "4: ACTIVE")
+            _put(port / "phys_state", "5: LinkUp")
+            _put(port / "rate", spec.rate)
+            _put(port / "link_layer", spec.link_layer)
+            lid = self.rnic_index + 1 + 0x100 * (number - 1)
+            _put(port / "lid", f"0x{lid:x}" if ib else "0x0")
+            _put(port / "sm_lid", "0x1" if ib else "0x0")
+            for c in IB_COUNTERS:
+                start = self.spec.counter_start
+                _put(
+                    port / "counters" / c, NO_PMA if not ib and c in ROCE_NO_PMA_COUNTERS else start
+                )
+            for c in HW_COUNTERS:
+                _put(port / "hw_counters" / c, 10 if c == "lifespan" else self.spec.counter_start)
 
-        net_dir = pci_path / "net" / netdev
-        _put(net_dir / "dev_port", 0)
-        _put(net_dir / "dev_id", "0x0")
-        _put(net_dir / "type", 32 if ib else 1)
-        _put(net_dir / "operstate", "up")
-        _put(net_dir / "mtu", 4092 if ib else 9000)
-        _symlink(net_dir / "device", pci_path)
-        _symlink(self.root / "class" / "net" / netdev, net_dir)
+            if ib:
+                netdev = f"ib{self.ib_netdev_index}"
+                self.ib_netdev_index += 1
+            else:
+                netdev = f"ens{eth_card}f0np{number - 1}"
+            net_dir = pci_path / "net" / netdev
+            # dev_port: the 0-based physical port of a multi-port function.
+            _put(net_dir / "dev_port", number - 1)
+            _put(net_dir / "dev_id", "0x0")
+            _put(net_dir / "type", 32 if ib else 1)
+            _put(net_dir / "operstate", "up")
+            _put(net_dir / "mtu", 4092 if ib else 9000)
+            _symlink(net_dir / "device", pci_path)
+            _symlink(self.root / "class" / "net" / netdev, net_dir)
+            netdevs.append(netdev)
+        if not ib:
+            self.eth_netdev_index += 1
 
         rate_gbps = int(float(spec.rate.split()[0]))
         self.node.rnics.append(
@@ -425,9 +444,10 @@ class _Builder:
                 numa=numa,
                 pcie_switch=switch,
                 root_complex=rc,
-                netdev=netdev,
+                netdev=netdevs[0],
                 link_layer=spec.link_layer,
                 rate_gbps=rate_gbps,
+                ports=tuple(range(1, spec.ports + 1)),
                 storage=spec.storage,
             )
         )
@@ -544,6 +564,31 @@ def shape_b(root: Path) -> FixtureNode:
     rnic = RnicSpec()
     sws = tuple(SwitchSpec(numa=i // 2, gpus=2, rnics=(rnic,), rc_group=i // 2) for i in range(4))
     return build_node(root, NodeSpec(switches=sws, numa_nodes=2))
+
+
+def shape_c(root: Path) -> FixtureNode:
+    """(c) 8 GPUs, 4 dual-port 200G RNICs (8 ports), 2 storage NICs, PCI domain 0x10000.
+
+    Its counters start at 17, not 0: the agent's first reading is a baseline.
+
+    Two GPUs and one dual-port RNIC behind each of 4 PCIe switches, switches in
+    pairs on one root complex per NUMA node, in a domain above 0xffff (as behind
+    Intel VMD). Port 2 of an RNIC is never a backup for its port 1: one card
+    failing takes both.
+    """
+    rnic = RnicSpec(rate="200 Gb/sec (4X HDR)", ports=2)
+    sws = tuple(SwitchSpec(numa=i // 2, gpus=2, rnics=(rnic,), rc_group=i // 2) for i in range(4))
+    storage = RnicSpec(link_layer="Ethernet", rate="100 Gb/sec (4X EDR)", storage=True)
+    return build_node(
+        root,
+        NodeSpec(
+            switches=sws,
+            numa_nodes=2,
+            direct_rnics=((0, storage), (1, storage)),
+            domain=0x10000,
+            counter_start=17,
+        ),
+    )
 
 
 # -- fault injection ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
+from tests.deploy.tools import tool_missing
 
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "native_plugin"
@@ -37,7 +38,7 @@ def plugin_lib() -> Path:
     path = library_path()
     if not path.is_file() and path == DEFAULT_LIBRARY:
         if shutil.which("make") is None or shutil.which("cc") is None:
-            pytest.skip("librailover_plugin.so is not built and there is no C toolchain")
+            tool_missing("librailover_plugin.so is not built and there is no C toolchain")
         subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
     return path
 

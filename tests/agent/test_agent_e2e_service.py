@@ -16,17 +16,18 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from native_plugin import wire
 from railover_testing.agents import AgentThread, settings_for, wait_until
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from tests.agent.polls import PollLog
+from tests.deploy.tools import need_console_script
 
-pytest.importorskip("scheduler_svc.main")
 RAILOVER = Path(sys.executable).with_name("railover")
 
 
@@ -62,16 +63,18 @@ class Service:
                 env=env,
             )
         url = f"http://127.0.0.1:{self.port}/healthz"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        proc = self.proc
+
+        def healthy() -> bool:
+            assert proc.poll() is None, self.log.read_text()[-3000:]
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200:
-                        return
+                    return bool(r.status == 200)
             except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"service did not start:\n{self.log.read_text()[-3000:]}")
+                return False
+
+        if not wait_until(healthy, timeout=60, step=0.1):
+            raise AssertionError(f"service did not start:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -85,8 +88,7 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    if not RAILOVER.exists():
-        pytest.skip("railover console script not installed")
+    need_console_script("railover")
     svc = Service(_free_port(), tmp_path / "svc.db", tmp_path / "svc.log")
     yield svc
     svc.stop()
@@ -168,6 +170,17 @@ def test_outage_restart_1000_events_all_arrive_once(
     assert ports == sorted((f"mlx5_{i}", k) for i in range(5) for k in ("port_down", "port_up"))
 
 
+def refused() -> float:
+    """Calls the service refused with 403 (a token for another node), any endpoint."""
+    return sum(
+        REGISTRY.get_sample_value(
+            "railover_agent_service_requests_total", {"endpoint": e, "outcome": "http_403"}
+        )
+        or 0.0
+        for e in ("register", "events")
+    )
+
+
 def _http(method: str, url: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
@@ -221,7 +234,8 @@ def test_live_service_plan_fault_and_command_relay(
             p.connect(str(settings.socket))
             p.sendall(wire.encode(wire.Hello(comm_id=0, pid=100 + rank, abi_version=1, rank=rank)))
 
-        t_flip = time.time()
+        polls = PollLog(a, "ports")
+        before = polls.mark()
         set_port_state(node_a.root, "mlx5_0", 1, "DOWN")
 
         def fault_open() -> bool:
@@ -233,18 +247,13 @@ def test_live_service_plan_fault_and_command_relay(
                     ).fetchall()
                 )
 
-        # Detection happens at the next poll, so within one interval of the flip;
-        # the rest is one HTTP request on loopback (allowance for a busy 2-core box).
-        assert wait_until(fault_open, timeout=interval + 1.0, step=0.01)
-        arrived = time.time() - t_flip
-        with sqlite3.connect(service.db) as db:
-            (observed,) = db.execute(
-                "SELECT observed_at FROM events WHERE kind='port_down' AND device='mlx5_0'"
-            ).fetchone()
-        # The store keeps UTC without a zone.
-        observed_ts = datetime.fromisoformat(str(observed)).replace(tzinfo=UTC).timestamp()
-        assert observed_ts - t_flip <= interval + 0.25
-        assert arrived <= interval + 0.5
+        # Generous (a hung test's stop): the poll count below is the bound.
+        assert wait_until(fault_open, timeout=30)
+        # Detected by the poll running at the flip, or else by the next one to start:
+        # within one poll interval, counted in polls rather than seconds.
+        found = polls.found_by(lambda e: e["kind"] == "port_down" and e["device"] == "mlx5_0")
+        assert found is not None
+        assert before <= found <= before + 1
 
         # Fault right after a checkpoint: restart is cheaper, so the service
         # tells every rank's process to abort; the agent relays it to the plugin.
@@ -312,7 +321,9 @@ def test_wrong_token_keeps_events_until_the_right_one(
     try:
         set_port_state(node_a.root, "mlx5_2", 1, "DOWN")
         assert wait_until(lambda: a.agent.spool.depth() == 1)
-        time.sleep(1.0)  # several refused attempts
+        # Several refused attempts (counted), each keeping the event in the spool.
+        first = refused()
+        assert wait_until(lambda: refused() >= first + 3, timeout=30)
         assert a.agent.spool.depth() == 1
         assert a.agent.registered is None
         assert a.call(a.agent.spool.dead_letters) == []

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from agent.config import AgentSettings, describe_errors
 from railover_testing.agents import StandInService, short_socket_path, wait_until
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from tests.deploy.tools import need_console_script
 
 AGENT = Path(sys.executable).with_name("railover-agent")
 
@@ -71,8 +72,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_console_script_refuses_bad_settings() -> None:
-    if not AGENT.exists():
-        pytest.skip("railover-agent console script not installed")
+    need_console_script("railover-agent")
     r = subprocess.run(
         [str(AGENT)],
         check=False,
@@ -87,8 +87,7 @@ def test_console_script_refuses_bad_settings() -> None:
 
 
 def test_console_script_refuses_a_broken_rail_map(tmp_path: Path, node_a: FixtureNode) -> None:
-    if not AGENT.exists():
-        pytest.skip("railover-agent console script not installed")
+    need_console_script("railover-agent")
     rails = tmp_path / "rails.yaml"
     rails.write_text("mlx5_0: {switch: a, rail: 0}\n")
     r = subprocess.run(
@@ -111,8 +110,7 @@ def test_console_script_refuses_a_broken_rail_map(tmp_path: Path, node_a: Fixtur
 def test_console_script_runs_and_stops_cleanly(
     node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, standin: StandInService
 ) -> None:
-    if not AGENT.exists():
-        pytest.skip("railover-agent console script not installed")
+    need_console_script("railover-agent")
     sock = short_socket_path()
     env = _env(
         service_url=standin.url,

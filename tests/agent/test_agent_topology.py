@@ -16,6 +16,8 @@ from agent.railmap import load_rail_map
 from agent.sysfs import normalise_pci
 from agent.topology import PciTree, discover
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, rail_node, set_port_state
+from scheduler_svc import schemas
+from scheduler_svc.engine import paths
 
 
 def _by_switch(node_topo: topo_mod.Topology) -> dict[str | None, tuple[list[int], list[str]]]:
@@ -106,7 +108,6 @@ def test_shape_b_two_gpus_per_rnic(node_b: FixtureNode) -> None:
 
 
 def test_payload_is_what_the_service_accepts(node_a: FixtureNode, rail_map_a: Path) -> None:
-    schemas = pytest.importorskip("scheduler_svc.schemas")
     t = discover(node_a.root, load_rail_map(rail_map_a), use_nvml=False)
     body = schemas.NodeIn.model_validate(t.payload())
     assert len(body.rnics) == 10
@@ -117,7 +118,6 @@ def test_payload_is_what_the_service_accepts(node_a: FixtureNode, rail_map_a: Pa
 def test_backup_plan_for_shape_a_stays_behind_the_root_complex(
     node_a: FixtureNode, rail_map_a: Path
 ) -> None:
-    paths = pytest.importorskip("scheduler_svc.engine.paths")
     t = discover(node_a.root, load_rail_map(rail_map_a), use_nvml=False)
     node = paths.NodeTopology(
         name="n0",

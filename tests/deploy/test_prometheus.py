@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from railover_testing.agents import wait_until
 from railover_testing.local import free_port, local_service
 from railover_testing.sysfs_fixture import rail_node, set_port_state, write_rail_map
 from scheduler_svc.config import Settings
@@ -69,17 +69,18 @@ def test_every_alert_the_issue_asks_for_exists_and_is_tested() -> None:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
+    last: list[Any] = [None]
+
+    def ready() -> bool:
         try:
-            last = check()
+            last[0] = check()
         except httpx.HTTPError as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+            last[0] = exc
+        return bool(last[0]) and not isinstance(last[0], Exception)
+
+    if not wait_until(ready, timeout=timeout, step=0.3):
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last: {last[0]!r}")
+    return last[0]
 
 
 @pytest.fixture

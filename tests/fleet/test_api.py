@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 
@@ -35,8 +34,8 @@ def _client(url: str, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=url, headers=headers, timeout=30)
 
 
-def test_fleet_api_roles_secrets_and_audit(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'r.db'}"
+def test_fleet_api_roles_secrets_and_audit(db_url: str) -> None:
+    db = db_url
     tokens = _tokens(db)
     # A receiver nobody listens on: deliveries stay pending (long backoff).
     settings = fast(db, webhook_backoff_base_s=60)

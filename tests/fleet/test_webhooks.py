@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Any
 
 import httpx
 import pytest
 
+from railover_testing.agents import wait_until
 from railover_testing.local import local_service
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, SignatureError, verify
 from tests.fleet.conftest import Received, Receiver
 from tests.fleet.helpers import SECRET, fast, fault, subscribe, take_and_apply, two_jobs
+
+
+def in_state(http: httpx.Client, state: str) -> list[dict[str, Any]]:
+    deliveries: list[dict[str, Any]] = http.get(
+        "/v1/deliveries", params={"state": state, "limit": 1000}
+    ).json()["deliveries"]
+    return deliveries
+
+
+def pending(http: httpx.Client) -> list[dict[str, Any]]:
+    return in_state(http, "pending")
 
 
 def by_job(received: list[Received]) -> dict[str, list[dict[str, Any]]]:
@@ -49,10 +60,7 @@ def test_fault_sequence_arrives_signed_in_order_with_retries(
         d3 = fault(http, "n1", "mlx5_3", 2100)
         assert len(d1) == len(d2) == len(d3) == 1
         # Everything the outbox holds for the subscription, in outbox order.
-        deadline = time.monotonic() + 20
-        while http.get("/v1/deliveries", params={"state": "pending"}).json()["deliveries"]:
-            assert time.monotonic() < deadline, "deliveries still pending"
-            time.sleep(0.05)
+        assert wait_until(lambda: not pending(http), timeout=20), "deliveries still pending"
         stored = http.get("/v1/deliveries", params={"limit": 1000}).json()["deliveries"]
     assert {d["state"] for d in stored} == {"delivered"}
     receiver.verify_all(SECRET)
@@ -130,12 +138,8 @@ def test_dead_letters_are_listed_and_replayed(db_url: str, receiver: Receiver) -
         sub = subscribe(http, receiver.url, event_types=["io.railover.decision.created"])
         fault(http, "n0", "mlx5_0", 2000)
         fault(http, "n0", "mlx5_1", 2001)
-        deadline = time.monotonic() + 10
-        dead: list[dict[str, Any]] = []
-        while len(dead) < 2 and time.monotonic() < deadline:
-            dead = http.get("/v1/deliveries", params={"state": "dead"}).json()["deliveries"]
-            time.sleep(0.05)
-        assert len(dead) == 2
+        assert wait_until(lambda: len(in_state(http, "dead")) == 2, timeout=20)
+        dead = in_state(http, "dead")
         assert {d["attempts"] for d in dead} == {2}
         assert dead[0]["last_status"] == 500 and dead[0]["target"] == (
             f"sub:{sub['subscription_id']}"
@@ -143,21 +147,16 @@ def test_dead_letters_are_listed_and_replayed(db_url: str, receiver: Receiver) -
         receiver.fail = lambda _e: False
         one = http.post(f"/v1/deliveries/{dead[0]['delivery_id']}/replay")
         assert one.status_code == 200 and one.json()["state"] == "pending"
+        # No longer dead (pending, or already delivered): a second replay is a conflict.
         again = http.post(f"/v1/deliveries/{dead[0]['delivery_id']}/replay")
-        assert again.status_code in (200, 409)
+        assert again.status_code == 409
+        assert again.json()["detail"].endswith("; only dead ones are replayed")
         rest = http.post("/v1/deliveries/replay", json={"target": dead[1]["target"]})
         assert rest.status_code == 200
         got = receiver.wait_for(2)
         assert [r.event["id"] for r in got][:2] == [d["event_id"] for d in dead]
         # The receiver has the request a moment before the worker records its answer.
-        deadline = time.monotonic() + 10
-        delivered: list[dict[str, Any]] = []
-        while len(delivered) < 2 and time.monotonic() < deadline:
-            delivered = http.get("/v1/deliveries", params={"state": "delivered"}).json()[
-                "deliveries"
-            ]
-            time.sleep(0.05)
-        assert len(delivered) == 2
+        assert wait_until(lambda: len(in_state(http, "delivered")) == 2, timeout=20)
 
 
 def test_signature_rejects_forgery_and_replay() -> None:
@@ -178,11 +177,11 @@ def test_signature_rejects_forgery_and_replay() -> None:
     assert SIGNATURE_HEADER == "Railover-Signature"
 
 
-def test_notify_url_filters_and_metrics(tmp_path: Any, receiver: Receiver) -> None:
+def test_notify_url_filters_and_metrics(db_url: str, receiver: Receiver) -> None:
     from tests.scheduler_svc.helpers import job_body, register_nodes
 
     notify_secret = "notify-secret-0123456789abcdef"
-    settings = fast(f"sqlite:///{tmp_path / 'r.db'}", notify_secret=notify_secret)
+    settings = fast(db_url, notify_secret=notify_secret)
     with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0", "n1", "n2", "n3"])
         body = job_body("j1", ["n0", "n1"], notify_url=f"{receiver.url}/j1")
@@ -199,8 +198,10 @@ def test_notify_url_filters_and_metrics(tmp_path: Any, receiver: Receiver) -> No
         fault(http, "n2", "mlx5_0", 2000)
         take_and_apply(http, "n2")
         got = receiver.wait_for(2)
-        time.sleep(0.3)  # nothing else may follow
+        # Deliveries are stored with their events: once none is pending, all were sent.
+        assert wait_until(lambda: not pending(http), timeout=20)
         scrape = http.get("/metrics").text
+    assert len({r.event["id"] for r in receiver.accepted()}) == 2
     by_path = defaultdict(set)
     for r in receiver.accepted():
         by_path[r.path].add((r.event["type"], r.event.get("partitionkey")))

@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from railover_testing.fake_agent import FakeAgent
+from tests.deploy.tools import need_tool
+
+
+@pytest.fixture(scope="session")
+def cc() -> str:
+    """The C compiler the agreement tests build with (a failure under `make test`)."""
+    return need_tool("cc")
 
 
 @pytest.fixture

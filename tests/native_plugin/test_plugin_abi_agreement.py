@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from native_plugin import binding
+from tests.deploy.tools import need_tool
 
 INCLUDE = Path(__file__).resolve().parents[2] / "native_plugin" / "include"
 
@@ -46,8 +46,7 @@ COMPILERS = [
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_ctypes_structs_match_header(compiler: list[str], tmp_path: Path) -> None:
-    if shutil.which(compiler[0]) is None:
-        pytest.skip(f"needs {compiler[0]}")
+    need_tool(compiler[0])  # a failure, not a skip, under `make test`
     expected = ctypes_layout()
     body = "".join(
         f'  printf("%s=%lld\\n", "{key}", (long long)({key}));\n' for key in sorted(expected)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
@@ -23,6 +22,7 @@ from native_plugin.binding import (
     agree,
     load_library,
 )
+from railover_testing.agents import wait_until as poll_until
 from railover_testing.fake_agent import FakeAgent
 
 
@@ -36,11 +36,8 @@ FAST: _Fast = {"reconnect_min_ms": 5, "reconnect_max_ms": 20}
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
+    if not poll_until(cond, timeout=timeout, step=0.002):
+        raise AssertionError("condition not reached in time")
 
 
 def drained(plugin: Plugin, agent: FakeAgent) -> Callable[[], bool]:

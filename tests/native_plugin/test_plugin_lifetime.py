@@ -12,18 +12,23 @@ def test_dropped_plugin_keeps_its_log_callback_alive(plugin_lib: Path, tmp_path:
     # In a child process: a crash there is a failed assertion here, not a dead test run.
     script = textwrap.dedent(
         f"""
-        import gc, time
+        import gc, threading
         from native_plugin.binding import Plugin
         seen = []
+        logged = threading.Event()
+        def log(lvl, msg):
+            seen.append(msg)
+            logged.set()
         p = Plugin(socket_path={str(tmp_path / "none.sock")!r}, reconnect_min_ms=1,
-                   reconnect_max_ms=5, log_interval_ms=1, log=lambda lvl, msg: seen.append(msg))
+                   reconnect_max_ms=5, log_interval_ms=1, log=log)
         p.init()
         for _ in range(1000):
             p.report_progress(1, 0, 1)  # queued for an agent; the sender logs failed connects
         del p
         gc.collect()
-        time.sleep(0.5)  # the sender thread keeps retrying and logging meanwhile
-        print("alive", len(seen) > 0)
+        logged.clear()
+        # The sender thread keeps retrying and logging after del p: a log line arrives.
+        print("alive", logged.wait(30) and len(seen) > 0)
         """
     )
     proc = subprocess.run(

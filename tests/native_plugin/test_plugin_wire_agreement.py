@@ -7,7 +7,6 @@ Python side must compute the same numbers.
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from native_plugin import wire
+from tests.deploy.tools import need_tool
 
 INCLUDE = Path(__file__).resolve().parents[2] / "native_plugin" / "include"
 
@@ -87,8 +87,7 @@ COMPILERS = [
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_header_matches_python(compiler: list[str], tmp_path: Path) -> None:
-    if shutil.which(compiler[0]) is None:
-        pytest.skip(f"needs {compiler[0]}")
+    need_tool(compiler[0])  # a failure, not a skip, under `make test`
     expected = python_layout()
     src = tmp_path / "layout.c"
     src.write_text(c_program(sorted(expected)))

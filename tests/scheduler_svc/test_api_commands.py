@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 
@@ -19,13 +18,13 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
 
     def poll() -> None:
         with httpx.Client(base_url=service, timeout=30) as c:
-            started = time.monotonic()
             got["body"] = c.get("/v1/nodes/n1/commands", params={"wait_s": 20}).json()
-            got["waited"] = time.monotonic() - started
 
+    # Whether the poll is already waiting when the fault commits or looks after it, it
+    # returns the commands; that a waiting poll is woken by the commit (and not by its
+    # re-check) is tests/scheduler_svc/test_notify.py's to show.
     waiter = threading.Thread(target=poll)
     waiter.start()
-    time.sleep(0.5)  # the poll is now waiting on the service
     http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
     waiter.join(timeout=30)
     cmds = got["body"]["commands"]  # type: ignore[index]
@@ -37,7 +36,6 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
     assert rebalance["ranks"] == list(range(8, 16))
     assert rebalance["disabled_channels"] == [6]
     assert rebalance["ops_done"] == 20  # no progress reported yet: the minimum offset
-    assert got["waited"] < 20  # type: ignore[operator]  # woke on the commit, not the timeout
     on_n0 = http.get("/v1/nodes/n0/commands").json()["commands"]
     assert [(c["kind"], c["ops_done"], c["epoch"]) for c in on_n0] == [("rebalance", 20, 1)]
 

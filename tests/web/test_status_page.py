@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.services.status import saved_gpu_seconds
-from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
+from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.web.render import duration
 from tests.web.scenario import failed_over_cluster
@@ -125,9 +124,8 @@ def test_store_gauges_follow_the_store(http: httpx.Client) -> None:
     assert ("railover_job_failed_over_seconds", frozenset({"job_id": "job-a"}.items())) in m
 
 
-def test_page_asks_for_a_token_when_the_service_has_tokens(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'railover.db'}"
-    upgrade(url)
+def test_page_asks_for_a_token_when_the_service_has_tokens(db_url: str) -> None:
+    url = db_url
     engine = make_engine(url)
     with make_sessionmaker(engine)() as session:
         _, viewer = TokenRepo(session).create(

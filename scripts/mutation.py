@@ -1,0 +1,327 @@
+"""Mutation testing, module by module: how many small bugs do the tests catch?
+
+For each target below, mutmut (one worker, niced: the machine is shared) puts
+one small change at a time into a copy of the tracked tree under
+build/mutation/<target>/ and runs the tests that reach the changed function
+(mutmut records which tests call which function in a first, clean run). A
+mutant the tests do not notice "survives". Survivors that cannot change
+behaviour are listed with a reason in scripts/mutation_equivalent.txt; every
+other survivor is a test to write.
+
+    python scripts/mutation.py                 # every target, in order
+    python scripts/mutation.py signing notify  # some of them
+
+Prints killed/survived per target and writes the table under "Test strength"
+in benchmarks/RESULTS.md (results of targets not run this time are kept, from
+benchmarks/mutation-results.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mutmut.stats import status_by_exit_code
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "mutation"
+EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.txt"
+RESULTS_JSON = ROOT / "benchmarks" / "mutation-results.json"
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+SECTION = "## Test strength"
+
+# The copy imports these packages; only files matching a target's globs are mutated.
+SOURCE_PATHS = ("scheduler_svc", "agent", "native_plugin", "railover_testing")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    files: tuple[str, ...]  # globs of the files to mutate
+    tests: tuple[str, ...]  # the tests that cover them
+    # Mutant names to keep (fnmatch), to mutate some functions of a larger file.
+    only: tuple[str, ...] = ()
+
+
+TARGETS = (
+    Target(
+        "signing",
+        ("scheduler_svc/fleet/signing.py",),
+        ("tests/scheduler_svc/test_signing.py",),
+    ),
+    Target(
+        "deps",
+        ("scheduler_svc/deps.py",),
+        ("tests/scheduler_svc/test_deps.py",),
+    ),
+    Target(
+        "notify",
+        ("scheduler_svc/notify.py",),
+        ("tests/scheduler_svc/test_notify.py",),
+    ),
+    Target(
+        "spool",
+        ("agent/spool.py",),
+        ("tests/agent/test_agent_spool.py", "tests/agent/test_spool_strength.py"),
+    ),
+    Target(
+        "store-idempotency",
+        ("scheduler_svc/store/repositories.py",),
+        ("tests/store/test_idempotency.py",),
+        only=(
+            "scheduler_svc.store.repositories.x__insert_unless_taken__mutmut_*",
+            "scheduler_svc.store.repositories.xǁEventRepoǁinsert_new__mutmut_*",
+        ),
+    ),
+    Target(
+        "collectors",
+        ("agent/collectors/*.py",),
+        (
+            "tests/agent/test_agent_collectors.py",
+            "tests/agent/test_counter_baseline.py",
+            "tests/agent/test_collectors_strength.py",
+        ),
+    ),
+    Target(
+        "engine",
+        ("scheduler_svc/engine/*.py",),
+        (
+            "tests/scheduler_svc/test_engine_decision.py",
+            "tests/scheduler_svc/test_engine_paths.py",
+            "tests/scheduler_svc/test_engine_coordination.py",
+            "tests/engine",
+        ),
+    ),
+)
+
+
+def tracked_files() -> list[str]:
+    """What a fresh clone has (plus files not yet committed, so a new test counts)."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],  # noqa: S607
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
+
+
+def prepare(target: Target) -> Path:
+    work = WORK / target.name
+    if work.exists():
+        shutil.rmtree(work)
+    for rel in tracked_files():
+        dest = work / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest)
+    built = ROOT / "native_plugin" / "build"
+    if built.is_dir():  # the compiled plugin, for the tests that load it
+        shutil.copytree(built, work / "native_plugin" / "build")
+    lines = ["[mutmut]"]
+
+    def option(key: str, values: Iterable[str]) -> None:
+        lines.append(f"{key} =")
+        lines.extend(f"    {v}" for v in values)
+
+    option("source_paths", SOURCE_PATHS)
+    option("only_mutate", target.files)
+    option("also_copy", ("benchmarks", "openapi", "deploy", "examples", "README.md"))
+    option("pytest_add_cli_args_test_selection", target.tests)
+    # A mutant that makes a wait never end fails its test here, not after the suite's 300 s.
+    option("pytest_add_cli_args", ("--timeout=60", "-p", "no:cacheprovider"))
+    lines.append("use_git_change_detection = false")
+    (work / "setup.cfg").write_text("\n".join(lines) + "\n")
+    return work
+
+
+def mutmut(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("mutmut")
+    return subprocess.run(  # noqa: S603
+        ["nice", "-n", "10", str(exe), *args],  # noqa: S607
+        cwd=work,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+
+
+def equivalents() -> dict[str, str]:
+    out: dict[str, str] = {}
+    if EQUIVALENT.exists():
+        for raw in EQUIVALENT.read_text().splitlines():
+            line = raw.strip()
+            if line and not line.startswith("#"):
+                name, _, reason = line.partition(" ")
+                out[name] = reason.strip()
+    return out
+
+
+# SQL keywords and identifiers are case-insensitive (SQLite and PostgreSQL alike).
+_SQL = re.compile(
+    r'"(SELECT|INSERT|DELETE|UPDATE|PRAGMA|BEGIN|COMMIT|ROLLBACK|VALUES|ON CONFLICT)\b'
+)
+
+
+def equivalent_by_rule(diff: str) -> str | None:
+    """A reason when the mutant cannot change behaviour by construction, else None."""
+    lines = diff.splitlines()
+    removed = [ln[1:] for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:] for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    if (
+        len(removed) == len(added) == 1
+        and removed[0] != added[0]
+        and removed[0].lower() == added[0].lower()
+        and _SQL.search(removed[0])
+    ):
+        return "changes only the case of an SQL statement, which the database reads alike"
+    return None
+
+
+def outcomes(work: Path, target: Target) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for meta in (work / "mutants").rglob("*.meta"):
+        data = json.loads(meta.read_text())
+        for name, code in data["exit_code_by_key"].items():
+            if not target.only or any(fnmatch.fnmatch(name, p) for p in target.only):
+                found[name] = status_by_exit_code[code]
+    return found
+
+
+def run_target(target: Target) -> dict[str, Any]:
+    print(f"== {target.name}: mutating {', '.join(target.files)}", flush=True)
+    started = time.monotonic()
+    work = prepare(target)
+    args = ["run", "--max-children", "1"]
+    args.extend(target.only)
+    proc = mutmut(work, *args)
+    status = outcomes(work, target)
+    if proc.returncode != 0 or not status:
+        sys.stdout.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"mutmut failed for {target.name} (exit {proc.returncode})")
+    listed = equivalents()
+    killed = [n for n, s in status.items() if s in ("killed", "timeout", "caught by type check")]
+    alive = sorted(n for n in status if n not in killed)
+    survived: list[str] = []
+    equivalent: dict[str, str] = {}
+    for name in alive:
+        diff = mutmut(work, "show", name).stdout
+        reason = listed.get(name) or equivalent_by_rule(diff)
+        if reason is not None:
+            equivalent[name] = reason
+            continue
+        survived.append(name)
+        print(f"-- survived: {name} ({status[name]})\n{diff}")
+    non_equivalent = len(status) - len(equivalent)
+    result = {
+        "target": target.name,
+        "files": list(target.files),
+        "tests": list(target.tests),
+        "mutants": len(status),
+        "killed": len(killed),
+        "equivalent": len(equivalent),
+        "survived": len(survived),
+        "score": round(100.0 * len(killed) / non_equivalent, 1) if non_equivalent else 100.0,
+        "survivors": survived,
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+    }
+    print(
+        f"{target.name}: {result['killed']} killed, {result['survived']} survived, "
+        f"{result['equivalent']} equivalent of {result['mutants']} "
+        f"({result['score']}% of the non-equivalent killed)",
+        flush=True,
+    )
+    return result
+
+
+def function_of(pattern: str) -> str:
+    """`pkg.mod.xǁClassǁmethod__mutmut_*` -> `Class.method` (mutmut's mangled names)."""
+    mangled = pattern.rsplit(".", 1)[1].split("__mutmut_", maxsplit=1)[0]
+    if mangled.startswith("xǁ"):
+        return mangled[2:].replace("ǁ", ".")
+    return mangled.removeprefix("x_")
+
+
+def render(results: dict[str, dict[str, Any]]) -> str:
+    rows = [
+        SECTION,
+        "",
+        "`make mutation` (mutmut, one worker, niced; 2 cores loaded by parallel work). Each",
+        "target's files are mutated one change at a time and run against the tests listed;",
+        "equivalent survivors, each with its reason, are in `scripts/mutation_equivalent.txt`",
+        "(SQL case changes are recognised by the script). The engine was measured as it was",
+        "before its rewrite into a reconciler; run `make mutation TARGETS=engine` again after.",
+        "",
+        "| target | mutated | tests | mutants | killed | equivalent | survived | killed of "
+        "non-equivalent | minutes | date |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for t in TARGETS:
+        r = results.get(t.name)
+        if r is None:
+            continue
+        mutated = ", ".join(r["files"])
+        if t.only:
+            mutated += " (" + ", ".join(function_of(p) for p in t.only) + " only)"
+        rows.append(
+            f"| {t.name} | {mutated} | {', '.join(r['tests'])} | {r['mutants']} "
+            f"| {r['killed']} | {r['equivalent']} | {r['survived']} | {r['score']}% "
+            f"| {r['minutes']} | {r['date']} |"
+        )
+    survivors = [s for t in TARGETS for s in results.get(t.name, {}).get("survivors", [])]
+    if survivors:
+        rows += ["", "Survivors still to kill: " + ", ".join(f"`{s}`" for s in survivors)]
+    return "\n".join(rows) + "\n"
+
+
+def write_results(results: dict[str, dict[str, Any]]) -> None:
+    RESULTS_JSON.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    text = RESULTS_MD.read_text()
+    section = render(results)
+    start = text.find(SECTION + "\n")
+    if start == -1:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + ("" if end == -1 else text[end:])
+    RESULTS_MD.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", help=", ".join(t.name for t in TARGETS))
+    names = parser.parse_args().targets or [t.name for t in TARGETS]
+    unknown = set(names) - {t.name for t in TARGETS}
+    if unknown:
+        parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
+    os.environ.setdefault("RAILOVER_REQUIRE_TOOLS", "1")
+    results: dict[str, dict[str, Any]] = (
+        json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    )
+    for target in TARGETS:
+        if target.name in names:
+            results[target.name] = run_target(target)
+            write_results(results)  # after each target: a long run keeps what it has
+    for t in TARGETS:
+        if t.name in results:
+            r = results[t.name]
+            print(
+                f"{t.name:>18}: {r['killed']:4} killed {r['survived']:4} survived "
+                f"{r['equivalent']:4} equivalent  {r['score']}%"
+            )
+
+
+if __name__ == "__main__":
+    main()
