@@ -1,0 +1,181 @@
+"""Insert-unless-taken: how a replayed event, a second replica or a racing request finds
+that a fault, decision, switch fault or flag already exists, without deciding twice."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler_svc.engine.fabric import FaultKind
+from scheduler_svc.store import models as m
+from scheduler_svc.store.repositories import (
+    CoordinationRepo,
+    DecisionRepo,
+    EventRepo,
+    FaultRepo,
+    JobRepo,
+    _insert_unless_taken,
+)
+
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def fault(
+    device: str = "mlx5_0", port: int = 1, event_id: str = "e1", kind: str = FaultKind.LINK_DOWN
+) -> m.Fault:
+    return m.Fault(
+        node="n0",
+        device=device,
+        port=port,
+        kind=kind,
+        opened_at=NOW,
+        first_event_id=event_id,
+        detail={},
+    )
+
+
+def count(session: Session, model: type[m.Base]) -> int:
+    return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_a_new_row_is_inserted_and_returned(session: Session) -> None:
+    row = fault()
+    assert _insert_unless_taken(session, row) is row
+    assert row.id is not None  # flushed: the database gave it its id
+    assert session.scalars(select(m.Fault)).all() == [row]
+
+
+def test_a_taken_key_returns_none_and_keeps_the_rest_of_the_transaction(
+    session: Session,
+) -> None:
+    first = fault()
+    assert FaultRepo(session).open_if_new(first) is first
+    other = fault(device="mlx5_1")
+    assert FaultRepo(session).open_if_new(other) is other
+    duplicate = fault(event_id="e2")  # same component, still open
+    assert FaultRepo(session).open_if_new(duplicate) is None
+    # Only the savepoint was rolled back: both earlier faults are still there, and the
+    # session goes on working (a flush, another insert, a query).
+    assert duplicate not in session
+    session.flush()
+    assert [f.first_event_id for f in session.scalars(select(m.Fault).order_by(m.Fault.id))] == [
+        "e1",
+        "e1",
+    ]
+    assert FaultRepo(session).open_if_new(fault(device="mlx5_2")) is not None
+    assert count(session, m.Fault) == 3
+
+
+def test_a_cleared_fault_frees_its_component(session: Session) -> None:
+    repo = FaultRepo(session)
+    first = repo.open_if_new(fault())
+    assert first is not None
+    # Only the kinds asked for clear: a fault of another kind on the port stays open.
+    assert repo.clear("n0", "mlx5_0", 1, NOW, [FaultKind.COUNTER_ERRORS]) == []
+    assert repo.open_on_component("n0", "mlx5_0", 1) is first
+    (cleared,) = repo.clear("n0", "mlx5_0", 1, NOW + timedelta(seconds=5), [FaultKind.LINK_DOWN])
+    assert cleared is first and cleared.cleared_at == NOW + timedelta(seconds=5)
+    assert repo.open_on_component("n0", "mlx5_0", 1) is None
+    again = fault(event_id="e3")
+    assert repo.open_if_new(again) is again
+    assert repo.open_on_component("n0", "mlx5_0", 1) is again
+    # Cleared is not resolved: the old fault stays evidence until its clearing rule closes it.
+    assert [f.first_event_id for f in repo.all()] == ["e3", "e1"]
+    repo.close(cleared, NOW + timedelta(seconds=9), "cleared", None)
+    assert [f.first_event_id for f in repo.all()] == ["e3"]
+    assert [f.first_event_id for f in repo.all(open_only=False)] == ["e3", "e1"]
+
+
+def job(job_id: str = "j1") -> m.Job:
+    return m.Job(
+        job_id=job_id,
+        created_at=NOW,
+        checkpoint_interval_s=3600,
+        reload_s=600,
+        detect_s=0,
+        timeout_s=30,
+        last_checkpoint_at=NOW,
+    )
+
+
+def decision(decision_id: str, trigger: str) -> m.Decision:
+    return m.Decision(
+        decision_id=decision_id,
+        job_id="j1",
+        seq=1,
+        trigger=trigger,
+        fault_id=None,
+        action="restart",
+        reason="r",
+        inputs={},
+        costs_s={},
+        costs_gpu_s={},
+        plan={},
+        created_at=NOW,
+    )
+
+
+def test_one_decision_per_job_and_trigger(session: Session) -> None:
+    JobRepo(session).add(job())
+    repo = DecisionRepo(session)
+    assert repo.add(decision("d1", "fault:1")) is not None
+    assert repo.add(decision("d2", "fault:1")) is None
+    assert repo.add(decision("d3", "fault:2")) is not None
+    assert repo.exists("j1", "fault:1")
+    assert not repo.exists("j1", "fault:9")
+    assert sorted(d.decision_id for d in repo.for_job("j1")) == ["d1", "d3"]
+
+
+def test_one_open_switch_fault_and_one_open_flag_per_component(session: Session) -> None:
+    coord = CoordinationRepo(session)
+
+    def sw() -> m.SwitchFault:
+        return m.SwitchFault(switch="leaf1", opened_at=NOW, nodes=["n0", "n1"], reason="r")
+
+    assert coord.open_switch_fault(sw()) is not None
+    assert coord.open_switch_fault(sw()) is None
+    assert coord.clear_switch_fault("leaf1", NOW) is not None
+    assert coord.clear_switch_fault("leaf1", NOW) is None
+    assert coord.open_switch_fault(sw()) is not None
+    assert len(coord.open_switch_faults()) == 1
+
+    def flag() -> m.MaintenanceFlag:
+        return m.MaintenanceFlag(node="n0", device="mlx5_0", port=1, flagged_at=NOW, reason="r")
+
+    def flagged() -> list[tuple[str, str, int]]:
+        return [(f.node, f.device, f.port) for f in coord.open_flags()]
+
+    first = coord.flag(flag())
+    assert first is not None
+    assert coord.flag(flag()) is None
+    assert flagged() == [("n0", "mlx5_0", 1)]
+    assert coord.clear_flag(first.id, NOW) is first
+    assert coord.clear_flag(first.id, NOW) is None  # already cleared
+    assert flagged() == []
+    assert coord.flag(flag()) is not None
+    assert flagged() == [("n0", "mlx5_0", 1)]
+
+
+def event_row(event_id: str) -> dict[str, object]:
+    return {
+        "event_id": event_id,
+        "node": "n0",
+        "kind": "port_down",
+        "device": "mlx5_0",
+        "port": 1,
+        "observed_at": NOW,
+        "received_at": NOW,
+        "payload": {},
+    }
+
+
+def test_events_are_inserted_once_by_id(session: Session) -> None:
+    repo = EventRepo(session)
+    assert repo.insert_new([]) == set()
+    assert repo.insert_new([event_row("a"), event_row("b")]) == {"a", "b"}
+    assert repo.insert_new([event_row("b"), event_row("c")]) == {"c"}
+    assert repo.count() == 3
+    assert repo.count("n0") == 3
+    assert repo.count("n9") == 0

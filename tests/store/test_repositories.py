@@ -1,0 +1,151 @@
+"""Repositories against both backends, each test in a transaction rolled back afterwards."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from railover_testing.cluster_shapes import dual_port_node, hgx_node
+from scheduler_svc.services.commands import transition
+from scheduler_svc.store import models as m
+from scheduler_svc.store.models import WAITING, CommandState
+from scheduler_svc.store.repositories import (
+    TOKEN_PREFIX,
+    CommandRepo,
+    CoordinationRepo,
+    JobRepo,
+    NodeRepo,
+    TokenRepo,
+    hash_secret,
+)
+
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def test_tokens_are_stored_hashed_and_found_until_revoked(session: Session) -> None:
+    repo = TokenRepo(session)
+    row, plain = repo.create(role="agent", node="n0", description="rack 3", now=NOW)
+    assert plain.startswith(f"{TOKEN_PREFIX}_{row.token_id}_")
+    assert row.secret_sha256 == hash_secret(plain) != plain
+    assert repo.by_plain(plain, NOW) is row
+    assert repo.by_plain(plain + "x", NOW) is None
+    other, _ = repo.create(role="fleet", node=None, description="", now=NOW + timedelta(1))
+    assert repo.count_active(NOW) == 2
+    assert [t.token_id for t in repo.all()] == [row.token_id, other.token_id]
+    assert repo.revoke(row.token_id, NOW) is True
+    assert repo.revoke(row.token_id, NOW) is False  # already revoked
+    assert repo.by_plain(plain, NOW) is None
+    assert repo.count_active(NOW) == 1
+
+
+def test_an_expired_token_stops_working_at_its_expiry(session: Session) -> None:
+    repo = TokenRepo(session)
+    expires = NOW + timedelta(hours=1)
+    row, plain = repo.create(role="agent", node="n0", description="", now=NOW, expires_at=expires)
+    assert repo.by_plain(plain, expires - timedelta(seconds=1)) is row
+    assert repo.count_active(expires - timedelta(seconds=1)) == 1
+    assert repo.by_plain(plain, expires) is None  # expiry is exclusive
+    assert repo.count_active(expires) == 0
+
+
+def rows(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return body["gpus"], body["rnics"]
+
+
+def test_dual_port_topology_is_stored_port_by_port(session: Session) -> None:
+    repo = NodeRepo(session)
+    node, changed = repo.replace_topology("n0", *rows(dual_port_node()), NOW)
+    assert changed and node.topology_version == 1
+    assert [(r.name, r.port) for r in node.rnics[:3]] == [
+        ("mlx5_0", 1),
+        ("mlx5_0", 2),
+        ("mlx5_1", 1),
+    ]
+    assert node.gpus[0].pci == "10000:17:00.0"
+    # The same topology again: nothing changes, the version stays.
+    node, changed = repo.replace_topology("n0", *rows(dual_port_node()), NOW + timedelta(1))
+    assert (changed, node.topology_version) == (False, 1)
+    # Another shape on the same node: replaced, the version moves on.
+    node, changed = repo.replace_topology("n0", *rows(hgx_node()), NOW + timedelta(2))
+    assert (changed, node.topology_version) == (True, 2)
+    assert len(node.rnics) == 8
+    assert repo.versions(["n0", "n9"]) == {"n0": (2, NOW)}
+
+
+def test_port_state_of_one_port_or_the_whole_card(session: Session) -> None:
+    repo = NodeRepo(session)
+    repo.replace_topology("n0", *rows(dual_port_node()), NOW)
+    repo.set_port_state("n0", "mlx5_0", 2, "DOWN")
+    session.expire_all()
+    states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
+    assert (states[("mlx5_0", 1)], states[("mlx5_0", 2)]) == ("ACTIVE", "DOWN")
+    repo.set_port_state("n0", "mlx5_1", None, "DOWN")  # device fatal: every port
+    session.expire_all()
+    states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
+    assert (states[("mlx5_1", 1)], states[("mlx5_1", 2)]) == ("DOWN", "DOWN")
+    assert sorted(repo.get_many(["n0", "n1"])) == ["n0"]
+
+
+def job(job_id: str, nodes: list[str]) -> m.Job:
+    j = m.Job(
+        job_id=job_id,
+        created_at=NOW,
+        checkpoint_interval_s=3600,
+        reload_s=600,
+        detect_s=0,
+        timeout_s=30,
+        last_checkpoint_at=NOW,
+    )
+    j.ranks = [
+        m.JobRank(rank=8 * i + g, node=n, gpu=g) for i, n in enumerate(nodes) for g in range(8)
+    ]
+    return j
+
+
+def test_rank_queries(session: Session) -> None:
+    jobs = JobRepo(session)
+    jobs.add(job("j1", ["n0", "n1"]))
+    jobs.add(job("j2", ["n1"]))
+    assert jobs.rank_tuples("j1")[:2] == [(0, "n0", 0), (1, "n0", 1)]
+    assert len(jobs.rank_tuples("j1")) == 16
+    assert jobs.rank_counts() == {"j1": (16, ["n0", "n1"]), "j2": (8, ["n1"])}
+    assert sorted(jobs.job_ids_on_node("n1")) == ["j1", "j2"]
+    assert jobs.job_ids_on_node("n5") == []
+    locked = jobs.lock("j2")
+    assert locked is not None and locked.job_id == "j2"
+    jobs.delete(locked)
+    assert jobs.get("j2") is None
+    assert jobs.rank_counts() == {"j1": (16, ["n0", "n1"])}
+
+
+def test_commands_pending_superseded_and_unacknowledged(session: Session) -> None:
+    JobRepo(session).add(job("j1", ["n0"]))
+    repo = CommandRepo(session)
+    cmds = [
+        m.Command(node="n0", job_id="j1", kind="failover", created_at=NOW),
+        m.Command(node="n0", job_id="j1", kind="rebalance", created_at=NOW + timedelta(1)),
+        m.Command(node="n1", job_id="j1", kind="abort", created_at=NOW + timedelta(2)),
+    ]
+    repo.add_all(cmds)
+    cmds[1].state = "delivered"
+    session.flush()
+    assert [c.kind for c in repo.pending_for_node("n0")] == ["failover", "rebalance"]
+    assert [c.kind for c in repo.pending_for_node("n0", include_delivered=False)] == ["failover"]
+    assert repo.has_pending("n1", include_delivered=False)
+    assert not repo.has_pending("n9", include_delivered=True)
+    assert repo.unacknowledged() == ({"issued": 2, "delivered": 1}, NOW)
+    # Superseding: the job's waiting commands of the kinds asked for, each moved on.
+    waiting = CoordinationRepo(session).job_commands(
+        "j1", ["rebalance", "abort"], [s.value for s in WAITING]
+    )
+    assert [c.kind for c in waiting] == ["rebalance", "abort"]
+    for c in waiting:
+        assert transition(session, c, CommandState.SUPERSEDED, NOW)
+    session.flush()
+    session.expire_all()
+    assert [c.state for c in repo.for_job("j1")] == ["issued", "superseded", "superseded"]
+    repo.add_ack(m.CommandAck(command_id=cmds[0].command_id, node="n0", status="applied", at=NOW))
+    assert [a.status for a in repo.acks(cmds[0].command_id)] == ["applied"]
+    assert repo.get(cmds[0].command_id) is cmds[0]
