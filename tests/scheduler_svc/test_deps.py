@@ -1,0 +1,228 @@
+"""Request dependencies called directly (no HTTP): sessions, principals and roles.
+
+Each runs against a real store (SQLite and PostgreSQL) and a real
+CommandNotifier; only the request is built by hand, as Starlette builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, get_args
+
+import pytest
+from fastapi.security import HTTPAuthorizationCredentials
+from sqlalchemy import Engine
+from starlette.requests import Request
+
+from scheduler_svc import deps
+from scheduler_svc.config import Settings
+from scheduler_svc.deps import Principal, get_principal, get_session, get_settings, require
+from scheduler_svc.errors import Forbidden, Unauthorized
+from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.schemas import Role
+from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
+from scheduler_svc.store.repositories import TokenRepo
+
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    e = make_engine(db_url)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture
+def app(engine: Engine, db_url: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        state=SimpleNamespace(
+            sessionmaker=make_sessionmaker(engine),
+            read_sessionmaker=make_read_sessionmaker(engine),
+            notifier=CommandNotifier(),
+            anonymous_allowed=False,
+            settings=Settings(db_url=db_url, port=0),
+        )
+    )
+
+
+LOOPBACK = ("127.0.0.1", 8080)
+
+
+def request(
+    app: SimpleNamespace,
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+    client: tuple[str, int] = LOOPBACK,
+) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "method": method, "path": "/", "headers": raw, "app": app}
+    return Request({**scope, "client": client, "server": LOOPBACK})
+
+
+def token_count(app: SimpleNamespace) -> int:
+    with app.state.sessionmaker() as s:
+        return TokenRepo(s).count_active(NOW)
+
+
+async def finish(gen: Any, exc: BaseException | None = None) -> None:
+    if exc is None:
+        with pytest.raises(StopAsyncIteration):
+            await gen.__anext__()
+    else:
+        with pytest.raises(type(exc)):
+            await gen.athrow(exc)
+
+
+def test_a_writing_request_commits_on_success_and_wakes_pollers(app: SimpleNamespace) -> None:
+    async def scenario() -> None:
+        app.state.notifier.bind(asyncio.get_running_loop())
+        gen = get_session(request(app, "POST"))
+        session = await gen.__anext__()
+        assert session.get_bind().get_execution_options() == {}  # the writing sessionmaker
+        TokenRepo(session).create(role="fleet", node=None, description="d", now=NOW)
+        session.info["notify_nodes"] = ["n3"]
+        waiter = asyncio.create_task(app.state.notifier.wait("n3", 30))
+        await finish(gen)
+        # The notify happened inside finish(): the waiter wakes without its 30 s timeout.
+        await asyncio.wait_for(waiter, 10)
+        assert not session.in_transaction()
+
+    asyncio.run(scenario())
+    assert token_count(app) == 1
+
+
+def test_a_failing_request_rolls_back_and_notifies_nobody(app: SimpleNamespace) -> None:
+    async def scenario() -> None:
+        gen = get_session(request(app, "PUT"))
+        session = await gen.__anext__()
+        TokenRepo(session).create(role="fleet", node=None, description="d", now=NOW)
+        session.flush()
+        session.info["notify_nodes"] = ["n3"]
+        await finish(gen, RuntimeError("route failed"))
+        assert not app.state.notifier._event("n3").is_set()
+
+    asyncio.run(scenario())
+    assert token_count(app) == 0
+
+
+def test_reads_use_the_read_only_sessionmaker(app: SimpleNamespace) -> None:
+    async def scenario(method: str) -> dict[str, Any]:
+        gen = get_session(request(app, method))
+        session = await gen.__anext__()
+        options = dict(session.get_bind().get_execution_options())
+        await finish(gen)
+        return options
+
+    assert asyncio.run(scenario("GET")) == {"railover_read_only": True}
+    assert asyncio.run(scenario("HEAD")) == {"railover_read_only": True}
+    assert asyncio.run(scenario("DELETE")) == {}
+
+
+def test_settings_come_from_the_app(app: SimpleNamespace) -> None:
+    assert get_settings(request(app)) is app.state.settings
+
+
+def bearer(token: str, scheme: str = "Bearer") -> HTTPAuthorizationCredentials:
+    return HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+
+
+def test_principal_from_a_token(app: SimpleNamespace) -> None:
+    with app.state.sessionmaker() as s:
+        row, plain = TokenRepo(s).create(role="agent", node="n0", description="", now=NOW)
+        token_id = row.token_id
+        s.commit()
+    req = request(app)
+    who = get_principal(req, bearer(plain, "bearer"))  # the scheme is case-insensitive
+    assert who == Principal(token_id, Role.AGENT, "n0")
+    assert req.state.principal == who
+
+
+@pytest.mark.parametrize(
+    ("creds", "anonymous", "message"),
+    [
+        (bearer("x", "Basic"), False, "Authorization: expected 'Bearer <token>'"),
+        (bearer("rvr_unknown"), True, "Authorization: token unknown, revoked or expired"),
+        (None, False, "Authorization: bearer token required"),
+    ],
+)
+def test_principal_refusals(
+    app: SimpleNamespace, creds: HTTPAuthorizationCredentials | None, anonymous: bool, message: str
+) -> None:
+    app.state.anonymous_allowed = anonymous
+    req = request(app)
+    with pytest.raises(Unauthorized) as info:
+        get_principal(req, creds)
+    assert info.value.detail == message
+    assert not hasattr(req.state, "principal")
+
+
+def test_revoked_token_is_refused(app: SimpleNamespace) -> None:
+    with app.state.sessionmaker() as s:
+        row, plain = TokenRepo(s).create(role="fleet", node=None, description="", now=NOW)
+        TokenRepo(s).revoke(row.token_id, NOW)
+        s.commit()
+    with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
+        get_principal(request(app), bearer(plain))
+
+
+def test_anonymous_loopback_is_a_fleet_principal(app: SimpleNamespace) -> None:
+    app.state.anonymous_allowed = True
+    req = request(app)
+    assert get_principal(req, None) == Principal(None, Role.FLEET, None)
+    assert req.state.principal == Principal(None, Role.FLEET)
+    # A caller from a routable address gets no such principal.
+    with pytest.raises(Unauthorized, match="bearer token required"):
+        get_principal(request(app, client=("10.0.0.9", 40000)), None)
+    # Nor does anyone once a usable token exists.
+    with app.state.sessionmaker() as s:
+        TokenRepo(s).create(role="fleet", node=None, description="", now=NOW)
+        s.commit()
+    with pytest.raises(Unauthorized, match="bearer token required"):
+        get_principal(request(app), None)
+
+
+def test_missing_header_is_left_to_get_principal(app: SimpleNamespace) -> None:
+    """The bearer scheme never answers by itself: get_principal words every refusal."""
+    assert asyncio.run(deps._bearer(request(app))) is None
+    assert deps._bearer.model.description == "Token from `railover token create`"
+
+
+def test_require_names_the_roles_it_needs() -> None:
+    check = require(Role.FLEET, Role.AGENT)
+    agent = Principal("t1", Role.AGENT, "n0")
+    assert check(agent) is agent
+    with pytest.raises(Forbidden) as info:
+        check(Principal("t2", Role.VIEWER))
+    assert info.value.detail == "role 'viewer' cannot do this (needs: fleet, agent)"
+
+
+@pytest.mark.parametrize(
+    ("alias", "allowed"),
+    [
+        (deps.Reader, {Role.VIEWER, Role.FLEET, Role.AGENT}),
+        (deps.FleetAuth, {Role.FLEET}),
+        (deps.AgentAuth, {Role.AGENT, Role.FLEET}),
+    ],
+)
+def test_each_alias_admits_its_roles(alias: Any, allowed: set[Role]) -> None:
+    check = get_args(alias)[1].dependency
+    for role in Role:
+        who = Principal("t", role, "n0")
+        if role in allowed:
+            assert check(who) is who
+        else:
+            with pytest.raises(Forbidden):
+                check(who)
+
+
+def test_agents_speak_only_for_their_node() -> None:
+    Principal("t", Role.AGENT, "n0").require_node("n0")
+    Principal("t", Role.FLEET).require_node("n7")
+    Principal("t", Role.VIEWER).require_node("n7")
+    with pytest.raises(Forbidden) as info:
+        Principal("t", Role.AGENT, "n0").require_node("n1")
+    assert info.value.detail == "agent token of node 'n0' cannot act for node 'n1'"
