@@ -53,13 +53,14 @@ DeviceName = Annotated[
 Label = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]
-# domain:bus:device.function, with the 16-bit domain or the 32-bit one of VMD and Hyper-V.
+# domain:bus:device.function; Linux prints the domain as %04x, so VMD and Hyper-V's 32-bit
+# domains come with 5 to 8 digits (10000:e1:00.0).
 PciAddress = Annotated[
     str,
     Field(
         min_length=12,
         max_length=16,
-        pattern=r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$",
+        pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$",
     ),
 ]
 Text = Annotated[str, Field(max_length=2000)]

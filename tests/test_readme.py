@@ -114,7 +114,8 @@ def test_make_demo_installs_the_runtime_only(tmp_path: Path) -> None:
 
     venv = tmp_path / "venv"  # never created: `make -n` only prints what it would run
     plan = subprocess.run(
-        ["make", "-n", "demo", f"VENV={venv}"],
+        # Under `make test` this runs inside make, which would print "Entering directory".
+        ["make", "-n", "--no-print-directory", "demo", f"VENV={venv}"],
         cwd=REPO,
         capture_output=True,
         text=True,

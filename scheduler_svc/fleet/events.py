@@ -92,7 +92,9 @@ def emit(
     event = m.OutboxEvent(
         event_id=str(uuid.uuid4()),
         type=type,
-        subject=subject,
+        # A port's subject (node/<253-char name>/<device>/<port>) can outgrow the column;
+        # `data` carries every name whole, the subject is for filtering and people.
+        subject=subject[:253],
         job_id=job_id,
         data=data,
         created_at=at,

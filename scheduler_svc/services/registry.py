@@ -126,7 +126,8 @@ def _lost(
             kind=kind.value,
             opened_at=now,
             last_error_at=now,
-            first_event_id=f"registration:{node}:{now.isoformat()}",
+            # The node is the row's own column: a 253-character name must not overflow this.
+            first_event_id=f"registration:{now.isoformat()}",
             detail=detail,
         )
     )

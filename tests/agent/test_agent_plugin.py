@@ -346,9 +346,10 @@ def test_an_answer_with_ops_done_is_relayed_with_it(
     s = _connect(running)
     s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
     s.sendall(wire.encode(wire.AckAt(command_id=17, status=-3, pid=10, ops_done=1234)))
-    assert standin.wait_for(lambda st: any(b["status"] == "failed" for _, b in st.acks))
+    assert standin.wait_for(lambda st: any(cid == 17 for cid, _ in st.acks))
     (ack,) = [b for cid, b in standin.state.acks if cid == 17]
-    assert ack["rank"] == 3
+    # TOO_LATE (-3) is its own status for the service, with the count the rank was at.
+    assert (ack["status"], ack["rank"], ack["ops_done"]) == ("too_late", 3, 1234)
     assert ack["detail"] == "too_late at ops_done 1234 (pid 10)"
     s.close()
 

@@ -212,8 +212,10 @@ def test_dead_letters_are_committed_counted_logged_and_bounded(
         s.dead_letter(2, second, "HTTP 422: port must be >= 1")
     assert dropped("port_down", "rejected") - before == 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"service rejected event {first['event_id']} (port_down): {'x' * 2500}",
-        f"service rejected event {second['event_id']} (port_down): HTTP 422: port must be >= 1",
+        f"dead-lettered event {first['event_id']} (port_down, device mlx5_0): the service "
+        f"rejected it: {'x' * 2500}",
+        f"dead-lettered event {second['event_id']} (port_down, device mlx5_1): the service "
+        "rejected it: HTTP 422: port must be >= 1",
     ]
     assert s.depth() == 0
     assert sample("railover_agent_spool_events", {}) == 0.0

@@ -65,8 +65,10 @@ def test_ack_for_another_nodes_command_is_refused(clients: dict[str, httpx.Clien
     assert r.json()["detail"] == "agent token of node 'n0' cannot act for node 'n1'"
     # n0's agent naming itself, on n1's command: the command is not n0's.
     r = n0.post(f"/v1/commands/{cmd['command_id']}/acks", json={"node": "n0", "status": "applied"})
-    assert r.status_code == 422
-    assert r.json()["detail"] == (f"node: command {cmd['command_id']} was sent to 'n1', not 'n0'")
+    assert r.status_code == 403
+    assert r.json()["detail"] == (
+        f"command {cmd['command_id']} is addressed to another node, not 'n0'"
+    )
     # Neither attempt changed the command.
     (stored,) = fleet.get("/v1/jobs/j1/commands").json()["commands"]
     assert (stored["command_id"], stored["state"]) == (cmd["command_id"], "delivered")
