@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store.db import make_engine, upgrade
+from tests.conftest import truncate_pg
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,10 @@ def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     url = request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_url")
+    if request.param == "postgres":
+        # The run's PostgreSQL database is shared with suites that commit (and empty it
+        # only when they start): start these from an empty store too.
+        truncate_pg(url)
     engine = make_engine(url)
     yield engine
     engine.dispose()
