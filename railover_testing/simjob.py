@@ -472,23 +472,12 @@ class SimulatedJob:
                 )
             )
             self._ack(st, cmd, AckStatus.APPLIED)
-        elif (done := self._already_applied(st, cmd)) is not None:
-            # A retry of an epoch this rank switched at (its first answer went missing).
-            queued = st.plugin.ack_command_at(cmd.command_id, AckStatus.APPLIED, done.op)
-            st.log.acks.append(Ack(cmd.command_id, int(AckStatus.APPLIED), done.op, queued))
         elif cmd.ops_done <= st.ops_done:
             self._ack(st, cmd, AckStatus.TOO_LATE)
         elif st.armed is not None and st.armed.epoch > cmd.epoch:
             pass  # an older trigger arriving late; the service has superseded it
         else:
             st.armed = cmd  # a newer epoch replaces an older armed one
-
-    @staticmethod
-    def _already_applied(st: _Rank, cmd: Command) -> Applied | None:
-        for a in reversed(st.log.applied):
-            if a.epoch == cmd.epoch and a.kind == cmd.kind and a.op == cmd.ops_done:
-                return a if a.disabled_channels == channels_of(cmd.disabled_channels) else None
-        return None
 
     def _ack(self, st: _Rank, cmd: Command, status: AckStatus) -> None:
         # Every answer says how far the rank was: the service re-triggers beyond it.

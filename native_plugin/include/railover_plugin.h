@@ -162,10 +162,6 @@ typedef struct {
  *    - ops_done == 0 means now: apply it at once and ack APPLIED; there is
  *      nothing to agree on (the service sends it only where ranks may switch
  *      independently);
- *    - the epoch this rank already applied, with the same N and plan: a
- *      re-issue of a command whose answer went missing (the service retries
- *      unacknowledged commands under a new id). Answer APPLIED again, with
- *      the op it switched at; do not apply it twice;
  *    - N <= this rank's ops_done: too late. Do not arm it; answer
  *      ack_command_at(command_id, RAILOVER_ACK_TOO_LATE, ops_done);
  *    - an epoch older than the armed one: already superseded, ignore it;
