@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "railover_wire.h" /* RAILOVER_STATIC_ASSERT, C11 and C++ alike */
+
 /* ncclResult_t: an int-sized enum. */
 typedef int rvn_result;
 #define RVN_SUCCESS 0
@@ -90,14 +92,14 @@ typedef struct rvn_descr_v5 {
 
 #if defined(__x86_64__) || defined(__aarch64__)
 /* LP64 offsets of the documented layout: a mismatch here is an ABI break. */
-_Static_assert(offsetof(rvn_descr_v4, rank) == 16, "v4 rank offset");
-_Static_assert(offsetof(rvn_descr_v4, u.coll.seq_number) == 24, "v4 seqNumber offset");
-_Static_assert(offsetof(rvn_descr_v4, u.coll.func) == 32, "v4 func offset");
-_Static_assert(offsetof(rvn_descr_v5, rank) == 16, "v5 rank offset");
-_Static_assert(offsetof(rvn_descr_v5, u.coll.seq_number) == 24, "v5 seqNumber offset");
-_Static_assert(offsetof(rvn_descr_v5, u.coll.func) == 32, "v5 func offset");
-_Static_assert(offsetof(rvn_descr_v4, u.coll.n_channels) == 80, "v4 nChannels offset");
-_Static_assert(offsetof(rvn_descr_v5, u.coll.n_channels) == 80, "v5 nChannels offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v4, rank) == 16, "v4 rank offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v4, u.coll.seq_number) == 24, "v4 seqNumber offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v4, u.coll.func) == 32, "v4 func offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v5, rank) == 16, "v5 rank offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v5, u.coll.seq_number) == 24, "v5 seqNumber offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v5, u.coll.func) == 32, "v5 func offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v4, u.coll.n_channels) == 80, "v4 nChannels offset");
+RAILOVER_STATIC_ASSERT(offsetof(rvn_descr_v5, u.coll.n_channels) == 80, "v5 nChannels offset");
 #endif
 
 /* ncclProfiler_v4_t. */

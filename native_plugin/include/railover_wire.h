@@ -178,12 +178,14 @@ enum railover_ack_status {
   RAILOVER_ACK_BUSY = -4,        /* the plugin's command queue was full */
 };
 
-/* C11 spells it _Static_assert, C++ static_assert; both are checked (make test). */
+/* C11 spells it _Static_assert, C++ static_assert; both are checked (make test).
+ * railover_nccl_abi.h uses it too. */
 #ifdef __cplusplus
-#define RAILOVER_WIRE_ASSERT_SIZE(t, n) static_assert(sizeof(t) == (n), #t " size")
+#define RAILOVER_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
-#define RAILOVER_WIRE_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " size")
+#define RAILOVER_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
+#define RAILOVER_WIRE_ASSERT_SIZE(t, n) RAILOVER_STATIC_ASSERT(sizeof(t) == (n), #t " size")
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_header, 16);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_cqe_error, 160);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_port_event, 88);
@@ -193,7 +195,6 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_hello, 24);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command, 48);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack, 16);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack_at, 24);
-#undef RAILOVER_WIRE_ASSERT_SIZE
 
 /* Largest v1 payload; the plugin's ring slots are sized from it. */
 #define RAILOVER_WIRE_LARGEST_V1_PAYLOAD 160u
@@ -237,14 +238,9 @@ typedef struct railover_wire_stall {
   char func[RAILOVER_WIRE_NAME_LEN]; /* collective, e.g. "AllReduce" */
 } railover_wire_stall;
 
-#ifdef __cplusplus
-#define RAILOVER_WIRE_NCCL_ASSERT_SIZE(t, n) static_assert(sizeof(t) == (n), #t " size")
-#else
-#define RAILOVER_WIRE_NCCL_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " size")
-#endif
-RAILOVER_WIRE_NCCL_ASSERT_SIZE(railover_wire_communicator, 160);
-RAILOVER_WIRE_NCCL_ASSERT_SIZE(railover_wire_stall, 104);
-#undef RAILOVER_WIRE_NCCL_ASSERT_SIZE
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_communicator, 160);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_stall, 104);
+#undef RAILOVER_WIRE_ASSERT_SIZE
 /* Both fit RAILOVER_WIRE_LARGEST_V1_PAYLOAD, so that bound still holds. */
 
 #endif /* RAILOVER_WIRE_H */

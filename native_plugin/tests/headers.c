@@ -1,18 +1,14 @@
 /*
- * Both public headers in one translation unit, compiled as C11 by gcc and as
+ * Every public header in one translation unit, compiled as C11 by gcc and as
  * C++17 by g++ (-x c++), each with -Wall -Wextra -Werror -pedantic: a CCL
  * (NCCL and everything built on it are C++) includes them as they are.
  */
 #include "railover_plugin.h"
 #include "railover_wire.h"
+#include "railover_nccl_abi.h"
 
-#ifdef __cplusplus
-static_assert(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes in C++ too");
-static_assert(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes in C++ too");
-#else
-_Static_assert(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes");
-_Static_assert(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes");
-#endif
+RAILOVER_STATIC_ASSERT(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes");
+RAILOVER_STATIC_ASSERT(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes");
 
 /* Every name a CCL uses, so a header that stops declaring one fails here. */
 unsigned long railover_header_check(const railoverPlugin_v1_t* api);
