@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from railover_testing.agents import wait_until
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet import EventType, emit
@@ -268,13 +268,12 @@ def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
                 subject="node/n3/mlx5_1/1",
                 data={"node": "n3", "device": "mlx5_1", "port": 1, "reason": "port flapped 5x"},
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            lines = log.read_text().splitlines() if log.exists() else []
-            if len(lines) >= 4 and len(k8s.events) >= 2:
-                break
-            time.sleep(0.05)
-    argvs = [json.loads(line) for line in lines]
+
+        def acted() -> bool:
+            return log.exists() and len(log.read_text().splitlines()) >= 4 and len(k8s.events) >= 2
+
+        assert wait_until(acted, timeout=30), (log.read_text() if log.exists() else "", k8s.events)
+    argvs = [json.loads(line) for line in log.read_text().splitlines()]
     # The faulty node is drained before the job is requeued, so it cannot come back there.
     drain = [
         "update",
@@ -312,10 +311,7 @@ def test_clearing_a_maintenance_flag_repairs_the_node(tmp_path: Path, k8s: K8sSt
     )
 
     def wait(what: str, probe: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + 30
-        while not probe():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.05)
+        assert wait_until(probe, timeout=30), what
 
     with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         two_jobs(http)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from railover_testing.agents import wait_until
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
@@ -258,10 +258,10 @@ def test_fail_back_is_nccls_port_recovery_railover_only_records_it(db_url: str) 
             port("n0", "port_up", t0 + timedelta(seconds=3)),
             port("n1", "port_up", t0 + timedelta(seconds=3)),
         )
-        deadline = time.monotonic() + 30
-        while not all(_decisions(http, j)[0]["action"] == "failback" for j in ("new", "old")):
-            assert time.monotonic() < deadline, [_decisions(http, j)[0] for j in ("new", "old")]
-            time.sleep(0.05)
+        assert wait_until(
+            lambda: all(_decisions(http, j)[0]["action"] == "failback" for j in ("new", "old")),
+            timeout=30,
+        ), [_decisions(http, j)[0] for j in ("new", "old")]
         new, old = (_decisions(http, j)[0] for j in ("new", "old"))
         assert "recovers n0/mlx5_3/1 by itself (port recovery)" in new["reason"]
         assert http.get("/v1/jobs/new").json()["mode"] == "normal"
