@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -59,6 +60,7 @@ class ServerFault(Unavailable):
 SERVER_FAULT_ROUNDS = 3
 # Statuses that say the service, a gateway or the store is away, not that it broke.
 _OUTAGE = frozenset({502, 503, 504})
+KEEPALIVE_S = 2.0
 
 
 class _Retryable(Exception):
@@ -102,6 +104,9 @@ class ServiceClient:
             base_url=settings.service_url,
             headers={**settings.bearer(), "User-Agent": "railover-agent"},
             timeout=httpx.Timeout(settings.request_timeout_s),
+            # Drop an idle connection before the service's keep-alive (uvicorn: 5 s) closes
+            # it, so a request never races the server's close and meets a reset.
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
             transport=transport,
         )
 
@@ -211,17 +216,17 @@ class ServiceClient:
         self,
         command_id: int,
         status: str,
-        rank: int | None,
+        ranks: Sequence[int] | None,
         detail: str,
         ops_done: int | None = None,
     ) -> None:
-        body: dict[str, Any] = {
-            "node": self.node,
-            "rank": rank,
-            "status": status,
-            "detail": detail[:2000],
-        }
+        """Acknowledge a command for some of this node's ranks, or (ranks None) for the node."""
+        body: dict[str, Any] = {"node": self.node, "status": status, "detail": detail[:2000]}
+        if ranks is not None and len(ranks) == 1:
+            body["rank"] = ranks[0]
+        elif ranks is not None:
+            body["ranks"] = list(ranks)
         if ops_done is not None:
             body["ops_done"] = ops_done
         await self._call("ack", "POST", f"/v1/commands/{command_id}/acks", json=body)
-        metrics.ACKS_SENT.labels(status).inc()
+        metrics.ACKS_SENT.labels(status).inc(len(ranks) if ranks else 1)

@@ -85,7 +85,9 @@ COMMANDS_FORWARDED = Counter(
 )
 # status: delivered, applied, failed.
 ACKS_SENT = Counter(
-    "railover_agent_acks_sent_total", "Command acknowledgements sent to the service.", ["status"]
+    "railover_agent_acks_sent_total",
+    "Rank acknowledgements sent to the service (several may share one request).",
+    ["status"],
 )
 
 

@@ -78,6 +78,51 @@ class AckRequest:
     attempts: int = 0
 
 
+# At most this many acks go out in one round of the ack loop.
+ACK_ROUND = 4096
+
+
+@dataclass
+class AckBatch:
+    """Acks of several ranks of this node that say the same thing: one request to the service."""
+
+    command_id: int
+    status: str
+    ranks: list[int] | None  # None: the ack speaks for the whole node
+    detail: str
+    ops_done: int | None
+    members: list[AckRequest]
+
+
+def batch_acks(reqs: list[AckRequest]) -> list[AckBatch]:
+    """Group per-rank acks of one command, status and op count; keep each first one's place.
+
+    A node's ranks apply a switch point at the same op, so their eight (or more)
+    acks become one request. An ack that names no rank speaks for the node and
+    stays on its own.
+    """
+    out: list[AckBatch] = []
+    open_batches: dict[tuple[int, str, int | None], AckBatch] = {}
+    for r in reqs:
+        if r.rank is None:
+            out.append(AckBatch(r.command_id, r.status, None, r.detail, r.ops_done, [r]))
+            continue
+        key = (r.command_id, r.status, r.ops_done)
+        batch = open_batches.get(key)
+        if batch is None or batch.ranks is None or r.rank in batch.ranks:
+            batch = AckBatch(r.command_id, r.status, [], r.detail, r.ops_done, [])
+            open_batches[key] = batch
+            out.append(batch)
+        assert batch.ranks is not None
+        batch.ranks.append(r.rank)
+        batch.members.append(r)
+        if r.detail != batch.detail:
+            batch.detail = f"{len(batch.ranks)} ranks: " + "; ".join(
+                dict.fromkeys(m.detail for m in batch.members)
+            )
+    return out
+
+
 def _bitmask(channels: list[int]) -> int:
     mask = 0
     for c in channels:

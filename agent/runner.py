@@ -29,7 +29,7 @@ from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorCo
 from agent.config import AgentSettings
 from agent.events import Event
 from agent.health import HealthServer
-from agent.plugin import PluginHub, PluginServer
+from agent.plugin import ACK_ROUND, PluginHub, PluginServer, batch_acks
 from agent.railmap import load_rail_map
 from agent.spool import Spool
 from agent.topology import Topology
@@ -319,25 +319,44 @@ class Agent:
                 await asyncio.sleep(self.settings.poll_interval_s)
 
     async def _ack_loop(self) -> None:
+        """Send the ranks' acks, those that say the same thing together (one request a node)."""
         hub = self.hub
         assert hub is not None
         backoff = Backoff(0.2, self.settings.retry_max_backoff_s)
         while True:
-            req = await hub.acks.get()
-            try:
-                await self.client.ack(
-                    req.command_id, req.status, req.rank, req.detail, req.ops_done
-                )
-                backoff.reset()
-            except Rejected as exc:
-                log.warning(
-                    "service refused ack %s for command %d: %s", req.status, req.command_id, exc
-                )
-            except Unavailable as exc:
-                req.attempts += 1
-                delay = backoff.next()
-                log.warning(
-                    "ack for command %d failed (%s); retrying in %.1fs", req.command_id, exc, delay
-                )
-                await asyncio.sleep(delay)
-                hub.acks.put_nowait(req)
+            reqs = [await hub.acks.get()]
+            while not hub.acks.empty() and len(reqs) < ACK_ROUND:
+                reqs.append(hub.acks.get_nowait())
+            batches = batch_acks(reqs)
+            for i, batch in enumerate(batches):
+                try:
+                    await self.client.ack(
+                        batch.command_id, batch.status, batch.ranks, batch.detail, batch.ops_done
+                    )
+                    backoff.reset()
+                except Rejected as exc:
+                    log.warning(
+                        "service refused ack %s for command %d: %s",
+                        batch.status,
+                        batch.command_id,
+                        exc,
+                    )
+                except Unavailable as exc:
+                    delay = backoff.next()
+                    log.warning(
+                        "ack for command %d failed (%s); retrying in %.1fs",
+                        batch.command_id,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    # This one and those after it go again, in their order, ahead of newer acks.
+                    retry = [r for b in batches[i:] for r in b.members]
+                    for r in retry:
+                        r.attempts += 1
+                    newer = []
+                    while not hub.acks.empty():
+                        newer.append(hub.acks.get_nowait())
+                    for r in retry + newer:
+                        hub.acks.put_nowait(r)
+                    break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import tempfile
 import threading
@@ -107,9 +108,18 @@ class AgentThread:
         # Generous: on a loaded 2-core machine shutdown drains the spool and closes
         # every plugin connection first.
         self._thread.join(45)
-        assert not self._thread.is_alive(), "agent did not stop"
+        assert not self._thread.is_alive(), f"agent did not stop; its tasks:\n{self._task_stacks()}"
         if self.error is not None:
             raise self.error
+
+    def _task_stacks(self) -> str:
+        """Where each task of the agent's loop waits (read from another thread: a diagnostic)."""
+        if self.loop is None:
+            return "(no loop)"
+        out = io.StringIO()
+        for task in list(asyncio.all_tasks(self.loop)):
+            task.print_stack(limit=8, file=out)
+        return out.getvalue()
 
 
 async def _wrap(fn: Callable[[], Any]) -> Any:
@@ -141,6 +151,11 @@ class StandInState:
     fail_next: int = 0
     # Event ids the stand-in breaks on: any batch holding one is answered 500, always.
     crash_on: set[str] = field(default_factory=set)
+    # Respond 503 to the next N ack posts (each try of the agent's client counts).
+    fail_acks: int = 0
+    # While set and closed, an ack post waits (up to 10 s) for it to open: a slow service.
+    ack_gate: threading.Event | None = None
+    ack_posts: int = 0
     token: str | None = None
     lock: threading.Condition = field(default_factory=threading.Condition)
 
@@ -223,6 +238,16 @@ class StandInService:
                     self._send(202, {"accepted": acc, "duplicates": dup})
                 elif parts[:2] == ["v1", "commands"] and parts[3:] == ["acks"]:
                     with st.lock:
+                        st.ack_posts += 1
+                        gate = st.ack_gate
+                        st.lock.notify_all()
+                    if gate is not None:
+                        gate.wait(10)
+                    with st.lock:
+                        if st.fail_acks:
+                            st.fail_acks -= 1
+                            self._send(503, {"error": "unavailable", "detail": "test"})
+                            return
                         st.acks.append((int(parts[2]), body))
                         st.delivered.add(int(parts[2]))
                         st.lock.notify_all()

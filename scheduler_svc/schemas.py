@@ -773,7 +773,14 @@ class CommandList(BaseModel):
 
 class AckIn(Strict):
     node: Name
-    rank: RankNo | None = None
+    rank: RankNo | None = Field(
+        default=None, description="The one rank answering; omit (with `ranks`) for several"
+    )
+    ranks: Annotated[list[RankNo], Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="Several ranks of the node answering alike: the agent's aggregate of "
+        "their acks, one request per node rather than one per rank",
+    )
     status: AckStatus = Field(
         description="delivered, applied, failed, or too_late: the rank was already past "
         "the switch point (give its ops_done); nothing was applied"
@@ -782,6 +789,20 @@ class AckIn(Strict):
     ops_done: Count | None = Field(
         default=None, description="The rank's op count when it saw the command (too_late)"
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_name_ranks(self) -> AckIn:
+        if self.rank is not None and self.ranks is not None:
+            raise ValueError("ranks: give either rank or ranks, not both")
+        if self.ranks is not None and len(set(self.ranks)) != len(self.ranks):
+            raise ValueError("ranks: every rank must appear once")
+        return self
+
+    def answering(self) -> list[int | None]:
+        """The ranks this ack speaks for; [None] when it speaks for the whole node."""
+        if self.ranks is not None:
+            return list(self.ranks)
+        return [self.rank]
 
 
 # --- tokens & health ------------------------------------------------------------

@@ -37,8 +37,14 @@ def ack_command(
         raise Unprocessable(
             f"node: command {command_id} was sent to {cmd.node!r}, not {body.node!r}"
         )
-    if body.rank is not None and cmd.ranks and body.rank not in cmd.ranks:
-        raise Unprocessable(f"rank: rank {body.rank} is not addressed by command {command_id}")
+    answering = body.answering()
+    if cmd.ranks:
+        strangers = [r for r in answering if r is not None and r not in cmd.ranks]
+        if strangers:
+            field = "ranks" if body.ranks is not None else "rank"
+            raise Unprocessable(
+                f"{field}: rank {strangers[0]} is not addressed by command {command_id}"
+            )
     status = AckStatus(body.status)
     job = None
     if status in (AckStatus.FAILED, AckStatus.TOO_LATE):
@@ -48,18 +54,19 @@ def ack_command(
         # then re-read what the lock holder may have changed.
         job = JobRepo(session).lock(cmd.job_id)
         session.refresh(cmd)
-    repo.add_ack(
+    repo.add_acks(
         m.CommandAck(
             command_id=command_id,
             node=body.node,
-            rank=body.rank,
+            rank=rank,
             status=status.value,
             detail=body.detail,
             ops_done=body.ops_done,
             at=now,
         )
+        for rank in answering
     )
-    metrics.COMMAND_ACKS.labels(status=status.value).inc()
+    metrics.COMMAND_ACKS.labels(status=status.value).inc(len(answering))
     if CommandState(cmd.state) in m.SETTLED:
         return cmd
     if status == AckStatus.TOO_LATE:
@@ -78,7 +85,7 @@ def ack_command(
         return cmd
     if status == AckStatus.APPLIED:
         applied = {a.rank for a in repo.acks(command_id) if a.status == AckStatus.APPLIED}
-        if body.rank is None or None in applied or set(cmd.ranks) <= applied:
+        if None in applied or set(cmd.ranks) <= applied:
             commands.transition(session, cmd, CommandState.APPLIED, now)
         else:
             commands.transition(session, cmd, CommandState.DELIVERED, now)

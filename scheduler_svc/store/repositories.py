@@ -477,8 +477,8 @@ class CommandRepo:
             is not None
         )
 
-    def add_ack(self, ack: m.CommandAck) -> None:
-        self.s.add(ack)
+    def add_acks(self, acks: Iterable[m.CommandAck]) -> None:
+        self.s.add_all(acks)
         self.s.flush()
 
     def acks(self, command_id: int) -> Sequence[m.CommandAck]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,6 +227,94 @@ def test_commands_are_relayed_and_acked(running: AgentThread, standin: StandInSe
     assert late["rank"] == 3
     mine.close()
     other.close()
+
+
+def _ranks_of(body: dict[str, object]) -> list[object]:
+    ranks = body.get("ranks")
+    return list(ranks) if isinstance(ranks, list) else [body.get("rank")]
+
+
+def test_a_nodes_rank_acks_go_out_together(running: AgentThread, standin: StandInService) -> None:
+    """Eight ranks applying one switch point: the acks that queue while one is on its way
+    go out as one request, and every rank is acknowledged exactly once."""
+    ranks = list(range(8))
+    socks = [_connect(running) for _ in ranks]
+    for r, s in zip(ranks, socks, strict=True):
+        s.sendall(wire.encode(wire.Hello(comm_id=123, pid=100 + r, abi_version=1, rank=r)))
+    hub = running.agent.hub
+    assert hub is not None
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == len(ranks))
+    standin.add_command(
+        {
+            "command_id": 21,
+            "job_id": "j1",
+            "kind": "rebalance",
+            "epoch": 1,
+            "comm_id": 123,
+            "ops_done": 900,
+            "disabled_channels": [1],
+            "ranks": ranks,
+        }
+    )
+    for s in socks:
+        assert len(_recv_messages(s, 1)) == 1
+    assert standin.wait_for(lambda st: any(b["status"] == "delivered" for _, b in st.acks))
+    # The service is slow: the first ack waits at its door while the other seven arrive.
+    gate = threading.Event()
+    standin.state.ack_gate = gate
+    posts = standin.state.ack_posts
+    socks[0].sendall(wire.encode(wire.AckAt(command_id=21, status=0, pid=100, ops_done=900)))
+    assert standin.wait_for(lambda st: st.ack_posts == posts + 1)
+    for r, s in zip(ranks[1:], socks[1:], strict=True):
+        s.sendall(wire.encode(wire.AckAt(command_id=21, status=0, pid=100 + r, ops_done=900)))
+    assert wait_until(lambda: hub.acks.qsize() == len(ranks) - 1)
+    standin.state.ack_gate = None
+    gate.set()
+    assert standin.wait_for(lambda st: st.ack_posts == posts + 2)
+    assert standin.wait_for(lambda st: sum(b["status"] == "applied" for _, b in st.acks) == 2)
+    applied = [b for cid, b in standin.state.acks if cid == 21 and b["status"] == "applied"]
+    assert [_ranks_of(b) for b in applied] == [[0], ranks[1:]]
+    assert {b["ops_done"] for b in applied} == {900}
+    assert str(applied[1]["detail"]).startswith("7 ranks: at ops_done 900 (pid 101); at ops_done")
+    for s in socks:
+        s.close()
+
+
+def test_acks_that_fail_are_sent_again_in_their_order(
+    running: AgentThread, standin: StandInService
+) -> None:
+    s = _connect(running)
+    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    hub = running.agent.hub
+    assert hub is not None
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
+    for cid in (31, 32):
+        standin.add_command(
+            {
+                "command_id": cid,
+                "job_id": "j1",
+                "kind": "failover",
+                "epoch": 0,
+                "comm_id": 123,
+                "ops_done": 0,
+                "disabled_channels": [],
+                "ranks": [3],
+            }
+        )
+    assert len(_recv_messages(s, 2)) == 2
+    assert standin.wait_for(
+        lambda st: {c for c, b in st.acks if b["status"] == "delivered"} == {31, 32}
+    )
+    # Every try of the client's three fails: the loop backs off and sends both again.
+    standin.state.fail_acks = 3
+    posts = standin.state.ack_posts
+    s.sendall(wire.encode(wire.Ack(command_id=31, status=0, pid=10)))
+    s.sendall(wire.encode(wire.Ack(command_id=32, status=0, pid=10)))
+    assert standin.wait_for(lambda st: sum(b["status"] == "applied" for _, b in st.acks) == 2)
+    applied = [(cid, b["rank"]) for cid, b in standin.state.acks if b["status"] == "applied"]
+    assert applied == [(31, 3), (32, 3)]
+    assert standin.state.ack_posts >= posts + 3 + 2
+    s.close()
 
 
 def commands_received() -> float:

@@ -21,10 +21,9 @@ import pytest
 
 from native_plugin.wire import AckStatus, CommandKind
 from railover_testing.agents import AgentThread, settings_for
-from railover_testing.local import local_service
+from railover_testing.processes import Service
 from railover_testing.simjob import Applied, SimulatedJob
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
-from scheduler_svc.config import Settings
 
 NODES = ("n0", "n1", "n2", "n3")
 GPUS = 8
@@ -89,10 +88,14 @@ def wait_for(
 def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
     """Service, four registered nodes with running agents, and the job registered."""
     built = build_cluster(tmp_path / "nodes", NODES)
-    with (
-        local_service(Settings(db_url=db_url, port=0, **SERVICE)) as url,
-        httpx.Client(base_url=url, timeout=10) as http,
-    ):
+    # The service is its own process, as in production: the 32 rank threads and four agents
+    # of this process would otherwise starve its request threads of the GIL on two cores.
+    env = {f"RAILOVER_{k.upper()}": str(v) for k, v in SERVICE.items()}
+    service = Service(db_url, tmp_path, env=env).start()
+    url = service.url
+    # Idle connections go before the server's 5 s keep-alive could close one under a request.
+    limits = httpx.Limits(keepalive_expiry=1.0)
+    with httpx.Client(base_url=url, timeout=10, limits=limits) as http:
         agents: dict[str, AgentThread] = {}
         try:
             for name, (node, rail_map) in built.items():
@@ -136,6 +139,7 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
         finally:
             for a in agents.values():
                 a.stop()
+            service.stop()
 
 
 def warm_up(cluster: Cluster, job: SimulatedJob) -> None:

@@ -89,6 +89,28 @@ def test_abort_needs_every_rank(http: httpx.Client) -> None:
     assert r.json()["state"] == "applied"
 
 
+def test_one_ack_speaks_for_several_ranks(http: httpx.Client) -> None:
+    """The agent's aggregate: one request for the ranks of a node that answered alike."""
+    register_nodes(http, ["n0", "n1"])
+    http.post("/v1/jobs", json=job_body("j1", ["n0", "n1"]))
+    http.post("/v1/events", json={"events": [event("n0", after_s=10)]})
+    cmd = http.get("/v1/nodes/n0/commands").json()["commands"][0]
+    url = f"/v1/commands/{cmd['command_id']}/acks"
+    for bad, field in (
+        ({"rank": 1, "ranks": [2]}, "either rank or ranks"),
+        ({"ranks": [2, 2]}, "every rank must appear once"),
+        ({"ranks": []}, "ranks"),
+        ({"ranks": [1, 9]}, "rank 9 is not addressed"),
+    ):
+        r = http.post(url, json={"node": "n0", "status": "applied", **bad})
+        assert r.status_code == 422 and field in r.text, (bad, r.text)
+    # Nothing of a refused ack was kept: seven ranks still leave the command waiting.
+    r = http.post(url, json={"node": "n0", "ranks": list(range(7)), "status": "applied"})
+    assert (r.status_code, r.json()["state"]) == (200, "delivered")
+    r = http.post(url, json={"node": "n0", "ranks": [7], "status": "applied"})
+    assert r.json()["state"] == "applied"
+
+
 def test_command_ids_are_never_reused(http: httpx.Client) -> None:
     # Agents remember command ids they handled; a reused id would be taken for an old one.
     register_nodes(http, ["n0", "n1"])

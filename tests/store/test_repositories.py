@@ -146,6 +146,8 @@ def test_commands_pending_superseded_and_unacknowledged(session: Session) -> Non
     session.flush()
     session.expire_all()
     assert [c.state for c in repo.for_job("j1")] == ["issued", "superseded", "superseded"]
-    repo.add_ack(m.CommandAck(command_id=cmds[0].command_id, node="n0", status="applied", at=NOW))
+    repo.add_acks(
+        [m.CommandAck(command_id=cmds[0].command_id, node="n0", status="applied", at=NOW)]
+    )
     assert [a.status for a in repo.acks(cmds[0].command_id)] == ["applied"]
     assert repo.get(cmds[0].command_id) is cmds[0]
