@@ -126,15 +126,6 @@ async def _wrap(fn: Callable[[], Any]) -> Any:
     return fn()
 
 
-def wait_until(pred: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
-
-
 @dataclass
 class StandInState:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -15,7 +15,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, text
 
+from railover_testing import waiting
 from railover_testing.agents import short_socket_path
 from railover_testing.local import free_port
 from railover_testing.sysfs_fixture import FixtureNode
@@ -34,15 +34,8 @@ AGENT = BIN / "railover-agent"
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred():
-                return
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    """Until `pred` holds; a process still starting (refused connection) is "not yet"."""
+    waiting.wait_for(what, pred, timeout, step=step, ignoring=(OSError, httpx.HTTPError))
 
 
 class Service:

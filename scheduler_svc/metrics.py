@@ -105,6 +105,11 @@ DELIVERY_LATENCY = Histogram(
 MAINTENANCE_FLAGS = Counter(
     "railover_maintenance_flags_total", "Ports flagged for maintenance after repeated flaps"
 )
+# outcome: ok | error. A rate of zero means the loop that times fail-backs, deadlines and
+# retries has stopped on this replica.
+SWEEPS = Counter(
+    "railover_coordinator_sweeps_total", "Coordinator sweeps run, by outcome", ["outcome"]
+)
 RETRIGGERS = Counter(
     "railover_switch_point_retriggers_total",
     "Switch points re-issued under a new epoch because a rank was already past them",

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.services import acks, commands, fabric, reconciler
@@ -113,4 +114,7 @@ class Coordinator:
                 if nodes:
                     self._notifier.notify_threadsafe(nodes)
             except Exception:  # the loop must outlive any single bad sweep
+                metrics.SWEEPS.labels(outcome="error").inc()
                 log.exception("coordinator sweep failed; retrying next interval")
+            else:
+                metrics.SWEEPS.labels(outcome="ok").inc()

@@ -25,7 +25,7 @@ from agent.config import AgentSettings
 from agent.railmap import RailMapError, load_rail_map
 from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state
 from agent.topology import Topology
-from railover_testing.agents import AgentThread, StandInService, settings_for, wait_until
+from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.sysfs_fixture import (
     FixtureNode,
     bump_counter,
@@ -34,6 +34,7 @@ from railover_testing.sysfs_fixture import (
     set_counter,
     set_port_state,
 )
+from railover_testing.waiting import wait_until
 
 
 def _ctx(

@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from agent.config import AgentSettings, describe_errors
-from railover_testing.agents import StandInService, short_socket_path, wait_until
+from railover_testing.agents import StandInService, short_socket_path
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from railover_testing.waiting import wait_until
 from tests.deploy.tools import need_console_script
 
 AGENT = Path(sys.executable).with_name("railover-agent")

@@ -24,11 +24,16 @@ from railover_testing.processes import (
 )
 from railover_testing.sysfs_fixture import build_cluster, bump_counter
 from scheduler_svc.store.db import upgrade
+from tests.deploy.tools import tool_missing
 
 NODES = [f"p{i}" for i in range(4)]
 PORTS = [f"mlx5_{r}" for r in range(8)]
 
-pytestmark = pytest.mark.skipif(pg_bindir() is None, reason="needs PostgreSQL server binaries")
+
+@pytest.fixture(autouse=True)
+def _postgres_binaries() -> None:
+    if pg_bindir() is None:
+        tool_missing("needs PostgreSQL server binaries (initdb, pg_ctl)")
 
 
 @pytest.mark.timeout(240)

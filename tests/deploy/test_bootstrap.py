@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from railover_testing.waiting import wait_for
 from scheduler_svc.store.db import MIGRATION_LOCK
 from tests.conftest import PG_ADMIN
 
@@ -65,15 +65,14 @@ def test_upgrade_waits_for_the_migration_lock(empty_pg: str) -> None:
         holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         proc = start("db", "upgrade", "--db", empty_pg)
         try:
-            deadline = time.monotonic() + 120
-            waiting = 0
-            while time.monotonic() < deadline and not waiting:
+
+            def waiting() -> int:
                 row = holder.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                 ).fetchone()
-                waiting = row[0] if row else 0
-                time.sleep(0.1)
-            assert waiting == 1, "the upgrade never asked for the migration lock"
+                return int(row[0]) if row else 0
+
+            assert wait_for("the upgrade to ask for the migration lock", waiting, 120) == 1
             assert proc.poll() is None  # it waits while the lock is held
             with psycopg.connect(empty_pg) as probe:
                 (tables,) = probe.execute(

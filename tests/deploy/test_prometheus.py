@@ -18,9 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from railover_testing.agents import wait_until
 from railover_testing.local import free_port, local_service
 from railover_testing.sysfs_fixture import rail_node, set_port_state, write_rail_map
+from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from tests.deploy.tools import need_tool
 

@@ -16,6 +16,7 @@ import kubernetes
 import kubernetes_validate
 import pytest
 
+from railover_testing.waiting import wait_for
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
 
 
@@ -47,13 +48,11 @@ class Receiver:
             return [r for r in self.requests if r.status == 200]
 
     def wait_for(self, n: int, timeout_s: float = 20.0) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def enough() -> list[Received]:
             got = self.accepted()
-            if len({r.event["id"] for r in got}) >= n:
-                return got
-            time.sleep(0.02)
-        raise AssertionError(f"receiver got {len(self.accepted())} events, wanted {n}")
+            return got if len({r.event["id"] for r in got}) >= n else []
+
+        return wait_for(f"the receiver to accept {n} events", enough, timeout_s, self.accepted)
 
     def verify_all(self, secret: str) -> None:
         with self.lock:

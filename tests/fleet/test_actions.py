@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from railover_testing.agents import wait_until
 from railover_testing.local import local_service
+from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.fleet.actions import (

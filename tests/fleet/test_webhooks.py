@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from railover_testing.agents import wait_until
 from railover_testing.local import local_service
+from railover_testing.waiting import wait_until
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, SignatureError, verify
 from tests.fleet.conftest import Received, Receiver
 from tests.fleet.helpers import SECRET, fast, fault, subscribe, take_and_apply, two_jobs

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from railover_testing.agents import wait_until
 from railover_testing.local import free_port
+from railover_testing.waiting import wait_until
 from scheduler_svc.fleet.events import emit
 from scheduler_svc.fleet.repositories import DEAD, DELIVERED, PENDING, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.signing import verify

@@ -10,7 +10,6 @@ containers of one pod do.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from railover_testing import waiting
 from railover_testing.sysfs_fixture import set_port_state, shape_a, write_rail_map
 from tests.image.conftest import Podman
 from tests.scheduler_svc.helpers import job_body
@@ -34,16 +34,9 @@ def free_port() -> int:
 
 
 def wait_for(what: str, probe: Callable[[], Any], podman: Podman, timeout_s: float = 120) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            got = probe()
-        except httpx.HTTPError:
-            got = None
-        if got:
-            return got
-        time.sleep(0.25)
-    raise AssertionError(f"{what} not seen in {timeout_s:.0f} s\n{podman.logs()}")
+    return waiting.wait_for(
+        what, probe, timeout_s, podman.logs, step=0.25, ignoring=(httpx.HTTPError,)
+    )
 
 
 def test_image_layout(podman: Podman) -> None:

@@ -9,7 +9,6 @@ they arise: a port state flipping in sysfs, or a CQE error the CCL reports.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from native_plugin.wire import AckStatus, CommandKind
+from railover_testing import waiting
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.processes import Service
 from railover_testing.simjob import Applied, SimulatedJob
@@ -77,11 +77,7 @@ def wait_for(
     what: str, check: Callable[[], bool], timeout_s: float, detail: Callable[[], Any]
 ) -> None:
     """Poll ``check`` (bounded); on timeout fail with ``what`` and the state ``detail`` shows."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g}s waiting for {what}: {detail()}")
-        time.sleep(0.05)
+    waiting.wait_for(what, check, timeout_s, detail)
 
 
 @pytest.fixture
@@ -145,7 +141,20 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
 def warm_up(cluster: Cluster, job: SimulatedJob) -> None:
     """Let the ranks run long enough that the service holds their progress and op rate."""
     assert job.wait_ops(50, 15), f"the job did not get going: ops_done={job.ops_done}"
-    time.sleep(0.6)  # several agent polls, so every rank has two progress samples
+
+    def progress() -> list[dict[str, Any]]:
+        r = cluster.http.get(f"/v1/jobs/{JOB}/progress")
+        assert r.status_code == 200, r.text
+        out: list[dict[str, Any]] = r.json()["progress"]
+        return out
+
+    # Two samples per rank give the service each rank's op rate, which places switch points.
+    wait_for(
+        "the service to hold an op rate for every rank",
+        lambda: sum(p["rate_ops_per_s"] is not None for p in progress()) == len(NODES) * GPUS,
+        20,
+        progress,
+    )
 
 
 def failover_decision(cluster: Cluster) -> dict[str, Any]:
@@ -258,7 +267,9 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
             30,
             cluster.commands,
         )
-        time.sleep(0.3)  # a few more ops: nothing else may be applied
+        # Some more ops go by: nothing else may be applied in them.
+        more = job.ops_done + 40
+        assert job.wait_ops(more, 15), f"the job stalled: ops_done={job.ops_done}"
     applied = job.applied()
     assert_no_divergence(applied)
     (plan,) = applied[slow]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,10 +22,12 @@ from typing import Any
 import httpx
 import pytest
 
+from railover_testing import waiting
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service
 from railover_testing.sysfs_fixture import build_cluster
 from scheduler_svc.config import Settings
+from tests.deploy.tools import tool_missing
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "native_plugin"
 LIBRARY = PLUGIN_DIR / "build" / "libnccl-profiler-railover.so"
@@ -88,18 +89,14 @@ class ProfilerV5(ctypes.Structure):
 def profiler() -> ProfilerV5:
     if not LIBRARY.is_file():
         if shutil.which("make") is None or shutil.which("cc") is None:
-            pytest.skip("libnccl-profiler-railover.so is not built and there is no C toolchain")
+            tool_missing("libnccl-profiler-railover.so is not built and there is no C toolchain")
         subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
     lib = ctypes.CDLL(str(LIBRARY))
     return ProfilerV5.in_dll(lib, "ncclProfiler_v5")
 
 
 def wait_for(what: str, check: Callable[[], bool], detail: Callable[[], Any]) -> None:
-    deadline = time.monotonic() + 60
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}: {detail()}")
-        time.sleep(0.05)
+    waiting.wait_for(what, check, 60, detail)
 
 
 @pytest.fixture

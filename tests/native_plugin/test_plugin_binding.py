@@ -22,8 +22,8 @@ from native_plugin.binding import (
     agree,
     load_library,
 )
-from railover_testing.agents import wait_until as poll_until
 from railover_testing.fake_agent import FakeAgent
+from railover_testing.waiting import wait_until as poll_until
 
 
 class _Fast(TypedDict):

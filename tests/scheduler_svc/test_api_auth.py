@@ -15,13 +15,14 @@ import httpx
 import pytest
 import uvicorn
 
-from railover_testing.agents import wait_until
 from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import free_port, local_service
+from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
+from tests.deploy.tools import tool_missing
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 
@@ -181,7 +182,7 @@ def test_no_anonymous_access_from_a_routable_peer(settings: Settings) -> None:
     loopback (the default), the socket does not; a caller from outside gets 401."""
     host = _routable_address()
     if host is None:
-        pytest.skip("this machine has no routable IPv4 address to connect from")
+        tool_missing("this machine has no routable IPv4 address to connect from")
     port = free_port()
     config = uvicorn.Config(
         create_app(settings), host="0.0.0.0", port=port, log_level="warning", lifespan="on"

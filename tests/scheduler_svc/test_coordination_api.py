@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -10,9 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
-from railover_testing.local import local_service
+from railover_testing import waiting
+from railover_testing.local import ManualClock, local_service
 from scheduler_svc.config import Settings
+from scheduler_svc.store.uow import Clock, system_clock
 from tests.scheduler_svc.helpers import job_body, register_nodes
 
 FAST = {
@@ -27,8 +29,8 @@ def make_service(db_url: str) -> Iterator[Callable[..., httpx.Client]]:
     """Start the service with coordination settings tuned for tests; yields a client factory."""
     stack: list[Any] = []
 
-    def start(**overrides: Any) -> httpx.Client:
-        ctx = local_service(Settings(db_url=db_url, port=0, **(FAST | overrides)))
+    def start(clock: Clock = system_clock, **overrides: Any) -> httpx.Client:
+        ctx = local_service(Settings(db_url=db_url, port=0, **(FAST | overrides)), clock=clock)
         url = ctx.__enter__()
         stack.append(ctx)
         client = httpx.Client(base_url=url, timeout=30)
@@ -70,10 +72,12 @@ def decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+    waiting.wait_for("the condition", check, timeout)
+
+
+def sweeps() -> float:
+    """Coordinator sweeps run so far in this process (the service under test runs in it)."""
+    return REGISTRY.get_sample_value("railover_coordinator_sweeps_total", {"outcome": "ok"}) or 0.0
 
 
 def fresh_job(http: httpx.Client, job: str, nodes: list[str], elapsed_s: float, **kw: Any) -> None:
@@ -145,7 +149,9 @@ def test_flapping_port_stays_on_backup_and_is_flagged(
     flags = http.get("/v1/fabric").json()["maintenance_flags"]
     assert [(f["node"], f["device"], f["port"]) for f in flags] == [("n0", "mlx5_3", 1)]
     assert "5 downs" in flags[0]["reason"]
-    time.sleep(1.5)  # longer than damping plus a few sweeps
+    # Every flap is long past damping by its event times: three sweeps would fail it back.
+    swept = sweeps()
+    wait_for(lambda: sweeps() >= swept + 3)
     assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
     history = [d["action"] for d in decisions(http, "j")]
     # The first flaps healed and failed back; after the fifth down it stays on its backup.
@@ -203,12 +209,15 @@ def test_second_fault_replans_with_higher_k(make_service: Callable[..., httpx.Cl
 
 
 def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.Client]) -> None:
-    http = make_service(delivery_latency_default_s=0.5)
+    # The service's clock stands still at the newest sample, so the projection from that
+    # sample to the decision adds nothing and every op count below is exact.
+    clock = ManualClock(datetime.now(UTC))
+    http = make_service(clock=clock, delivery_latency_default_s=0.5)
     register_nodes(http, ["n0", "n1"])
     fresh_job(
         http, "j", ["n0", "n1"], elapsed_s=3000, communicators=[{"comm_id": 77, "channels": 16}]
     )
-    t = datetime.now(UTC) - timedelta(seconds=1)  # the newest sample is from just now
+    t = clock() - timedelta(seconds=1)  # the newest sample is from the service's now
     for ops, dt in ((1000, 0), (1100, 1)):
         post(
             http,
@@ -226,17 +235,13 @@ def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.C
                 for r in ranks
             ],
         )
-    post(http, ev("n0", "port_down", datetime.now(UTC)))
-    decided_by = datetime.now(UTC)
+    post(http, ev("n0", "port_down", clock()))
     cmds = [
         c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "rebalance"
     ]
-    # 100 ops/s x 0.5 s delivery x safety 2 = 100 ops past the highest count,
-    # projected forward by 100 ops/s for the moments since it was reported (however
-    # long a loaded machine took to get there).
+    # 100 ops/s x 0.5 s delivery x safety 2 = 100 ops past the highest count, 1100.
     first = cmds[0]["ops_done"]
-    since_sample = (decided_by - (t + timedelta(seconds=1))).total_seconds()
-    assert 1200 <= first <= 1100 + 100 + 100 * since_sample + 1
+    assert first == 1200
     assert {(c["node"], c["ops_done"], c["epoch"]) for c in cmds} == {
         ("n0", first, 1),
         ("n1", first, 1),
@@ -255,7 +260,7 @@ def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.C
     # Rank 9 is past the first trigger (at first + 3) though the stored progress says
     # 1100: the new one counts from there, never re-issuing an op count a rank has passed.
     (second,) = {c["ops_done"] for c in after if c["epoch"] == 2}
-    assert first + 103 <= second <= first + 150
+    assert second == first + 3 + 100
     # The job was not re-decided: a late rank is no fault.
     assert [d["action"] for d in decisions(http, "j")] == ["failover"]
 

@@ -6,8 +6,6 @@ the test says, and the coordinator's sweep (which reads the same clock) does the
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from railover_testing import waiting
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import local_service
+from railover_testing.local import ManualClock, local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
@@ -26,29 +25,12 @@ from tests.scheduler_svc.helpers import job_body, register_nodes
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
-class ManualClock:
-    """The service's time: starts at T0 and moves only when the test says."""
-
-    def __init__(self) -> None:
-        self._now = T0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> datetime:
-        with self._lock:
-            self._now += timedelta(seconds=seconds)
-            return self._now
-
-
 @pytest.fixture
 def make(db_url: str) -> Iterator[Callable[..., tuple[httpx.Client, ManualClock, str]]]:
     stack: list[Any] = []
 
     def start(**overrides: Any) -> tuple[httpx.Client, ManualClock, str]:
-        clock = ManualClock()
+        clock = ManualClock(T0)
         settings = Settings(
             db_url=db_url,
             port=0,
@@ -105,10 +87,7 @@ def commands(http: httpx.Client, job: str, kind: str | None = None) -> list[dict
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+    waiting.wait_for("the condition", check, timeout)
 
 
 def start_job(http: httpx.Client, job: str, nodes: list[str], **kw: Any) -> None:

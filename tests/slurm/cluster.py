@@ -15,11 +15,12 @@ import secrets
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from railover_testing.waiting import wait_for
 
 NODES = ("gpu01", "gpu02", "gpu03")
 RUNS_JOBS = NODES[0]
@@ -60,12 +61,7 @@ class SlurmCluster:
         return self.run("squeue", "-h", "-j", job_id, "-o", "%t", check=False).strip()
 
     def wait(self, what: str, probe: Callable[[], bool], timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if probe():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"slurm: {what} not reached in {timeout_s:.0f} s\n{self.logs()}")
+        wait_for(f"slurm: {what}", probe, timeout_s, self.logs, step=0.2)
 
     def logs(self) -> str:
         out = []

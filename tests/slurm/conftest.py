@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.deploy.tools import need_tool
+from tests.deploy.tools import need_tool, tool_missing
 from tests.slurm.cluster import SlurmCluster, slurm_cluster
 
 
@@ -21,10 +21,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     for tool in ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo"):
         need_tool(tool)
     if os.geteuid() != 0:
-        message = "the throw-away Slurm cluster runs its daemons as root (SlurmUser=root)"
-        if os.environ.get("RAILOVER_REQUIRE_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        tool_missing("the throw-away Slurm cluster runs its daemons as root (SlurmUser=root)")
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
 
