@@ -30,6 +30,7 @@ from scheduler_svc.store.repositories import (
     FaultRepo,
     JobRepo,
     NodeRepo,
+    ProgressSample,
 )
 
 # ibv_wc_status values that mean the path itself is gone (the RNIC gave up
@@ -187,7 +188,7 @@ def record_progress(session: Session, events: list[EventIn]) -> int:
     if not progress:
         return 0
     jobs_by_comm = repo.jobs_of_comm({e.comm_id for e in progress if e.comm_id is not None})
-    placed = 0
+    samples: list[ProgressSample] = []
     for e in progress:
         if e.rank is None:
             continue
@@ -198,9 +199,11 @@ def record_progress(session: Session, events: list[EventIn]) -> int:
             if len(candidates) != 1:
                 continue
             job_id = candidates[0]
-        repo.record_progress(job_id, e.comm_id or 0, e.rank, e.ops_done or 0, e.observed_at)
-        placed += 1
-    return placed
+        samples.append(
+            ProgressSample(job_id, e.comm_id or 0, e.rank, e.ops_done or 0, e.observed_at)
+        )
+    repo.record_progress(samples)
+    return len(samples)
 
 
 def flag_if_flapping(

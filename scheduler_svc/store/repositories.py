@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -38,6 +39,17 @@ def _insert_unless_taken(session: Session, row: _Row) -> _Row | None:
 
 def hash_secret(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSample:
+    """One rank's op count at a moment, placed under its job."""
+
+    job_id: str
+    comm_id: int
+    rank: int
+    ops_done: int
+    at: datetime
 
 
 class TokenRepo:
@@ -532,22 +544,40 @@ class CoordinationRepo:
             q = q.where(m.RankProgress.comm_id == comm_id)
         return self.s.scalars(q.order_by(m.RankProgress.rank)).all()
 
-    def record_progress(
-        self, job_id: str, comm_id: int, rank: int, ops_done: int, at: datetime
-    ) -> None:
-        """Keep the newest count; its rate comes from the previous sample (reports may reorder)."""
-        row = self.s.get(m.RankProgress, (job_id, comm_id, rank))
-        if row is None:
-            self.s.add(
-                m.RankProgress(job_id=job_id, comm_id=comm_id, rank=rank, ops_done=ops_done, at=at)
+    def record_progress(self, samples: Sequence[ProgressSample]) -> None:
+        """Keep each rank's newest count; its rate comes from the previous sample.
+
+        Reports may reorder: an older or smaller count than the stored one is dropped.
+        One read for the whole batch (an agent posts all its ranks at once).
+        """
+        if not samples:
+            return
+        keys = {(s.job_id, s.comm_id, s.rank) for s in samples}
+        stored = {
+            (r.job_id, r.comm_id, r.rank): r
+            for r in self.s.scalars(
+                select(m.RankProgress).where(
+                    tuple_(m.RankProgress.job_id, m.RankProgress.comm_id, m.RankProgress.rank).in_(
+                        sorted(keys)
+                    )
+                )
             )
-            return
-        if at <= row.at or ops_done < row.ops_done:
-            return
-        dt = (at - row.at).total_seconds()
-        if dt > 0:
-            row.rate_ops_per_s = (ops_done - row.ops_done) / dt
-        row.ops_done, row.at = ops_done, at
+        }
+        for s in samples:
+            key = (s.job_id, s.comm_id, s.rank)
+            row = stored.get(key)
+            if row is None:
+                stored[key] = row = m.RankProgress(
+                    job_id=s.job_id, comm_id=s.comm_id, rank=s.rank, ops_done=s.ops_done, at=s.at
+                )
+                self.s.add(row)
+                continue
+            if s.at <= row.at or s.ops_done < row.ops_done:
+                continue
+            dt = (s.at - row.at).total_seconds()
+            if dt > 0:
+                row.rate_ops_per_s = (s.ops_done - row.ops_done) / dt
+            row.ops_done, row.at = s.ops_done, s.at
 
     # -- iteration times ----------------------------------------------------------------------
     def add_samples(self, rows: list[m.IterationSample]) -> None:

@@ -104,6 +104,9 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
                     poll_interval_s=0.2,
                     command_wait_s=0.5,
                     command_hold_s=5.0,
+                    # Generous: a starved 2-core box can take seconds to answer, and a retried
+                    # ack only adds to the queue it waited in.
+                    request_timeout_s=10.0,
                 )
                 agents[name] = AgentThread(settings).start()
             wait_for(
@@ -133,9 +136,11 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
             assert r.status_code == 201, r.text
             yield Cluster(http, {n: node for n, (node, _) in built.items()}, agents)
         finally:
-            for a in agents.values():
-                a.stop()
-            service.stop()
+            try:
+                for a in agents.values():
+                    a.stop()
+            finally:
+                service.stop()
 
 
 def warm_up(cluster: Cluster, job: SimulatedJob) -> None:

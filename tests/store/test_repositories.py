@@ -17,6 +17,7 @@ from scheduler_svc.store.repositories import (
     CoordinationRepo,
     JobRepo,
     NodeRepo,
+    ProgressSample,
     TokenRepo,
     hash_secret,
 )
@@ -118,6 +119,36 @@ def test_rank_queries(session: Session) -> None:
     jobs.delete(locked)
     assert jobs.get("j2") is None
     assert jobs.rank_counts() == {"j1": (16, ["n0", "n1"])}
+
+
+def test_progress_keeps_the_newest_count_and_its_rate(session: Session) -> None:
+    JobRepo(session).add(job("j1", ["n0"]))
+    repo = CoordinationRepo(session)
+
+    def at(s: float, rank: int, ops: int) -> ProgressSample:
+        return ProgressSample("j1", 7, rank, ops, NOW + timedelta(seconds=s))
+
+    # First sight of rank 0, then a newer count in the same batch; rank 1 only once.
+    repo.record_progress([at(0, 0, 100), at(2, 0, 300), at(0, 1, 50)])
+    session.flush()
+    repo.record_progress(
+        [
+            at(1, 0, 900),  # older than the stored sample: dropped
+            at(3, 1, 40),  # fewer ops than stored (a restart of the count): dropped
+            at(4, 1, 450),  # 400 ops in 4 s
+        ]
+    )
+    session.flush()
+    session.expire_all()
+    got = {
+        r.rank: (r.ops_done, r.at, r.rate_ops_per_s)
+        for r in session.query(m.RankProgress).filter_by(job_id="j1")
+    }
+    assert got == {
+        0: (300, NOW + timedelta(seconds=2), 100.0),
+        1: (450, NOW + timedelta(seconds=4), 100.0),
+    }
+    repo.record_progress([])  # nothing to read or write
 
 
 def test_commands_pending_superseded_and_unacknowledged(session: Session) -> None:
