@@ -241,9 +241,9 @@ def test_action_table() -> None:
     ]
 
 
-def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
+def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn, db_url: str) -> None:
     script, log = scontrol(tmp_path)
-    db = f"sqlite:///{tmp_path / 'railover.db'}"
+    db = db_url
     settings = fast(
         db,
         k8s_enabled=True,
@@ -296,11 +296,13 @@ def test_service_drives_k8s_and_slurm(tmp_path: Path, k8s: K8sStandIn) -> None:
     assert os.access(script, os.X_OK)
 
 
-def test_clearing_a_maintenance_flag_repairs_the_node(tmp_path: Path, k8s: K8sStandIn) -> None:
+def test_clearing_a_maintenance_flag_repairs_the_node(
+    tmp_path: Path, k8s: K8sStandIn, db_url: str
+) -> None:
     """DELETE /v1/maintenance-flags/{id}: Railover's taint and condition come off, in
     Kubernetes (the stand-in's stored node) and in Slurm (comment and drain reads)."""
     script, log = scontrol(tmp_path)
-    db = f"sqlite:///{tmp_path / 'railover.db'}"
+    db = db_url
     settings = fast(
         db,
         k8s_enabled=True,

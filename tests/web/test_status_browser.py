@@ -31,8 +31,8 @@ CHROMIUM_FLAGS = [
 
 
 @pytest.fixture
-def live_service(tmp_path: Path) -> Iterator[tuple[str, datetime]]:
-    with local_service(Settings(db_url=f"sqlite:///{tmp_path / 'railover.db'}", port=0)) as url:
+def live_service(db_url: str) -> Iterator[tuple[str, datetime]]:
+    with local_service(Settings(db_url=db_url, port=0)) as url:
         with httpx.Client(base_url=url, timeout=30) as http:
             checkpoint = failed_over_cluster(http)
         yield url, checkpoint
