@@ -101,6 +101,8 @@ TARGETS = (
             "tests/scheduler_svc/test_engine_decision.py",
             "tests/scheduler_svc/test_engine_paths.py",
             "tests/scheduler_svc/test_engine_coordination.py",
+            "tests/scheduler_svc/test_engine_reconcile.py",
+            "tests/scheduler_svc/test_engine_nccl.py",
             "tests/engine",
         ),
     ),
