@@ -11,7 +11,9 @@ arise, by flipping port state files the agents watch:
    (high k), so restarting from the checkpoint is cheaper;
 3. a rail switch failure: three nodes report within a second, the service
    infers the switch, moves every node on it (including the one that has not
-   noticed) and rebalances job A's channels at one op count.
+   noticed) and rebalances job A's channels at one op count;
+4. a planned switch maintenance: job A's ranks on it move before the window
+   opens, and fail back at one op count after it (and the damping period).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from native_plugin.wire import CommandKind
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service
-from railover_testing.simjob import SimulatedJob
+from railover_testing.simjob import Applied, SimulatedJob
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
 from scheduler_svc.config import Settings
 
@@ -49,7 +52,8 @@ JOBS = {
 }
 # Tuned so the whole script plays in well under two minutes on two cores.
 SERVICE: dict[str, Any] = {
-    "failback_damping_s": 5.0,
+    "failback_damping_s": 3.0,
+    "maintenance_lead_s": 1.0,
     "coordinator_interval_s": 0.2,
     "switch_min_offset_ops": 250,
     "delivery_latency_default_s": 0.5,
@@ -279,6 +283,58 @@ def _act_switch(demo: Demo) -> None:
     )
 
 
+def _act_maintenance(demo: Demo) -> None:
+    sim = demo.sims["job-a"]
+    seen = max((a.epoch for log in sim.applied().values() for a in log), default=0)
+    # Its lead time begins half a second from now: the ranks move well before it opens.
+    start = datetime.now(UTC) + timedelta(seconds=1.5)
+    demo.say(f"act 4: rail2-a gets new firmware, planned: down for 1 s from {start:%H:%M:%S}")
+    history = demo.decisions("job-a")
+    before = len(history)
+    already = {m["rank"] for m in history[0]["plan"].get("failed_over", [])} if history else set()
+    body = {
+        "target": {"switch": "rail2-a"},
+        "start_at": start.isoformat(),
+        "duration_s": 1,
+        "reason": "firmware upgrade",
+    }
+    r = demo.http.post("/v1/maintenance", json=body)
+    if r.status_code != 201:
+        raise DemoError(f"scheduling the maintenance failed: {r.status_code} {r.text}")
+    window = r.json()
+    demo.say(
+        f"maintenance {window['id']} scheduled; jobs it would restart: "
+        f"{', '.join(window['would_restart']) or 'none'}"
+    )
+    d = demo.wait_decision("job-a", "failover", before)
+    ahead = (start - datetime.fromisoformat(d["created_at"])).total_seconds()
+    moved = ", ".join(
+        f"{m['node']}/rank {m['rank']}"
+        for m in d["plan"]["failed_over"]
+        if m["rank"] not in already
+    )
+    demo.say(f"job-a: failover {ahead:.1f} s before the window opens, moving {moved}")
+    d = demo.wait_decision("job-a", "failback", before + 1)
+    demo.say(f"job-a: {d['action']} after the window and the damping ({d['reason']})")
+
+    def failback(rank: int) -> Applied | None:
+        done = [a for a in sim.applied().get(rank, []) if a.kind == CommandKind.FAILBACK]
+        return done[-1] if done and done[-1].epoch > seen else None
+
+    demo.wait(
+        "job-a's ranks to apply the fail-back at one op count",
+        lambda: all(failback(r) is not None for r in sim.ranks),
+    )
+    plans = {p.plan for p in map(failback, sim.ranks) if p is not None}
+    if len(plans) != 1:
+        raise DemoError(f"job-a's ranks failed back at different points: {sorted(plans)}")
+    ((op, epoch, _kind, channels),) = plans
+    demo.say(
+        f"all {len(sim.ranks)} ranks of job-a back on rail2-a at ops_done {op} (epoch {epoch}), "
+        f"as one; channels {list(channels)} stay off while rail1-a is down"
+    )
+
+
 def _summary(demo: Demo) -> Table:
     table = Table(title="Decisions", show_lines=True, expand=True)
     for col in ("job", "trigger", "action", "saved GPU-h", "reason"):
@@ -336,7 +392,7 @@ def run_demo(keep_running: bool = False, console: Console | None = None) -> int:
             painter = threading.Thread(target=refresh, daemon=True)
             painter.start()
             try:
-                for act in (_act_flap, _act_rnic_death, _act_switch):
+                for act in (_act_flap, _act_rnic_death, _act_switch, _act_maintenance):
                     act(demo)
             finally:
                 stop.set()

@@ -273,6 +273,13 @@ class Settings(BaseSettings):
     nvl_cap_mb: Annotated[float, Field(ge=0)] = Field(
         default=512.0, description="GPU memory a job may give to NVL transit, MB"
     )
+    # A move to the backups is immediate, but a channel plan waits for its switch point,
+    # and an unanswered command is retried command_max_attempts times (15 s x 3 by default).
+    maintenance_lead_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=60.0,
+        description="Jobs on a planned maintenance's target move this long before its start "
+        "(room for switch points and command retries)",
+    )
     coordinator_interval_s: Annotated[float, Field(gt=0, le=60)] = Field(
         default=0.5, description="How often command retries and damped fail-backs are swept"
     )

@@ -23,11 +23,19 @@ def test_demo_plays_the_script() -> None:
         ("failback:1", "failback"),
         ("fault:2", "restart"),
         ("switch:1", "failover"),
+        ("maintenance:1", "failover"),
+        ("failback:maintenance:1", "failback"),
     ):
         assert re.search(rf"{trigger}\s*│\s*{action}", summary), (trigger, action, summary)
     # n3 reports nothing in act 3; the switch decision moves its rank all the same.
     assert re.search(r"job-a: failover, moving .*n3/rank 13", text)
     assert re.search(r"all 16 ranks of job-a disabled channels \[1, 5, 9, 13\]", text)
+    # Act 4: job-a's rail-2 ranks move before the planned window opens, and come back.
+    assert "maintenance 1 scheduled; jobs it would restart: none" in text
+    ahead = re.search(r"job-a: failover ([0-9.]+) s before the window opens, moving (.*)", text)
+    assert ahead is not None and float(ahead.group(1)) > 0, text
+    assert ahead.group(2).split(", ") == [f"n{i}/rank {4 * i + 2}" for i in range(4)]
+    assert re.search(r"all 16 ranks of job-a back on rail2-a at ops_done \d+", text)
     saved = re.search(r"GPU-hours saved by failing over instead of restarting: ([0-9.]+)", text)
     assert saved is not None
     assert float(saved.group(1)) > 0

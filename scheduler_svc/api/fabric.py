@@ -1,14 +1,25 @@
-"""The fabric as the service sees it: open faults, inferred switch failures, flagged ports."""
+"""The fabric as the service sees it: open faults, inferred switch failures, flagged ports,
+and planned maintenance."""
 
 from __future__ import annotations
 
-from fastapi import Query
+from typing import Annotated
+
+from fastapi import Query, Request
 
 from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
-from scheduler_svc.schemas import FabricState, FlagIn, MaintenanceFlagOut
-from scheduler_svc.services import operator
+from scheduler_svc.schemas import (
+    FabricState,
+    FlagIn,
+    Id64,
+    MaintenanceFlagOut,
+    MaintenanceIn,
+    MaintenanceList,
+    MaintenanceOut,
+)
+from scheduler_svc.services import maintenance, operator
 
 router = routing.router(prefix="/v1", tags=["fabric"])
 
@@ -50,3 +61,54 @@ def flag_port(
         session, body.node, body.device, body.port, reason=body.reason, now=now, settings=settings
     )
     return MaintenanceFlagOut.model_validate(row, from_attributes=True)
+
+
+@router.post(
+    "/maintenance",
+    status_code=201,
+    operation_id="schedule_maintenance",
+    responses=responses(Unauthorized, Forbidden) | VALIDATION,
+)
+def schedule_maintenance(
+    *,
+    body: MaintenanceIn,
+    request: Request,
+    session: SessionDep,
+    who: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
+) -> MaintenanceOut:
+    """Plan a window on a switch, an RNIC (or one port) or a node: its jobs move off first."""
+    request.state.audit_detail = f"maintenance from {body.start_at.isoformat()}: {body.reason}"
+    return maintenance.schedule(session, body, by=who.token_id, now=now, settings=settings)
+
+
+@router.get(
+    "/maintenance",
+    operation_id="list_maintenance",
+    responses=responses(Unauthorized) | VALIDATION,
+)
+def list_maintenance(
+    session: SessionDep,
+    _: Reader,
+    settings: SettingsDep,
+    now: NowDep,
+    include_done: bool = Query(False, description="Also windows that are over and cleared"),
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> MaintenanceList:
+    """Planned maintenance windows by start, each with its phase now."""
+    return maintenance.listing(
+        session, include_done=include_done, limit=limit, now=now, settings=settings
+    )
+
+
+@router.delete(
+    "/maintenance/{window_id}",
+    operation_id="cancel_maintenance",
+    responses=responses(Unauthorized, Forbidden, NotFound, Conflict) | VALIDATION,
+)
+def cancel_maintenance(
+    window_id: Id64, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
+) -> MaintenanceOut:
+    """End a window now (done early, or called off): its jobs fail back."""
+    return maintenance.cancel(session, window_id, now, settings)

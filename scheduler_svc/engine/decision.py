@@ -86,6 +86,9 @@ class DecisionInputs:
     allow_scaling: bool = False
     spare_nodes: bool = True
     node_replace_s: float = 0.0
+    # Planned maintenance: the ranks move before the target goes down, so nothing is
+    # lost and no collective hangs; only a GPU left without any path restarts.
+    planned: bool = False
 
     def __post_init__(self) -> None:
         positive = {"checkpoint_interval_s": self.checkpoint_interval_s, "gpus": self.gpus}
@@ -180,6 +183,12 @@ def decide(inp: DecisionInputs) -> Decision:
         reason = (
             f"no usable path is left for some GPU (primary and backup both lost); "
             f"{action.value} ({_fmt(cost)}) is the only way forward"
+        )
+    elif inp.planned:
+        action = Action.FAILOVER
+        reason = (
+            "fail over ahead of it: every GPU keeps a path, so the ranks move to their "
+            "backups before the window opens and nothing restarts"
         )
     else:
         restart_action, best_restart = _cheapest_restart(restart, scaled)

@@ -14,7 +14,10 @@ time alone, so every replica reaches the same answer at the same `now`:
 - a topology loss (a GPU or RNIC gone from a registration) clears when the
   node registers it again;
 - an inferred switch failure clears when one of its links comes back;
-- planned maintenance counts from its start until its end.
+- planned maintenance counts from a lead time before its start (so jobs move
+  before anything breaks) until its end, and clears after the damping period
+  once its window had started (a cancelled window that never started clears at
+  once).
 
 Every fault can also be closed at once by an operator (a resolve).
 """
@@ -123,6 +126,20 @@ class Quarantine:
     reason: str
 
 
+class MaintenancePhase(enum.StrEnum):
+    SCHEDULED = "scheduled"  # announced; jobs still on their primaries
+    MOVING = "moving"  # the lead time: jobs on the target move to their backups
+    ACTIVE = "active"  # the window is open: the target may be taken down
+    ENDED = "ended"  # over or cancelled; still out of service for the damping period
+    DONE = "done"  # cleared: jobs fail back
+
+
+# Phases in which the target carries no traffic.
+OUT_OF_SERVICE = frozenset(
+    {MaintenancePhase.MOVING, MaintenancePhase.ACTIVE, MaintenancePhase.ENDED}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Maintenance:
     """A planned window on a link, an RNIC (port 0), a switch (node None) or a node."""
@@ -134,9 +151,54 @@ class Maintenance:
     device: str | None = None
     port: int = WHOLE_DEVICE
     switch: str | None = None
+    # When its jobs start moving off the target (starts_at less the lead time).
+    moves_at: datetime | None = None
+    cancelled_at: datetime | None = None
+    reason: str = ""
 
-    def active(self, now: datetime) -> bool:
-        return self.starts_at <= now < self.ends_at
+    @property
+    def until(self) -> datetime:
+        """When the window ends: its end, or its cancellation if that came first."""
+        if self.cancelled_at is not None and self.cancelled_at < self.ends_at:
+            return self.cancelled_at
+        return self.ends_at
+
+    def _marks(self, damping_s: float) -> tuple[datetime, datetime, datetime, datetime]:
+        moves = min(self.moves_at or self.starts_at, self.starts_at)
+        until = self.until
+        # Damping only for a target that may have been worked on (its window opened).
+        settle = damping_s if until > self.starts_at else 0.0
+        return moves, self.starts_at, until, until + timedelta(seconds=settle)
+
+    def phase(self, now: datetime, damping_s: float = 0.0) -> MaintenancePhase:
+        moves, starts, until, clears = self._marks(damping_s)
+        if until <= moves:  # cancelled before anything moved
+            return MaintenancePhase.DONE if now >= until else MaintenancePhase.SCHEDULED
+        if now < moves:
+            return MaintenancePhase.SCHEDULED
+        if now < until:
+            return MaintenancePhase.MOVING if now < starts else MaintenancePhase.ACTIVE
+        return MaintenancePhase.ENDED if now < clears else MaintenancePhase.DONE
+
+    def next_change(self, now: datetime, damping_s: float = 0.0) -> datetime | None:
+        """The next time its phase can change without anything new happening."""
+        moves, starts, until, clears = self._marks(damping_s)
+        marks = (until,) if until <= moves else (moves, starts, until, clears)
+        # Nothing changes after it has cleared (a start after its cancellation is no change).
+        return min((t for t in marks if now < t <= clears), default=None)
+
+    def active(self, now: datetime, damping_s: float = 0.0) -> bool:
+        return self.phase(now, damping_s) in OUT_OF_SERVICE
+
+    @property
+    def label(self) -> str:
+        if self.switch is not None:
+            return self.switch
+        if self.device is None:
+            return str(self.node)
+        if self.port == WHOLE_DEVICE:
+            return f"{self.node}/{self.device}"
+        return f"{self.node}/{self.device}/{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,12 +334,12 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
             )
         )
     for w in evidence.maintenance:
-        if not w.active(now):
-            if w.starts_at > now and (next_change is None or w.starts_at < next_change):
-                next_change = w.starts_at
+        phase = w.phase(now, rules.damping_s)
+        change = w.next_change(now, rules.damping_s)
+        if change is not None and (next_change is None or change < next_change):
+            next_change = change
+        if phase not in OUT_OF_SERVICE:
             continue
-        if w.ends_at and (next_change is None or w.ends_at < next_change):
-            next_change = w.ends_at
         if w.switch is not None:
             switches.add(w.switch)
         elif w.node is not None and w.device is None:
@@ -287,13 +349,18 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
                 rnics.add((w.node, w.device))
             else:
                 links.add((w.node, w.device, w.port))
+        window = f"{w.starts_at.isoformat(timespec='seconds')} to "
+        window += w.ends_at.isoformat(timespec="seconds")
+        reason = f"planned maintenance {w.id} ({w.reason}) from {window}"
+        if phase == MaintenancePhase.ENDED:
+            reason = f"planned maintenance {w.id} ({w.reason}) over, damping {rules.damping_s:g} s"
         unhealthy.append(
             Unhealthy(
                 f"maintenance:{w.id}",
-                w.switch or f"{w.node}/{w.device or '*'}",
+                w.label,
                 "maintenance",
-                w.starts_at,
-                f"planned maintenance until {w.ends_at.isoformat()}",
+                w.moves_at or w.starts_at,
+                reason,
                 w.node,
                 w.device,
                 w.port,

@@ -273,7 +273,10 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
         note = _note(first, evidence)
         if new_life and not new:
             note = "the restarted job resumes with faults still open"
-        return _cost_decision(p, base, moved, at=at, first=first, note=note)
+        # Only planned windows are new: the job moves ahead of them, whatever the cost model
+        # would say about restarting after a fault.
+        planned = bool(new) and all(u.kind == "maintenance" for u in new)
+        return _cost_decision(p, base, moved, at=at, first=first, note=note, planned=planned)
 
     # 2. Ranks whose primary is healthy again return to it; the others stay on backup.
     if returning:
@@ -325,6 +328,7 @@ def _cost_decision(
     first: Unhealthy | None,
     note: str | None,
     trigger: str | None = None,
+    planned: bool = False,
 ) -> Reconciled:
     """Failover against restart by ReCCL eq. (1)-(4), for what is failed right now."""
     now, job, fabric, conn, options = p.now, p.job, p.fabric, p.conn, p.options
@@ -366,6 +370,7 @@ def _cost_decision(
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
+        planned=planned,
     )
     result = cost.decide(inputs)
     reasons = [result.reason]
@@ -764,6 +769,7 @@ def inputs_record(result: cost.Decision, concurrent: int) -> dict[str, Any]:
         "allow_scaling": i.allow_scaling,
         "spare_nodes": i.spare_nodes,
         "node_replace_s": i.node_replace_s,
+        "planned": i.planned,
     }
 
 
@@ -888,6 +894,8 @@ def _note(first: Unhealthy | None, evidence: Sequence[Unhealthy]) -> str | None:
         return f"port {first.label} is quarantined ({first.reason})"
     if first.kind == "unreachable":
         return first.reason
+    if first.kind == "maintenance":
+        return f"{first.label}: {first.reason}"
     return None
 
 

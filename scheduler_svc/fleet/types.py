@@ -16,6 +16,11 @@ class EventType(enum.StrEnum):
     MAINTENANCE_FLAG = "io.railover.maintenance.flagged"
     # An operator cleared a flag (DELETE /v1/maintenance-flags/{id}): the port is repaired.
     MAINTENANCE_CLEARED = "io.railover.maintenance.cleared"
+    # Planned maintenance (POST /v1/maintenance): announced, its window opened, over
+    # (at its end or cancelled). data: the window, its target and would_restart.
+    MAINTENANCE_SCHEDULED = "io.railover.maintenance.scheduled"
+    MAINTENANCE_STARTED = "io.railover.maintenance.started"
+    MAINTENANCE_ENDED = "io.railover.maintenance.ended"
 
 
 def command_type(state: str) -> str:

@@ -15,7 +15,12 @@ from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.reconcile import FabricView
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo, NodeRepo
+from scheduler_svc.store.repositories import (
+    CoordinationRepo,
+    FaultRepo,
+    MaintenanceRepo,
+    NodeRepo,
+)
 
 LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
 
@@ -137,6 +142,22 @@ def _evidence_of(f: m.Fault, port_states: dict[tuple[str, str, int], str]) -> he
     )
 
 
+def window(row: m.MaintenanceWindow) -> health.Maintenance:
+    """A stored maintenance window as the engine reads it."""
+    return health.Maintenance(
+        id=row.id,
+        starts_at=row.start_at,
+        ends_at=row.end_at,
+        node=row.node,
+        device=row.device,
+        port=row.port,
+        switch=row.switch,
+        moves_at=row.moves_at,
+        cancelled_at=row.cancelled_at,
+        reason=row.reason,
+    )
+
+
 def evidence(
     session: Session, nodes: Iterable[str] | None
 ) -> tuple[health.Evidence, list[m.Fault]]:
@@ -153,11 +174,13 @@ def evidence(
         health.SwitchEvidence(s.id, s.switch, s.opened_at, s.reason)
         for s in repo.open_switch_faults()
     ]
+    windows = MaintenanceRepo(session).in_force(None if nodes is None else set(nodes))
     return (
         health.Evidence(
             faults=tuple(_evidence_of(f, states) for f in faults),
             switches=tuple(switches),
             quarantines=tuple(flags),
+            maintenance=tuple(window(w) for w in windows),
         ),
         faults,
     )

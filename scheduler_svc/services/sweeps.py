@@ -1,5 +1,6 @@
-"""The coordinator loop: deadlines. Overdue commands are retried or failed, and faults whose
-clearing rule is met by now (damping, quiet period) are closed and their jobs reconciled.
+"""The coordinator loop: deadlines. Overdue commands are retried or failed, faults whose
+clearing rule is met by now (damping, quiet period) are closed, maintenance windows whose
+lead time, start or end has come are stepped on, and the jobs they touch reconciled.
 
 It runs in every replica. Overdue commands are claimed with SKIP LOCKED on
 PostgreSQL, and every reconcile takes the job's row lock, so two replicas
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.notify import CommandNotifier
-from scheduler_svc.services import acks, commands, fabric, reconciler
+from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler
 from scheduler_svc.store.repositories import CoordinationRepo, JobRepo
 from scheduler_svc.store.uow import Clock, pending_nodes, unit_of_work
 
@@ -39,10 +40,15 @@ def sweep_once(
         overdue = [c.command_id for c in CoordinationRepo(session).overdue_commands(now)]
         due = fabric.has_cleared(session, now, settings)
         retry = JobRepo(session).due_for_reconcile()
+        windows = maintenance.due(session, now)
     notify: set[str] = set()
     for command_id in overdue:
         with unit_of_work(sessions) as session:
             retry_overdue_command(session, command_id, now, settings)
+            notify |= set(pending_nodes(session))
+    for window_id in windows:
+        with unit_of_work(sessions) as session:
+            maintenance.advance(session, window_id, now, settings)
             notify |= set(pending_nodes(session))
     if retry:
         with unit_of_work(sessions) as session:

@@ -567,6 +567,34 @@ class MaintenanceFlag(Base):
     source: Mapped[str] = mapped_column(String(16), default="flapping")
 
 
+class MaintenanceWindow(Base):
+    """Planned maintenance on a switch, an RNIC or one port of it, or a whole node.
+
+    `phase` and `due_at` are what the coordinator last acted on and when it looks
+    again; the health the engine derives comes from the times alone.
+    """
+
+    __tablename__ = "maintenance_windows"
+    __table_args__ = (Index("ix_maintenance_windows_due", "phase", "due_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    switch: Mapped[str | None] = mapped_column(String(128))
+    node: Mapped[str | None] = mapped_column(String(253))
+    device: Mapped[str | None] = mapped_column(String(64))
+    port: Mapped[int] = mapped_column(Integer, default=WHOLE_DEVICE)
+    start_at: Mapped[datetime]
+    end_at: Mapped[datetime]
+    moves_at: Mapped[datetime]
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    cancelled_at: Mapped[datetime | None]
+    phase: Mapped[str] = mapped_column(String(16), default="scheduled")
+    due_at: Mapped[datetime | None]
+    # Jobs that had no path left without the target when it was scheduled.
+    would_restart: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+
 # --- Railover beside stock NCCL (issue 16): stalls the profiler plugin saw ---
 
 

@@ -747,6 +747,76 @@ class CoordinationRepo:
         return lat[len(lat) // 2] if lat else None
 
 
+class MaintenanceRepo:
+    """Planned maintenance windows."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add(self, row: m.MaintenanceWindow) -> m.MaintenanceWindow:
+        self.s.add(row)
+        self.s.flush()
+        return row
+
+    def get(self, window_id: int, *, lock: bool = False) -> m.MaintenanceWindow | None:
+        q = select(m.MaintenanceWindow).where(m.MaintenanceWindow.id == window_id)
+        if lock:
+            q = q.with_for_update().execution_options(populate_existing=True)
+        return self.s.scalar(q)
+
+    def listing(self, *, include_done: bool, limit: int) -> Sequence[m.MaintenanceWindow]:
+        q = select(m.MaintenanceWindow)
+        if not include_done:
+            q = q.where(m.MaintenanceWindow.phase != "done")
+        return self.s.scalars(
+            q.order_by(m.MaintenanceWindow.start_at, m.MaintenanceWindow.id).limit(limit)
+        ).all()
+
+    def in_force(self, nodes: Iterable[str] | None) -> Sequence[m.MaintenanceWindow]:
+        """Windows not yet done on `nodes` (all when None), and every switch-wide one."""
+        q = select(m.MaintenanceWindow).where(m.MaintenanceWindow.phase != "done")
+        if nodes is not None:
+            q = q.where(
+                m.MaintenanceWindow.switch.is_not(None) | m.MaintenanceWindow.node.in_(list(nodes))
+            )
+        return self.s.scalars(q.order_by(m.MaintenanceWindow.id)).all()
+
+    def due(self, now: datetime, limit: int = 100) -> list[int]:
+        return list(
+            self.s.scalars(
+                select(m.MaintenanceWindow.id)
+                .where(
+                    m.MaintenanceWindow.phase != "done",
+                    m.MaintenanceWindow.due_at.is_not(None),
+                    m.MaintenanceWindow.due_at <= now,
+                )
+                .order_by(m.MaintenanceWindow.due_at)
+                .limit(limit)
+            ).all()
+        )
+
+    def claim(self, window_id: int, now: datetime) -> m.MaintenanceWindow | None:
+        """The window under its row lock if it is still due (another replica may have acted)."""
+        q = select(m.MaintenanceWindow).where(
+            m.MaintenanceWindow.id == window_id,
+            m.MaintenanceWindow.phase != "done",
+            m.MaintenanceWindow.due_at <= now,
+        )
+        if self.s.get_bind().dialect.name == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        return self.s.scalar(q.execution_options(populate_existing=True))
+
+    def switch_known(self, switch: str) -> bool:
+        return (
+            self.s.scalar(select(m.Rnic.node).where(m.Rnic.switch == switch).limit(1)) is not None
+        )
+
+    def nodes_on_switch(self, switch: str) -> list[str]:
+        return sorted(
+            self.s.scalars(select(m.Rnic.node).where(m.Rnic.switch == switch).distinct()).all()
+        )
+
+
 class CclRepo:
     """Communicators a CCL announced and the stalls it reported (stock NCCL, issue 16)."""
 
