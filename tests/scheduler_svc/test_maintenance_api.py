@@ -14,15 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
-from railover_testing.agents import wait_until
-from railover_testing.local import local_service
+from railover_testing.local import ManualClock, local_service
+from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 from tests.scheduler_svc.helpers import register_nodes
 from tests.scheduler_svc.test_fault_lifecycle_api import (
     T0,
-    ManualClock,
     as_,
     commands,
     decisions,
@@ -40,7 +39,7 @@ def make(db_url: str) -> Iterator[Make]:
     stack: list[Any] = []
 
     def start(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
-        clock = ManualClock()
+        clock = ManualClock(T0)
         settings = Settings(
             db_url=db_url,
             port=0,
