@@ -72,3 +72,88 @@ def test_the_switch_is_out_of_service_from_the_lead_time_until_damped(
     assert ("rail3-a" in health.failed.switches) is out
     assert [u.key for u in health.unhealthy] == (["maintenance:7"] if out else [])
     assert health.next_change_at is not None or now_s >= 3660
+
+
+def _on(**target: object) -> Maintenance:
+    base = window()
+    return Maintenance(
+        id=int(str(target.pop("id", 8))),
+        starts_at=base.starts_at,
+        ends_at=base.ends_at,
+        moves_at=base.moves_at,
+        reason="swap optics",
+        **target,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "rnics", "links", "switches", "label"),
+    [
+        ({"switch": "rail3-a"}, set(), set(), {"rail3-a"}, "rail3-a"),
+        ({"node": "n7"}, {("n7", "*")}, set(), set(), "n7"),
+        ({"node": "n7", "device": "mlx5_2"}, {("n7", "mlx5_2")}, set(), set(), "n7/mlx5_2"),
+        (
+            {"node": "n7", "device": "mlx5_2", "port": 2},
+            set(),
+            {("n7", "mlx5_2", 2)},
+            set(),
+            "n7/mlx5_2/2",
+        ),
+    ],
+)
+def test_each_target_takes_out_exactly_its_component(
+    target: dict[str, object],
+    rnics: set[tuple[str, str]],
+    links: set[tuple[str, str, int]],
+    switches: set[str],
+    label: str,
+) -> None:
+    health = assess(Evidence(maintenance=(_on(**target),)), T0, ClearingRules(DAMPING, 300))
+    assert set(health.failed.rnics) == rnics
+    assert set(health.failed.links) == links
+    assert set(health.failed.switches) == switches
+    assert not health.failed.gpus
+    (u,) = health.unhealthy
+    assert (u.key, u.label, u.kind, u.since) == (
+        "maintenance:8",
+        label,
+        "maintenance",
+        T0 - timedelta(seconds=120),
+    )
+    assert (u.node, u.device, u.switch) == (
+        target.get("node"),
+        target.get("device"),
+        target.get("switch"),
+    )
+    assert u.reason == (
+        "planned maintenance 8 (swap optics) from 2026-11-01T02:00:00+00:00 to "
+        "2026-11-01T03:00:00+00:00"
+    )
+
+
+def test_the_earliest_change_of_several_windows_and_the_damping_reason() -> None:
+    now = T0 + timedelta(hours=1, seconds=10)  # window 7 is over and damping
+    later = Maintenance(
+        id=9,
+        starts_at=T0 + timedelta(hours=2),
+        ends_at=T0 + timedelta(hours=3),
+        node="n1",
+        moves_at=T0 + timedelta(hours=2) - timedelta(seconds=120),
+    )
+    for windows in ((window(), later), (later, window())):
+        health = assess(Evidence(maintenance=windows), now, ClearingRules(DAMPING, 300))
+        # Window 7 clears 60 s after its end, before window 9's jobs start to move.
+        assert health.next_change_at == T0 + timedelta(hours=1, seconds=60)
+        (u,) = health.unhealthy
+        assert u.key == "maintenance:7"
+        assert u.reason == "planned maintenance 7 (firmware) over, damping 60 s"
+        assert set(health.failed.switches) == {"rail3-a"}
+        assert not health.failed.rnics
+    # Past window 7's damping, window 9's move is the next change; nothing is out.
+    quiet = assess(
+        Evidence(maintenance=(window(), later)),
+        T0 + timedelta(hours=1, minutes=5),
+        ClearingRules(DAMPING, 300),
+    )
+    assert quiet.next_change_at == later.moves_at
+    assert quiet.unhealthy == ()
