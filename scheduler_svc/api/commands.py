@@ -70,7 +70,8 @@ async def poll_commands(
             return CommandList(commands=cmds)
         await notifier.wait(node, remaining if RECHECK_S is None else min(RECHECK_S, remaining))
         if RECHECK_S is None and loop.time() >= deadline:
-            # Not woken: nothing was issued. The agent's next poll is the next look.
+            # Not woken (or only just at the deadline): the agent's next poll, sent at
+            # once, is the next look.
             return CommandList(commands=[])
 
 
