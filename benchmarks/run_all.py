@@ -15,6 +15,7 @@ BENCHMARKS = [
     ["bench_nccl_profiler.py"],
     ["bench_decision_latency.py"],
     ["bench_switch_storm.py"],
+    ["bench_idle_polls.py"],
     ["bench_simulate.py"],
     ["bench_agent.py", "--seconds", "60"],
 ]

@@ -28,7 +28,7 @@ from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings, is_loopback
 from scheduler_svc.error_handlers import document_errors, install_error_handlers, limit_body
 from scheduler_svc.fleet.service import Fleet, audit_requests
-from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.notify import CommandListener, CommandNotifier
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.store.db import (
     make_engine,
@@ -71,6 +71,12 @@ def create_app(
                 settings.host,
             )
         app.state.notifier.bind(asyncio.get_running_loop())
+        # PostgreSQL: commands other replicas commit wake this one's polls through LISTEN.
+        listener = None
+        if engine.dialect.name == "postgresql":
+            listener = CommandListener(settings.sqlalchemy_url, app.state.notifier)
+            listener.start()
+        app.state.listener = listener
         # Outbox delivery runs in every replica; claims keep them off each other's rows.
         fleet = Fleet(app.state.sessionmaker, settings)
         fleet.start()
@@ -88,6 +94,8 @@ def create_app(
         finally:
             coordinator.stop()
             fleet.stop()
+            if listener is not None:
+                listener.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -1,13 +1,37 @@
-"""Wakes command long-polls on this replica as soon as a commit issues commands.
+"""Wakes command long-polls as soon as a commit issues commands to their node.
 
-Pollers also re-read the store every second, which is how commands issued by
-another replica reach them; this only makes the common case immediate.
+A waiting poll looks at the store once when it starts and then only when it is
+woken; it never re-reads the store on a timer. Two things wake it:
+
+- `CommandNotifier`, in this replica: a commit here that issued commands calls
+  `notify` (store/uow.py runs it right after the commit).
+- `CommandListener`, on PostgreSQL: one connection per replica LISTENs on the
+  channel that every commit issuing commands NOTIFYs with the nodes' names, in
+  the same transaction (store/db.py, `publish_command_nodes`), so a command
+  committed by any replica wakes the poll held by another. When the connection
+  drops it reconnects with backoff, and after each LISTEN it wakes every waiting
+  poll once: what was committed while nobody listened is then read from the store.
+
+SQLite serves one replica, so the notifier alone reaches every poll. The backstop
+for a wake-up that never comes (a writer outside the service, such as a script
+on the database file) is the poll's own deadline: it returns empty and the agent
+polls again at once, which reads the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from sqlalchemy import make_url
+
+from scheduler_svc.store.db import COMMANDS_CHANNEL, command_nodes_from_payload
+
+log = logging.getLogger(__name__)
 
 
 class CommandNotifier:
@@ -20,6 +44,17 @@ class CommandNotifier:
 
     def _event(self, node: str) -> asyncio.Event:
         return self._events.setdefault(node, asyncio.Event())
+
+    def reset(self, node: str) -> None:
+        """Forget wake-ups from before now: call just before a poll looks at the store.
+
+        A wake-up that came while no poll of the node waited (the echo of a
+        delivery, say) would otherwise make the node's next poll look twice. One
+        that comes after this is kept for the wait that follows the look.
+        """
+        event = self._events.get(node)
+        if event is not None:
+            event.clear()
 
     async def wait(self, node: str, timeout: float) -> None:
         event = self._event(node)
@@ -41,6 +76,105 @@ class CommandNotifier:
         names = list(nodes)
         self._loop.call_soon_threadsafe(self._notify, names)
 
+    def notify_all_threadsafe(self) -> None:
+        """Wake every waiting poll once (after the listener missed what others committed)."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._notify_all)
+
     def _notify(self, nodes: list[str]) -> None:
         for n in nodes:
             self._event(n).set()
+
+    def _notify_all(self) -> None:
+        for event in self._events.values():
+            event.set()
+
+
+# The listener's name in pg_stat_activity (operators, and tests that drop its connection).
+LISTENER_APPLICATION_NAME = "railover-command-listener"
+# How long one wait for notifications lasts: the delay of `stop`, one idle wake-up each.
+LISTEN_WAIT_S = 1.0
+# Idle this long, the listener checks that its connection still answers.
+LISTEN_PING_S = 30.0
+RECONNECT_FIRST_S = 0.1
+RECONNECT_MAX_S = 10.0
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """The store's URL as libpq takes it (without SQLAlchemy's +driver)."""
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(False)
+
+
+class CommandListener:
+    """The replica's one LISTEN connection on PostgreSQL, in a thread of its own."""
+
+    def __init__(self, url: str, notifier: CommandNotifier) -> None:
+        self._url = libpq_url(url)
+        self._notifier = notifier
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Each time LISTEN took effect: the first connect and every reconnect.
+        self.listens = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="railover-command-listener", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        backoff = RECONNECT_FIRST_S
+        while not self._stop.is_set():
+            try:
+                with self._connect() as conn:
+                    conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
+                    self.listens += 1
+                    # Commits made while this replica was not listening sent their NOTIFY
+                    # to nobody: every waiting poll looks at the store once more.
+                    self._notifier.notify_all_threadsafe()
+                    backoff = RECONNECT_FIRST_S
+                    self._listen(conn)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    return
+                log.warning(
+                    "command listener lost PostgreSQL (%s); reconnecting in %.1f s", exc, backoff
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+            except Exception:  # the listener must outlive anything one connection does
+                log.exception("command listener failed; reconnecting in %.1f s", backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        # Keepalives: a peer that vanished without closing (a host down, a cut link) is
+        # noticed by the kernel too, not only by the next ping.
+        return psycopg.connect(
+            self._url,
+            autocommit=True,
+            application_name=LISTENER_APPLICATION_NAME,
+            connect_timeout=10,
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
+
+    def _listen(self, conn: psycopg.Connection[Any]) -> None:
+        idle = 0.0
+        while not self._stop.is_set():
+            woke = False
+            for note in conn.notifies(timeout=LISTEN_WAIT_S):
+                woke = True
+                self._notifier.notify_threadsafe(command_nodes_from_payload(note.payload))
+            idle = 0.0 if woke else idle + LISTEN_WAIT_S
+            if idle >= LISTEN_PING_S:
+                conn.execute("SELECT 1")
+                idle = 0.0

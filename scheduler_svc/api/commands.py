@@ -26,8 +26,11 @@ from scheduler_svc.store.uow import Clock, unit_of_work
 
 router = routing.router(prefix="/v1", tags=["commands"])
 
-# How often a waiting poll re-reads the store, to see commands another replica issued.
-RECHECK_S = 1.0
+# A waiting poll looks at the store when it starts and when it is woken, never on a timer
+# (scheduler_svc/notify.py: the notifier and, on PostgreSQL, the listener wake it; its
+# deadline is the backstop). Set, a poll also re-reads the store this often: the old
+# path, kept only so benchmarks/bench_idle_polls.py can measure it beside the new one.
+RECHECK_S: float | None = None
 
 
 @router.get(
@@ -47,9 +50,12 @@ async def poll_commands(
     """Commands not yet delivered to this node; waits up to wait_s for one to appear."""
     who.require_node(node)
     app = request.app
+    notifier = app.state.notifier
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
     while True:
+        # Wake-ups from before this look are answered by it; later ones end the wait below.
+        notifier.reset(node)
         # A short transaction per look, never one held open across the wait.
         cmds = await run_in_threadpool(
             _take,
@@ -62,7 +68,11 @@ async def poll_commands(
         remaining = deadline - loop.time()
         if cmds or remaining <= 0:
             return CommandList(commands=cmds)
-        await app.state.notifier.wait(node, min(RECHECK_S, remaining))
+        await notifier.wait(node, remaining if RECHECK_S is None else min(RECHECK_S, remaining))
+        if RECHECK_S is None and loop.time() >= deadline:
+            # Not woken (or only just at the deadline): the agent's next poll, sent at
+            # once, is the next look.
+            return CommandList(commands=[])
 
 
 def _take(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -141,3 +141,43 @@ def take_bootstrap_lock(session: Session) -> None:
     """
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOTSTRAP_LOCK})
+
+
+# PostgreSQL NOTIFY channel of the commits that issue commands; the payload is their nodes'
+# names, space-separated (a Name never holds a space), notify.CommandListener reads it.
+COMMANDS_CHANNEL = "railover_commands"
+# PostgreSQL refuses a payload of 8000 bytes or more: longer lists go in several NOTIFYs.
+_PAYLOAD_MAX_BYTES = 7900
+
+
+def publish_command_nodes(session: Session, nodes: Iterable[str]) -> None:
+    """NOTIFY every replica's listener that these nodes got commands (PostgreSQL only).
+
+    Called inside the transaction that issued them: PostgreSQL delivers the
+    notification when, and only if, it commits.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    for payload in _payloads(sorted(set(nodes))):
+        session.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": COMMANDS_CHANNEL, "payload": payload},
+        )
+
+
+def _payloads(nodes: list[str]) -> Iterator[str]:
+    chunk: list[str] = []
+    size = 0
+    for n in nodes:
+        need = len(n.encode()) + 1
+        if chunk and size + need > _PAYLOAD_MAX_BYTES:
+            yield " ".join(chunk)
+            chunk, size = [], 0
+        chunk.append(n)
+        size += need
+    if chunk:
+        yield " ".join(chunk)
+
+
+def command_nodes_from_payload(payload: str) -> list[str]:
+    return payload.split()

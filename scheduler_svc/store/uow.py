@@ -4,6 +4,8 @@ Requests (deps.get_session and api/routing.py), the coordinator's sweeps and the
 CLI all end a transaction through `commit`. What must only happen once the
 change is durable (waking the long-polls of nodes that got commands) is queued
 on the session with `after_commit` or `notify_nodes` and runs right after it.
+On PostgreSQL the nodes are also NOTIFYed inside the transaction, so the other
+replicas' long-polls wake when it commits (scheduler_svc/notify.py).
 The clock is passed in the same way: services take `now` from their caller,
 and callers take it from a `Clock`.
 """
@@ -15,6 +17,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler_svc.store.db import publish_command_nodes
 
 Clock = Callable[[], datetime]
 Notify = Callable[[set[str]], None]
@@ -50,9 +54,11 @@ def pending_nodes(session: Session) -> set[str]:
 
 def commit(session: Session) -> None:
     """Commit, then run the after-commit hooks and wake the nodes that got commands."""
+    nodes: set[str] = session.info.pop(_NODES, set())
+    if nodes:
+        publish_command_nodes(session, nodes)
     session.commit()
     hooks: list[Callable[[], None]] = session.info.pop(_HOOKS, [])
-    nodes: set[str] = session.info.pop(_NODES, set())
     notify: Notify | None = session.info.get(_NOTIFY)
     if nodes and notify is not None:
         notify(nodes)

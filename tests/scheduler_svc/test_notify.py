@@ -1,10 +1,10 @@
 """The command notifier, directly and through a real long-poll.
 
-A commit that issues commands must wake that node's long-polls at once; the
-pollers' own re-check of the store (RECHECK_S, 1 s) is only for commands
-another replica issued. So a no-op wake-up would still pass every test that
-merely waits for the command: these tests make the re-check far longer than
-any bound they assert, so only the wake-up can answer in time.
+A commit that issues commands must wake that node's long-polls at once. A waiting
+poll no longer re-reads the store on a timer (commands_api.RECHECK_S is None; the
+old path set it to 1 s), but these tests still push any re-check far beyond every
+bound they assert, so that only the wake-up can answer in time. Waking across
+replicas (PostgreSQL LISTEN/NOTIFY) is tests/scheduler_svc/test_listen.py's.
 """
 
 from __future__ import annotations
