@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from railover_testing.agents import wait_until
 from railover_testing.local import local_service
+from railover_testing.waiting import wait_until
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
