@@ -149,6 +149,9 @@ class JobState:
     failed_over_at: datetime | None = None
     # When the restart was decided; None while restarting means the job was posted again.
     restart_decided_at: datetime | None = None
+    # The pass that registers the job (none before it): what is broken then was broken
+    # before the job started, so it starts on the paths left rather than re-deciding.
+    registering: bool = False
     newest_checkpoint: CheckpointSeen | None = None
     previous: Desired = field(default_factory=Desired)
     # Stock NCCL (issue 16): it fails over inside its virtual NICs by itself and takes no
@@ -244,6 +247,10 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
         prev = Desired(evidence=prev.evidence, k=prev.k, checkpoint_id=cp.id if cp else None)
         new_life = True
 
+    fresh = job.registering and not new_life and bool(keys)
+    if fresh:
+        # What broke before the job was registered is no news to it.
+        prev = replace(prev, evidence=keys)
     p = _Pass(now, job, fabric, conn, options, warnings, evidence)
     new = [u for u in evidence if u.key not in prev.evidence]
     moved = {r.rank: r.backup for r in conn.routes if not r.primary_ok and r.backup_ok and r.backup}
@@ -261,9 +268,11 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
         if not new and not isolated:
             # Paths moved without new evidence (a plan changed under re-registration, or a
             # restarted job starts on the paths its open faults leave): no cost question.
-            note = (
-                "the restarted job starts on its backups: faults still open" if new_life else None
-            )
+            note = None
+            if new_life:
+                note = "the restarted job starts on its backups: faults still open"
+            elif fresh:
+                note = "the job starts on its backups: faults open before it was registered"
             return _failover(p, base, moved, note=note)
         # A switch inferred failed names the decision: its port faults are that one failure.
         first = next((u for u in new if u.kind == "switch"), new[0] if new else None)

@@ -69,6 +69,7 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
         repair_estimate_s=job.repair_estimate_s,
         failed_over_at=job.failed_over_at,
         restart_decided_at=job.restart_decided_at,
+        registering=job.desired is None,
         newest_checkpoint=None
         if cp is None
         else engine.CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind),

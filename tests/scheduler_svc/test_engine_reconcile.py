@@ -261,6 +261,25 @@ def test_early_fault_restarts_and_the_job_leaves_restarting_at_its_next_checkpoi
     assert later.decision is not None and later.decision.action == Action.FAILOVER
 
 
+def test_a_job_registered_after_a_fault_starts_on_its_backups_without_a_restart() -> None:
+    """A job posted while a fault is open (re-posted after a restart, or new) already runs
+    without that RNIC: restarting it would change nothing, so no cost question is asked."""
+    s = Story(["n0", "n1"], job_kw={"registering": True})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)  # early: after a fault, the model restarts
+    out = s.step(210)
+    s.job_kw = {}  # its first pass stored a desired state
+    assert out.decision is not None
+    assert out.decision.action == Action.FAILOVER
+    assert "faults open before it was registered" in out.decision.reason
+    assert out.desired.moved == {3: "mlx5_2/1"}
+    assert out.desired.evidence == frozenset({"fault:1"})
+    # What breaks once it runs is news, and the cost model decides it as usual.
+    s.faults[2] = down(2, "n1", "mlx5_5", 220)
+    later = s.step(221)
+    assert later.decision is not None and later.decision.action == Action.RESTART
+    assert later.decision.trigger == "fault:2"
+
+
 def test_flap_fails_over_at_once_and_back_after_damping_at_one_switch_point() -> None:
     s = Story(["n0", "n1"])
     s.faults[1] = down(1, "n0", "mlx5_3", 3000)
