@@ -15,7 +15,9 @@ BENCHMARKS = [
     ["bench_nccl_profiler.py"],
     ["bench_decision_latency.py"],
     ["bench_switch_storm.py"],
-    ["bench_idle_polls.py"],
+    # Old path beside new at the agent's default wait; then 8,192 agents at the longest one.
+    ["bench_idle_polls.py", "--runs", "old"],
+    ["bench_idle_polls.py", "--runs", "sqlite,postgres", "--wait-s", "120", "--samples", "50"],
     ["bench_simulate.py"],
     ["bench_agent.py", "--seconds", "60"],
 ]
