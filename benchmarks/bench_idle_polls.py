@@ -30,8 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,7 +41,6 @@ import benchlib
 import httpx
 
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import free_port
 
 WAIT_S = 20.0  # the agent's default command_wait_s; --wait-s changes it
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -64,29 +61,11 @@ def cpu_seconds(pid: int) -> float:
 @contextmanager
 def service(db_url: str, *, old_path: bool = False) -> Iterator[tuple[str, int]]:
     """`railover serve` in its own process; yields its URL and pid."""
-    port = free_port()
-    head = ["-c", OLD_PATH] if old_path else ["-m", "scheduler_svc"]
-    proc = subprocess.Popen(
-        [sys.executable, *head, "serve", "--port", str(port), "--db", db_url],
-        # Nobody acknowledges: no re-issue of a delivered command may wake a poll meanwhile.
-        env=os.environ | {"RAILOVER_LOG_LEVEL": "ERROR", "RAILOVER_COMMAND_ACK_TIMEOUT_S": "3600"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the service did not start")
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    head = ("-c", OLD_PATH) if old_path else ("-m", "scheduler_svc")
+    # Nobody acknowledges: no re-issue of a delivered command may wake a poll meanwhile.
+    env = {"RAILOVER_LOG_LEVEL": "ERROR", "RAILOVER_COMMAND_ACK_TIMEOUT_S": "3600"}
+    with benchlib.served_process(db_url, head=head, env=env) as served:
+        yield served
 
 
 class Pollers:

@@ -63,10 +63,22 @@ def scratch_store(backend: str) -> Iterator[str]:
 @contextmanager
 def served(db_url: str) -> Iterator[str]:
     """`railover serve` in its own process, as in production; yields its base URL."""
+    with served_process(db_url) as (url, _):
+        yield url
+
+
+@contextmanager
+def served_process(
+    db_url: str,
+    *,
+    head: tuple[str, ...] = ("-m", "scheduler_svc"),
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, int]]:
+    """`railover serve` (run by `python <head>`) with `env` added; yields its URL and pid."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_svc", "serve", "--port", str(port), "--db", db_url],
-        env=os.environ | {"RAILOVER_LOG_LEVEL": "WARNING"},
+        [sys.executable, *head, "serve", "--port", str(port), "--db", db_url],
+        env=os.environ | {"RAILOVER_LOG_LEVEL": "WARNING"} | (env or {}),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,7 +92,7 @@ def served(db_url: str) -> Iterator[str]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("the service did not start")
             time.sleep(0.1)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=60)
