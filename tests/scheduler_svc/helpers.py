@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 from railover_testing.cluster_shapes import hgx_node
+from railover_testing.local import local_service
+from scheduler_svc.config import Settings
+from scheduler_svc.store.uow import Clock, system_clock
 
 CHECKPOINT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -54,3 +60,27 @@ def event(
         "observed_at": (CHECKPOINT + timedelta(seconds=after_s)).isoformat(),
         **extra,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """One service a test started: a client for it, its base URL and its clock."""
+
+    http: httpx.Client
+    url: str
+    clock: Clock
+
+
+@contextmanager
+def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Running]]:
+    """Start services on `db_url` with `defaults` (overridden per call, clock included);
+    every one started is stopped when the block ends."""
+    with ExitStack() as stack:
+
+        def start(clock: Clock = system_clock, **overrides: Any) -> Running:
+            settings = Settings(db_url=db_url, port=0, **(defaults | overrides))
+            url = stack.enter_context(local_service(settings, clock=clock))
+            http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
+            return Running(http, url, clock)
+
+        yield start

@@ -12,10 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from railover_testing import waiting
-from railover_testing.local import ManualClock, local_service
-from scheduler_svc.config import Settings
-from scheduler_svc.store.uow import Clock, system_clock
-from tests.scheduler_svc.helpers import job_body, register_nodes
+from railover_testing.local import ManualClock
+from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
 
 FAST = {
     "failback_damping_s": 1.0,
@@ -27,22 +25,8 @@ FAST = {
 @pytest.fixture
 def make_service(db_url: str) -> Iterator[Callable[..., httpx.Client]]:
     """Start the service with coordination settings tuned for tests; yields a client factory."""
-    stack: list[Any] = []
-
-    def start(clock: Clock = system_clock, **overrides: Any) -> httpx.Client:
-        ctx = local_service(Settings(db_url=db_url, port=0, **(FAST | overrides)), clock=clock)
-        url = ctx.__enter__()
-        stack.append(ctx)
-        client = httpx.Client(base_url=url, timeout=30)
-        stack.append(client)
-        return client
-
-    yield start
-    for item in reversed(stack):
-        if isinstance(item, httpx.Client):
-            item.close()
-        else:
-            item.__exit__(None, None, None)
+    with service_factory(db_url, **FAST) as start:
+        yield lambda **kw: start(**kw).http
 
 
 def ev(

@@ -16,43 +16,31 @@ import pytest
 
 from railover_testing import waiting
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import ManualClock, local_service
+from railover_testing.local import ManualClock
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
-from tests.scheduler_svc.helpers import job_body, register_nodes
+from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def make(db_url: str) -> Iterator[Callable[..., tuple[httpx.Client, ManualClock, str]]]:
-    stack: list[Any] = []
+    defaults: dict[str, Any] = {
+        "coordinator_interval_s": 0.05,
+        "failback_damping_s": 60,
+        "fault_quiet_s": 300,
+        "command_ack_timeout_s": 10**6,  # these tests move time; acks are not their subject
+    }
+    with service_factory(db_url, **defaults) as start:
 
-    def start(**overrides: Any) -> tuple[httpx.Client, ManualClock, str]:
-        clock = ManualClock(T0)
-        settings = Settings(
-            db_url=db_url,
-            port=0,
-            coordinator_interval_s=0.05,
-            failback_damping_s=60,
-            fault_quiet_s=300,
-            command_ack_timeout_s=10**6,  # these tests move time; acks are not their subject
-            **overrides,
-        )
-        ctx = local_service(settings, clock=clock)
-        url = ctx.__enter__()
-        stack.append(ctx)
-        http = httpx.Client(base_url=url, timeout=30)
-        stack.append(http)
-        return http, clock, url
+        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock, str]:
+            clock = ManualClock(T0)
+            svc = start(clock=clock, **overrides)
+            return svc.http, clock, svc.url
 
-    yield start
-    for item in reversed(stack):
-        if isinstance(item, httpx.Client):
-            item.close()
-        else:
-            item.__exit__(None, None, None)
+        yield started
 
 
 def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from railover_testing.local import ManualClock, local_service
+from railover_testing.local import ManualClock
 from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
-from tests.scheduler_svc.helpers import register_nodes
+from tests.scheduler_svc.helpers import register_nodes, service_factory
 from tests.scheduler_svc.test_fault_lifecycle_api import (
     T0,
     as_,
@@ -36,32 +36,19 @@ Make = Callable[..., tuple[httpx.Client, ManualClock]]
 
 @pytest.fixture
 def make(db_url: str) -> Iterator[Make]:
-    stack: list[Any] = []
+    defaults: dict[str, Any] = {
+        "coordinator_interval_s": 0.05,
+        "failback_damping_s": DAMPING_S,
+        "maintenance_lead_s": LEAD_S,
+        "command_ack_timeout_s": 10**6,  # these tests move time; acks are not their subject
+    }
+    with service_factory(db_url, **defaults) as start:
 
-    def start(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
-        clock = ManualClock(T0)
-        settings = Settings(
-            db_url=db_url,
-            port=0,
-            coordinator_interval_s=0.05,
-            failback_damping_s=DAMPING_S,
-            maintenance_lead_s=LEAD_S,
-            command_ack_timeout_s=10**6,  # these tests move time; acks are not their subject
-            **overrides,
-        )
-        ctx = local_service(settings, clock=clock)
-        url = ctx.__enter__()
-        stack.append(ctx)
-        http = httpx.Client(base_url=url, timeout=30)
-        stack.append(http)
-        return http, clock
+        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
+            clock = ManualClock(T0)
+            return start(clock=clock, **overrides).http, clock
 
-    yield start
-    for item in reversed(stack):
-        if isinstance(item, httpx.Client):
-            item.close()
-        else:
-            item.__exit__(None, None, None)
+        yield started
 
 
 @pytest.fixture
