@@ -39,6 +39,9 @@ JSON_INT_MAX = 2**53 - 1
 Count = Annotated[int, Field(strict=True, ge=0, le=JSON_INT_MAX), BeforeValidator(whole_number)]
 # Path ids arrive as text: parsed, so not strict.
 Id64 = Annotated[int, Field(ge=1, le=JSON_INT_MAX)]
+# Ids of rows keyed by a 32-bit INTEGER (faults, flags, maintenance windows): a larger one
+# names nothing, and PostgreSQL would refuse to compare it.
+RowId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 RankNo = Annotated[int, Field(strict=True, ge=0, le=131071), BeforeValidator(whole_number)]
 GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
 Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]

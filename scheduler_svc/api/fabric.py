@@ -13,11 +13,11 @@ from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unau
 from scheduler_svc.schemas import (
     FabricState,
     FlagIn,
-    Id64,
     MaintenanceFlagOut,
     MaintenanceIn,
     MaintenanceList,
     MaintenanceOut,
+    RowId,
 )
 from scheduler_svc.services import maintenance, operator
 
@@ -40,7 +40,7 @@ def get_fabric(
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
 def clear_maintenance_flag(
-    flag_id: int, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
+    flag_id: RowId, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
 ) -> MaintenanceFlagOut:
     """The port was repaired: clear its flag; its jobs fail back to it if it is healthy."""
     row = operator.clear_flag(session, flag_id, now, settings)
@@ -108,7 +108,7 @@ def list_maintenance(
     responses=responses(Unauthorized, Forbidden, NotFound, Conflict) | VALIDATION,
 )
 def cancel_maintenance(
-    window_id: Id64, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
+    window_id: RowId, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
 ) -> MaintenanceOut:
     """End a window now (done early, or called off): its jobs fail back."""
     return maintenance.cancel(session, window_id, now, settings)

@@ -16,7 +16,7 @@ from scheduler_svc.errors import (
     Unauthorized,
     responses,
 )
-from scheduler_svc.schemas import FaultList, FaultResolveIn, FaultResolveOut, Name
+from scheduler_svc.schemas import FaultList, FaultResolveIn, FaultResolveOut, Name, RowId
 from scheduler_svc.services import operator
 
 router = routing.router(prefix="/v1/faults", tags=["fabric"])
@@ -54,7 +54,7 @@ def list_faults(
     responses=responses(Unauthorized, Forbidden, NotFound, Conflict) | VALIDATION,
 )
 def resolve_fault(
-    fault_id: int,
+    fault_id: RowId,
     *,
     body: FaultResolveIn,
     request: Request,
