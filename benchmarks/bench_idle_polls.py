@@ -138,22 +138,8 @@ def setup_jobs(url: str, samples: int) -> list[tuple[str, list[str]]]:
             for n in members:
                 body = hgx_node(switch_name=f"j{j}-rail{{rail}}")
                 http.put(f"/v1/nodes/{n}", json=body).raise_for_status()
-            ranks = [
-                {"rank": i * 8 + g, "node": n, "gpu": g}
-                for i, n in enumerate(members)
-                for g in range(8)
-            ]
-            http.post(
-                "/v1/jobs",
-                json={
-                    "job_id": f"job{j:03d}",
-                    "ranks": ranks,
-                    "checkpoint_interval_s": 3600,
-                    "reload_s": 600,
-                    "timeout_s": 30,
-                    "last_checkpoint_at": checkpoint.isoformat(),
-                },
-            ).raise_for_status()
+            body = benchlib.job_body(f"job{j:03d}", members, checkpoint)
+            http.post("/v1/jobs", json=body).raise_for_status()
             jobs.append((f"job{j:03d}", members))
     return jobs
 

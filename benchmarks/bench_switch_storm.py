@@ -37,21 +37,8 @@ def one_round(url: str, round_no: int) -> dict[str, float]:
         for j in range(NODES // NODES_PER_JOB):
             members = names[j * NODES_PER_JOB : (j + 1) * NODES_PER_JOB]
             job_id = f"r{round_no}-job{j}"
-            ranks = [
-                {"rank": i * 8 + g, "node": n, "gpu": g}
-                for i, n in enumerate(members)
-                for g in range(8)
-            ]
             http.post(
-                "/v1/jobs",
-                json={
-                    "job_id": job_id,
-                    "ranks": ranks,
-                    "checkpoint_interval_s": 3600,
-                    "reload_s": 600,
-                    "timeout_s": 30,
-                    "last_checkpoint_at": checkpoint.isoformat(),
-                },
+                "/v1/jobs", json=benchlib.job_body(job_id, members, checkpoint)
             ).raise_for_status()
             jobs.append(job_id)
     got_commands: dict[str, float] = {}

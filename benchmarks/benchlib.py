@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,22 @@ def scratch_store(backend: str) -> Iterator[str]:
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def job_body(job_id: str, members: list[str], checkpoint: datetime) -> dict[str, Any]:
+    """A job with 8 ranks on each of `members`, an hour between checkpoints."""
+    return {
+        "job_id": job_id,
+        "ranks": [
+            {"rank": i * 8 + g, "node": n, "gpu": g}
+            for i, n in enumerate(members)
+            for g in range(8)
+        ],
+        "checkpoint_interval_s": 3600,
+        "reload_s": 600,
+        "timeout_s": 30,
+        "last_checkpoint_at": checkpoint.isoformat(),
+    }
 
 
 @contextmanager
