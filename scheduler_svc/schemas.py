@@ -314,11 +314,17 @@ class JobIn(Strict):
     comm_share: Share | None = Field(
         default=None, description="Share of step time spent in communication (for modelled k)"
     )
-    dp_size: Scale = 1
+    dp_size: Scale = Field(
+        default=1,
+        description="Data-parallel size. Ranks are numbered TP fastest, then DP, then PP "
+        "(Megatron-LM's default): rank r is in DP replica (r // tp_size) % dp_size",
+    )
     tp_size: Scale = 1
     pp_size: Scale = 1
     allow_scaling: StrictBool = Field(
-        default=False, description="The job can restart without a node, shrinking DP"
+        default=False,
+        description="The job can restart without a node, shrinking DP by the replicas with a "
+        "rank on it; needs dp_size x tp_size x pp_size = the number of ranks",
     )
     spare_nodes: StrictBool = Field(
         default=True, description="A healthy spare node is ready for restart"
@@ -355,6 +361,12 @@ class JobIn(Strict):
         for i, c in enumerate(self.communicators):
             if any(r >= n for r in c.ranks):
                 raise ValueError(f"communicators[{i}].ranks: ranks must be below {n}")
+        if self.allow_scaling and self.dp_size * self.tp_size * self.pp_size != n:
+            # Dropping a node drops the DP replicas with a rank on it: every rank needs one.
+            raise ValueError(
+                f"dp_size: with allow_scaling, dp_size x tp_size x pp_size "
+                f"({self.dp_size} x {self.tp_size} x {self.pp_size}) must equal the {n} ranks"
+            )
         return self
 
 
@@ -625,6 +637,11 @@ class DecisionInputsOut(BaseModel):
     concurrent_faults: int = 0
     path_available: StrictBool = True
     dp_size: int = 1
+    new_dp_size: int | None = Field(
+        default=None,
+        description="DP size once the nodes with the failed part are dropped; null: no "
+        "restart_scaled option (scaling not allowed, or no replica would be left)",
+    )
     allow_scaling: StrictBool = False
     spare_nodes: StrictBool = True
     node_replace_s: float = 0.0
@@ -642,6 +659,18 @@ class DecisionOut(BaseModel):
     plan: dict[str, Any]
     trigger: str
     created_at: datetime
+    drop_nodes: list[str] = Field(
+        default_factory=list,
+        description="restart_scaled: the nodes the job restarts without (empty otherwise)",
+    )
+    new_dp_size: int | None = Field(
+        default=None, description="restart_scaled: the data-parallel size it restarts at"
+    )
+    saved_gpu_s: float = Field(
+        default=0.0,
+        description="GPU-seconds this decision saved against the cheapest restart "
+        "(failovers that moved ranks only; see the README's 'GPU-hours saved')",
+    )
 
 
 class DecisionList(BaseModel):
@@ -674,6 +703,11 @@ class EvaluateIn(Strict):
     path_available: StrictBool = True
     healed: StrictBool = False
     dp_size: Scale = 1
+    new_dp_size: Scale | None = Field(
+        default=None,
+        description="DP size left after dropping the faulty node's replicas; default "
+        "dp_size - 1 (one replica on the node)",
+    )
     allow_scaling: StrictBool = False
     spare_nodes: StrictBool = True
     node_replace_s: Seconds = 0.0
@@ -682,6 +716,10 @@ class EvaluateIn(Strict):
     def _timeout(self) -> EvaluateIn:
         if (self.ib_timeout is None) != (self.ib_retry_cnt is None):
             raise ValueError("ib_timeout: give both ib_timeout and ib_retry_cnt, or neither")
+        if self.new_dp_size is not None and self.new_dp_size >= self.dp_size:
+            raise ValueError(
+                f"new_dp_size: must be below dp_size ({self.dp_size}), got {self.new_dp_size}"
+            )
         return self
 
 
@@ -983,7 +1021,10 @@ class StatusOut(BaseModel):
     jobs: list[JobStatusOut]
     decisions_by_action: dict[str, int]
     saved_gpu_seconds: float = Field(
-        description="Estimated GPU time the stored decisions saved against always restarting"
+        description=(
+            "GPU-seconds the stored decisions saved against always restarting: the sum of "
+            "their saved_gpu_s (see the README's 'GPU-hours saved')"
+        )
     )
     commands_unacknowledged: dict[str, int]
     oldest_unacknowledged_at: datetime | None

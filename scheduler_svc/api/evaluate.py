@@ -42,6 +42,7 @@ def evaluate(body: EvaluateIn, _: Reader, settings: SettingsDep) -> EvaluateOut:
             path_available=body.path_available,
             healed=body.healed,
             dp_size=body.dp_size,
+            new_dp_size=_new_dp_size(body.dp_size, body.new_dp_size),
             allow_scaling=body.allow_scaling,
             spare_nodes=body.spare_nodes,
             node_replace_s=body.node_replace_s,
@@ -55,3 +56,10 @@ def evaluate(body: EvaluateIn, _: Reader, settings: SettingsDep) -> EvaluateOut:
         costs_gpu_s=dict(result.costs_gpu_s),
         notes=list(result.notes),
     )
+
+
+def _new_dp_size(dp_size: int, given: int | None) -> int | None:
+    """A what-if has no placement: one replica on the dropped node unless it says otherwise."""
+    if given is not None:
+        return given
+    return dp_size - 1 if dp_size >= 2 else None

@@ -82,7 +82,10 @@ def job_out(session: Session, job: m.Job) -> JobOut:
 
 
 def decision_out(d: m.Decision) -> DecisionOut:
-    return DecisionOut.model_validate(d, from_attributes=True)
+    out = DecisionOut.model_validate(d, from_attributes=True)
+    plan = d.plan or {}
+    drop = list(plan.get("drop_nodes") or [])
+    return out.model_copy(update={"drop_nodes": drop, "new_dp_size": plan.get("new_dp_size")})
 
 
 def command_out(c: m.Command) -> CommandOut:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -58,12 +59,48 @@ def failover_threshold_s(interval_s: Num, detect_s: Num, k: Num) -> Num:
 
 
 def restart_scaled_cost_s(
-    interval_s: float, detect_s: float, reload_s: float, timeout_s: float, dp_size: int
+    interval_s: float,
+    detect_s: float,
+    reload_s: float,
+    timeout_s: float,
+    dp_size: int,
+    *,
+    new_dp_size: int,
 ) -> float:
-    """Restart without the faulty node: DP loses one replica, the interval runs DP/(DP−1) longer."""
-    if dp_size < 2:
-        raise ValueError("restart_scaled needs a data-parallel size of at least 2")
-    return timeout_s + detect_s + reload_s + interval_s * dp_size / (dp_size - 1)
+    """Restart without the faulty node(s): DP shrinks to new_dp_size, the interval runs
+    dp_size/new_dp_size longer (the same work on fewer replicas)."""
+    if not 1 <= new_dp_size < dp_size:
+        raise ValueError(
+            f"restart_scaled needs 1 <= new_dp_size < dp_size, got {new_dp_size} of {dp_size}"
+        )
+    return timeout_s + detect_s + reload_s + interval_s * dp_size / new_dp_size
+
+
+def saved_gpu_s(
+    action: str, costs_s: Mapping[str, float | None], gpus: int, *, moved: bool
+) -> float:
+    """GPU time one decision saved against restarting: Railover's one definition.
+
+    Only a failover that moved some rank saves anything: (the cheapest restart
+    option's cost - failover's cost) · the job's GPUs, in GPU-seconds. A failover
+    that costs more than restarting (one planned ahead of a maintenance) saves 0,
+    as do restarts, none, fail-backs and re-decisions that moved no rank. The
+    status page, /metrics, the demo and each decision record all use this.
+    """
+    failover = costs_s.get(Action.FAILOVER.value)
+    restarts = [
+        c
+        for c in (costs_s.get(Action.RESTART.value), costs_s.get(Action.RESTART_SCALED.value))
+        if c is not None
+    ]
+    if action != Action.FAILOVER.value or not moved or failover is None or not restarts:
+        return 0.0
+    return max(0.0, min(restarts) - failover) * gpus
+
+
+def total_saved_gpu_s(saved: Iterable[float]) -> float:
+    """The decisions' saved GPU-seconds summed exactly (fsum: the same in any order)."""
+    return math.fsum(saved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +120,9 @@ class DecisionInputs:
     # False when the fault only took backups: every rank still runs on its primary.
     affected: bool = True
     dp_size: int = 1
+    # DP size after dropping the nodes that hold the failed part (engine.layout); None
+    # when the job's layout and placement leave no replica to run: no restart_scaled.
+    new_dp_size: int | None = None
     allow_scaling: bool = False
     spare_nodes: bool = True
     node_replace_s: float = 0.0
@@ -109,6 +149,10 @@ class DecisionInputs:
             raise ValueError(f"k (slowdown while failed over) must be >= 1, got {self.k}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.new_dp_size is not None and not 1 <= self.new_dp_size < self.dp_size:
+            raise ValueError(
+                f"new_dp_size must be 1..dp_size-1 ({self.dp_size - 1}), got {self.new_dp_size}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +189,14 @@ def decide(inp: DecisionInputs) -> Decision:
     restart_wait = 0.0 if inp.spare_nodes else inp.node_replace_s
     restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
     scaled: float | None = None
-    if inp.allow_scaling and inp.dp_size >= 2:
+    if inp.allow_scaling and inp.new_dp_size is not None:
         scaled = restart_scaled_cost_s(
-            interval, inp.detect_s, inp.reload_s, inp.timeout_s, inp.dp_size
+            interval,
+            inp.detect_s,
+            inp.reload_s,
+            inp.timeout_s,
+            inp.dp_size,
+            new_dp_size=inp.new_dp_size,
         )
     failover: float | None = None
     if inp.path_available:
@@ -162,8 +211,11 @@ def decide(inp: DecisionInputs) -> Decision:
         Action.RESTART_SCALED.value: scaled,
         Action.NONE.value: none,
     }
+    # The scaled restart runs on the replicas that are left.
     gpu_share = {
-        Action.RESTART_SCALED.value: (inp.dp_size - 1) / inp.dp_size if inp.dp_size >= 2 else 1.0
+        Action.RESTART_SCALED.value: 1.0
+        if inp.new_dp_size is None
+        else inp.new_dp_size / inp.dp_size
     }
     costs_gpu = {
         name: None if cost is None else cost * inp.gpus * gpu_share.get(name, 1.0)

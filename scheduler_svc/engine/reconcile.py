@@ -26,7 +26,7 @@ from typing import Any
 
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine import decision as cost
-from scheduler_svc.engine import nccl
+from scheduler_svc.engine import layout, nccl
 from scheduler_svc.engine.fabric import Unhealthy
 from scheduler_svc.engine.paths import (
     Connectivity,
@@ -142,6 +142,8 @@ class JobState:
     measured_k: float | None = None  # k the service measured from its iteration times
     comm_share: float | None = None
     dp_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
     allow_scaling: bool = False
     spare_nodes: bool = True
     node_replace_s: float = 0.0
@@ -192,6 +194,8 @@ class DecisionRecord:
     costs_gpu_s: dict[str, float | None]
     plan: dict[str, Any]
     fault_key: str | None = None  # the evidence that caused it (fault:<id>, switch:<id>)
+    # GPU time it saved against restarting (decision.saved_gpu_s, the one definition).
+    saved_gpu_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +368,7 @@ def _cost_decision(
         domain = nccl.assess_job(job.nccl, fabric.topologies, fabric.failed, conn.routes)
         path_available, affected = domain.path_available, domain.affected
     elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
+    scaled = _scaled_plan(job, conn) if job.allow_scaling else None
     inputs = cost.DecisionInputs(
         checkpoint_interval_s=job.checkpoint_interval_s,
         elapsed_s=elapsed,
@@ -376,6 +381,7 @@ def _cost_decision(
         path_available=path_available,
         affected=affected,
         dp_size=job.dp_size,
+        new_dp_size=None if scaled is None else scaled.new_dp_size,
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
@@ -401,6 +407,8 @@ def _cost_decision(
     name = trigger or (first.key if first is not None else f"state:{now.isoformat()}")
 
     def record(action: Action, desired: Desired) -> Reconciled:
+        costs = dict(result.costs_s)
+        changed = dict(desired.moved) != dict(base.moved)
         return Reconciled(
             desired,
             DecisionRecord(
@@ -408,15 +416,29 @@ def _cost_decision(
                 action,
                 ": ".join(reasons),
                 inputs=inputs_record(result, concurrent),
-                costs_s=dict(result.costs_s),
+                costs_s=costs,
                 costs_gpu_s=dict(result.costs_gpu_s),
                 plan=plan,
                 fault_key=None if first is None else first.key,
+                saved_gpu_s=cost.saved_gpu_s(action.value, costs, inputs.gpus, moved=changed),
             ),
             conn,
             warnings,
         )
 
+    if result.action == cost.Action.RESTART_SCALED:
+        assert scaled is not None  # decide() offers it only with a new DP size
+        # What the fleet manager executes: requeue without these nodes, at this DP size.
+        plan.update(
+            drop_nodes=list(scaled.drop_nodes),
+            new_dp_size=scaled.new_dp_size,
+            dropped_replicas=list(scaled.dropped_replicas),
+        )
+        reasons[-1] += (
+            f"; drop {', '.join(scaled.drop_nodes)} (DP replicas "
+            f"{', '.join(map(str, scaled.dropped_replicas))}): "
+            f"DP {scaled.dp_size} -> {scaled.new_dp_size}"
+        )
     if result.action in (cost.Action.RESTART, cost.Action.RESTART_SCALED):
         restarting = replace(
             base, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, k=estimate.k
@@ -439,6 +461,14 @@ def _cost_decision(
     if desired.mitigation:
         plan["mitigation"] = next(iter(dict(sorted(desired.mitigation.items())).values()))
     return record(Action.FAILOVER, desired)
+
+
+def _scaled_plan(job: JobState, conn: Connectivity) -> layout.ScaledPlan | None:
+    """Restart without the nodes whose failed part leaves some rank off its primary."""
+    drop = {r.node for r in conn.routes if not r.primary_ok}
+    return layout.scaled_plan(
+        job.ranks, drop, dp_size=job.dp_size, tp_size=job.tp_size, pp_size=job.pp_size
+    )
 
 
 def _failover(p: _Pass, base: Desired, moved: dict[int, str], *, note: str | None) -> Reconciled:
@@ -775,6 +805,7 @@ def inputs_record(result: cost.Decision, concurrent: int) -> dict[str, Any]:
         "concurrent_faults": concurrent,
         "path_available": i.path_available,
         "dp_size": i.dp_size,
+        "new_dp_size": i.new_dp_size,
         "allow_scaling": i.allow_scaling,
         "spare_nodes": i.spare_nodes,
         "node_replace_s": i.node_replace_s,

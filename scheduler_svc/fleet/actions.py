@@ -4,8 +4,9 @@ A node whose RNIC is in trouble is *flagged*; a repaired one is *cleared*:
 
 - restart decision: flagged; Kubernetes condition, taint, cordon and an Event; Slurm
   drains the node, then requeues the job.
-- restart_scaled decision: flagged; condition, taint, Event; Slurm comments the node
-  and requeues the job excluding it.
+- restart_scaled decision: every node in its `drop_nodes` is flagged; condition,
+  taint, Event; Slurm comments the nodes and requeues the job excluding them (the job
+  comes back at `new_dp_size`).
 - failover decision: flagged; condition, taint, Event; Slurm comments the node (the
   comment shows in `sinfo -O NodeList,Comment`).
 - maintenance.flagged (a port that keeps flapping): flagged; condition, taint,
@@ -84,6 +85,13 @@ def _fault_node(data: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     return node, fault
 
 
+def _drop_nodes(data: dict[str, Any]) -> tuple[str, ...]:
+    nodes = data.get("drop_nodes")
+    if not isinstance(nodes, list):
+        return ()
+    return tuple(n for n in nodes if isinstance(n, str) and n)
+
+
 def node_flags(event_type: str, data: dict[str, Any]) -> list[NodeFlag]:
     if event_type == EventType.MAINTENANCE_FLAG:
         node = data.get("node")
@@ -93,12 +101,32 @@ def node_flags(event_type: str, data: dict[str, Any]) -> list[NodeFlag]:
         return [NodeFlag(node, reason, data.get("device"), data.get("port"), slurm=SlurmMark.DRAIN)]
     if event_type != EventType.DECISION_CREATED or data.get("action") not in NODE_ACTIONS:
         return []
+    decision = data.get("decision_id")
+    dropped = _drop_nodes(data)
+    if data["action"] == "restart_scaled" and dropped:
+        # The job leaves every one of these nodes: taint them all, cordon none.
+        why = f"restarts at DP {data.get('new_dp_size')} without {', '.join(dropped)}"
+        raw = data.get("fault")
+        fault: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        flags = []
+        for node in dropped:
+            # The device is named only where the fault was; the other nodes go with it.
+            here = fault.get("node") == node
+            flags.append(
+                NodeFlag(
+                    node,
+                    f"decision {decision}: job {data.get('job_id')} {why}",
+                    fault.get("device") if here else None,
+                    fault.get("port") if here else None,
+                    decision_id=decision if isinstance(decision, str) else None,
+                )
+            )
+        return flags
     found = _fault_node(data)
     if found is None:
         return []
     node, fault = found
     action = data["action"]
-    decision = data.get("decision_id")
     verb = {"restart": "restarts", "restart_scaled": "restarts without it"}.get(
         action, "failed over"
     )
@@ -148,7 +176,10 @@ def requeue_job(event_type: str, data: dict[str, Any]) -> Requeue | None:
     if data.get("action") == "restart":
         return Requeue(job)
     if data.get("action") == "restart_scaled":
-        found = _fault_node(data)
+        dropped = _drop_nodes(data)
+        if dropped:
+            return Requeue(job, dropped)
+        found = _fault_node(data)  # a decision stored before drop_nodes existed
         return Requeue(job, (found[0],) if found else ())
     return None
 

@@ -112,6 +112,7 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.Outbo
     events (data.decision_id links them), which follow this one in the job's order.
     """
     fault = None if decision.fault_id is None else session.get(m.Fault, decision.fault_id)
+    plan = decision.plan or {}
     data: dict[str, Any] = {
         "decision_id": decision.decision_id,
         "job_id": job.job_id,
@@ -122,6 +123,10 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.Outbo
         "inputs": decision.inputs,
         "costs_s": decision.costs_s,
         "plan": decision.plan,
+        # restart_scaled: restart without these nodes at this DP size ([] and null otherwise).
+        "drop_nodes": list(plan.get("drop_nodes") or []),
+        "new_dp_size": plan.get("new_dp_size"),
+        "saved_gpu_s": decision.saved_gpu_s,
         "created_at": decision.created_at.isoformat(),
         "fault": None
         if fault is None

@@ -63,6 +63,8 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
         measured_k=job.measured_k,
         comm_share=job.comm_share,
         dp_size=job.dp_size,
+        tp_size=job.tp_size,
+        pp_size=job.pp_size,
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
@@ -191,6 +193,7 @@ def record_decision(
         costs_gpu_s=d.costs_gpu_s,
         plan=d.plan,
         created_at=now,
+        saved_gpu_s=d.saved_gpu_s,
     )
     session.add(row)
     session.flush()

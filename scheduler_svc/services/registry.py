@@ -223,7 +223,8 @@ def _validate_ranks(session: Session, body: JobIn) -> None:
 def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: Settings) -> m.Job:
     """The fleet manager restarted the job under the same id: a new incarnation.
 
-    Placement and checkpoint come from the new post; the decision history stays.
+    Placement, layout (a scaled restart comes back at its new DP size) and checkpoint
+    come from the new post; the decision history stays.
     """
     _validate_ranks(session, body)
     taken = {
@@ -241,6 +242,8 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     ]
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
+    job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size
+    job.allow_scaling = body.allow_scaling
     for c in list(CoordinationRepo(session).communicators(job.job_id)):
         session.delete(c)
     session.flush()

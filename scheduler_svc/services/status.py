@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
 from datetime import datetime
 
 from prometheus_client import Gauge
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.engine.decision import total_saved_gpu_s
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultHealth
 from scheduler_svc.schemas import (
     DecisionBriefOut,
@@ -53,16 +53,6 @@ def _brief(d: m.Decision) -> DecisionBriefOut:
         costs_s=d.costs_s,
         costs_gpu_s=d.costs_gpu_s,
     )
-
-
-def saved_gpu_seconds(decisions: Iterable[tuple[str, dict[str, float | None]]]) -> float:
-    """GPU time each decision saved against restarting, summed (a restart saves nothing)."""
-    total = 0.0
-    for action, costs in decisions:
-        restart, chosen = costs.get("restart"), costs.get(action)
-        if restart is not None and chosen is not None:
-            total += max(0.0, restart - chosen)
-    return total
 
 
 def _cells(node: m.Node, faults: dict[tuple[str, str, int], m.Fault]) -> list[RailCellOut]:
@@ -119,7 +109,7 @@ def build_status(session: Session, now: datetime) -> StatusOut:
                 latest_decision=None if newest is None else _brief(newest),
             )
         )
-    costs = decisions.actions_and_gpu_costs()
+    saved = decisions.actions_and_saved()
     pending, oldest = CommandRepo(session).unacknowledged()
     return StatusOut(
         generated_at=now,
@@ -127,8 +117,8 @@ def build_status(session: Session, now: datetime) -> StatusOut:
         nodes=nodes,
         open_faults=[fault_out(f) for f in faults],
         jobs=jobs,
-        decisions_by_action=dict(Counter(action for action, _ in costs)),
-        saved_gpu_seconds=saved_gpu_seconds(costs),
+        decisions_by_action=dict(Counter(action for action, _ in saved)),
+        saved_gpu_seconds=total_saved_gpu_s(s for _, s in saved),
         commands_unacknowledged=pending,
         oldest_unacknowledged_at=oldest,
     )

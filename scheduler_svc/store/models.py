@@ -331,6 +331,8 @@ class Decision(Base):
     costs_gpu_s: Mapped[dict[str, Any]]
     plan: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
+    # GPU-seconds this decision saved against restarting (engine.decision.saved_gpu_s).
+    saved_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class Command(Base):

@@ -447,9 +447,9 @@ class DecisionRepo:
         ).all()
         return {d.job_id: d for d in rows}
 
-    def actions_and_gpu_costs(self) -> list[tuple[str, dict[str, Any]]]:
-        """(action, costs_gpu_s) of every decision, without loading the rest of each row."""
-        rows = self.s.execute(select(m.Decision.action, m.Decision.costs_gpu_s))
+    def actions_and_saved(self) -> list[tuple[str, float]]:
+        """(action, saved_gpu_s) of every decision, without loading the rest of each row."""
+        rows = self.s.execute(select(m.Decision.action, m.Decision.saved_gpu_s))
         return list(rows.tuples().all())
 
 

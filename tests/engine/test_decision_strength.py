@@ -14,6 +14,8 @@ from scheduler_svc.engine.decision import (
     ib_timeout_s,
     restart_cost_s,
     restart_scaled_cost_s,
+    saved_gpu_s,
+    total_saved_gpu_s,
 )
 from scheduler_svc.engine.slowdown import (
     KSource,
@@ -67,7 +69,7 @@ def test_one_second_past_the_tie_fails_over() -> None:
 
 def test_tie_with_scaled_restart_goes_to_plain_restart() -> None:
     # dp=2: scaled restart = 30 + 600 + 3600·2 = 7830 > restart 4230: restart is cheaper.
-    d = decide(inputs(elapsed_s=1200.0, allow_scaling=True, dp_size=2))
+    d = decide(inputs(elapsed_s=1200.0, allow_scaling=True, dp_size=2, new_dp_size=1))
     assert d.costs_s["restart_scaled"] == 7830.0
     assert d.action == Action.RESTART
 
@@ -83,6 +85,7 @@ def test_scaled_restart_tie_keeps_plain_restart() -> None:
             path_available=False,
             allow_scaling=True,
             dp_size=4,
+            new_dp_size=3,
             spare_nodes=False,
             node_replace_s=1200.0,
         )
@@ -101,6 +104,7 @@ def test_scaled_restart_chosen_when_cheaper_and_its_gpu_cost_counts_fewer_gpus()
             elapsed_s=0.0,
             allow_scaling=True,
             dp_size=4,
+            new_dp_size=3,
             spare_nodes=False,
             node_replace_s=1201.0,
         )
@@ -122,14 +126,33 @@ def test_spare_nodes_mean_no_replacement_wait() -> None:
     assert d.costs_s["restart"] == 9230.0
 
 
-def test_scaling_needs_two_replicas() -> None:
+def test_scaling_needs_a_replica_left() -> None:
     assert decide(inputs(allow_scaling=True, dp_size=1)).costs_s["restart_scaled"] is None
-    assert decide(inputs(allow_scaling=True, dp_size=2)).costs_s["restart_scaled"] == 7830.0
+    # No new DP size (the layout leaves nothing to run): no scaled option at any dp.
+    assert decide(inputs(allow_scaling=True, dp_size=8)).costs_s["restart_scaled"] is None
+    scaled = decide(inputs(allow_scaling=True, dp_size=2, new_dp_size=1))
+    assert scaled.costs_s["restart_scaled"] == 7830.0
     with pytest.raises(
-        ValueError, match=r"^restart_scaled needs a data-parallel size of at least 2$"
+        ValueError, match=r"^restart_scaled needs 1 <= new_dp_size < dp_size, got 1 of 1$"
     ):
-        restart_scaled_cost_s(3600.0, 0.0, 600.0, 30.0, 1)
-    assert restart_scaled_cost_s(3600.0, 10.0, 600.0, 30.0, 2) == 30 + 10 + 600 + 7200
+        restart_scaled_cost_s(3600.0, 0.0, 600.0, 30.0, 1, new_dp_size=1)
+    with pytest.raises(ValueError, match=r"^restart_scaled needs 1 <= new_dp_size < dp_size"):
+        restart_scaled_cost_s(3600.0, 0.0, 600.0, 30.0, 4, new_dp_size=0)
+    assert restart_scaled_cost_s(3600.0, 10.0, 600.0, 30.0, 2, new_dp_size=1) == (
+        30 + 10 + 600 + 7200
+    )
+
+
+def test_scaled_cost_follows_the_real_new_dp_size_not_dp_minus_one() -> None:
+    # dp 8 losing 2 replicas (a node holding ranks of two): 3600 · 8/6 = 4800 s of work.
+    d = decide(inputs(allow_scaling=True, dp_size=8, new_dp_size=6))
+    assert d.costs_s["restart_scaled"] == 30 + 600 + 4800.0
+    assert d.costs_gpu_s["restart_scaled"] == (30 + 600 + 4800.0) * 16 * 6 / 8
+    # The same job losing one replica: 3600 · 8/7.
+    one = decide(inputs(allow_scaling=True, dp_size=8, new_dp_size=7))
+    assert one.costs_s["restart_scaled"] == 30 + 600 + 3600 * 8 / 7
+    with pytest.raises(ValueError, match=r"^new_dp_size must be 1..dp_size-1 \(7\), got 8$"):
+        inputs(allow_scaling=True, dp_size=8, new_dp_size=8)
 
 
 def test_gpu_share_without_scaling_is_whole() -> None:
@@ -238,9 +261,9 @@ def test_boundary_inputs_are_accepted() -> None:
 
 
 def test_scaled_restart_of_two_replicas_costs_half_the_gpus() -> None:
-    d = decide(inputs(allow_scaling=True, dp_size=2))
+    d = decide(inputs(allow_scaling=True, dp_size=2, new_dp_size=1))
     assert d.costs_gpu_s["restart_scaled"] == 7830.0 * 16 / 2
-    d = decide(inputs(allow_scaling=True, dp_size=3))
+    d = decide(inputs(allow_scaling=True, dp_size=3, new_dp_size=2))
     assert d.costs_gpu_s["restart_scaled"] == d.costs_s["restart_scaled"] * 16 * 2 / 3  # type: ignore[operator]
 
 
@@ -273,3 +296,20 @@ def test_modelled_k_bandwidth_bounds() -> None:
         modelled_k(0.5, 1.5)
     with pytest.raises(ValueError, match=r"^comm_share must be within \[0, 1\], got -0.1$"):
         modelled_k(-0.1, 0.5)
+
+
+def test_saved_gpu_time_is_failover_against_the_cheapest_restart() -> None:
+    costs = {"failover": 1530.0, "restart": 4230.0, "restart_scaled": 3000.0, "none": None}
+    # The cheaper of the two restarts is the one failing over is measured against.
+    assert saved_gpu_s("failover", costs, 16, moved=True) == 16 * 1470.0
+    assert saved_gpu_s("failover", costs | {"restart_scaled": None}, 16, moved=True) == 16 * 2700.0
+    # A re-decision that moved no rank, and every other action, saved nothing.
+    assert saved_gpu_s("failover", costs, 16, moved=False) == 0.0
+    for action in ("restart", "restart_scaled", "none", "failback"):
+        assert saved_gpu_s(action, costs, 16, moved=True) == 0.0
+    # A failover dearer than restarting (a planned move) saves nothing, not less.
+    assert saved_gpu_s("failover", costs | {"failover": 5000.0}, 16, moved=True) == 0.0
+    assert saved_gpu_s("failover", {}, 16, moved=True) == 0.0
+    # Summed exactly: the same total in any order.
+    parts = [0.1, 0.2, 0.3, 1e16, -1e16]
+    assert total_saved_gpu_s(parts) == total_saved_gpu_s(reversed(parts)) == 0.6

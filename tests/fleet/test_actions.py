@@ -224,7 +224,14 @@ def test_action_table() -> None:
     (sc,) = node_flags(dc, scaled)
     assert (sc.cordon, sc.slurm) == (False, SlurmMark.COMMENT)
     assert requeue_job(dc, restart) == Requeue("j1")
-    assert requeue_job(dc, scaled) == Requeue("j1", ("n0",))
+    assert requeue_job(dc, scaled) == Requeue("j1", ("n0",))  # stored before drop_nodes
+    # The decision names the nodes to drop; only the fault's node has its device named.
+    dropping = {**scaled, "drop_nodes": ["n0", "n5"], "new_dp_size": 3}
+    assert requeue_job(dc, dropping) == Requeue("j1", ("n0", "n5"))
+    assert node_flags(dc, dropping) == [
+        NodeFlag("n0", "decision d1: job j1 restarts at DP 3 without n0, n5", "mlx5_0", 1, "d1"),
+        NodeFlag("n5", "decision d1: job j1 restarts at DP 3 without n0, n5", decision_id="d1"),
+    ]
     assert requeue_job(dc, failover) is None and requeue_job(mf, flagged) is None
     assert node_flags(dc, failback) == [] and [c.node for c in node_clears(dc, failback)] == ["n0"]
     assert node_flags(mf, flagged) == [

@@ -96,6 +96,7 @@ def test_no_path_without_spare_prefers_scaling() -> None:
             node_replace_s=86400,
             allow_scaling=True,
             dp_size=16,
+            new_dp_size=15,
         )
     )
     assert d.action == Action.RESTART_SCALED
@@ -104,7 +105,9 @@ def test_no_path_without_spare_prefers_scaling() -> None:
 
 
 def test_restart_scaled_needs_permission() -> None:
-    d = decide(inputs(elapsed_s=0, spare_nodes=False, node_replace_s=86400, dp_size=16))
+    d = decide(
+        inputs(elapsed_s=0, spare_nodes=False, node_replace_s=86400, dp_size=16, new_dp_size=15)
+    )
     assert d.costs_s["restart_scaled"] is None
     assert d.action == Action.FAILOVER  # a day's wait makes degraded running cheaper
 

@@ -472,17 +472,104 @@ def test_planned_maintenance_is_evidence_from_its_start_to_its_end() -> None:
 
 
 def test_early_fault_without_a_spare_node_restarts_scaled_and_aborts_every_rank() -> None:
+    # dp 2 x tp 8: each node is one DP replica; dropping n0 leaves DP 1.
     s = Story(
         ["n0", "n1"],
-        job_kw={"allow_scaling": True, "dp_size": 8, "spare_nodes": False, "node_replace_s": 3600},
+        job_kw={
+            "allow_scaling": True,
+            "dp_size": 2,
+            "tp_size": 8,
+            "spare_nodes": False,
+            "node_replace_s": 7200,
+            "slowdown_k": 3.0,
+        },
     )
     s.faults[1] = down(1, "n0", "mlx5_3", 100)
     out = s.step(100)
     assert out.decision is not None and out.decision.action == Action.RESTART_SCALED
-    scaled, failover = out.decision.costs_s["restart_scaled"], out.decision.costs_s["failover"]
-    assert scaled is not None and failover is not None and scaled < failover
+    # failover 30 + 3·3500 + 600; restart waits 7200 s for a node; scaled runs 2x long.
+    assert out.decision.costs_s == {
+        "failover": 11130.0,
+        "restart": 11430.0,
+        "restart_scaled": 7830.0,
+        "none": None,
+    }
+    assert out.decision.costs_gpu_s["restart_scaled"] == 7830.0 * 16 / 2
+    assert out.decision.plan["drop_nodes"] == ["n0"]
+    assert out.decision.plan["new_dp_size"] == 1
+    assert out.decision.plan["dropped_replicas"] == [0]
+    assert out.decision.inputs["new_dp_size"] == 1
+    assert out.decision.reason.endswith("; drop n0 (DP replicas 0): DP 2 -> 1")
+    assert out.decision.saved_gpu_s == 0.0
     assert kinds(s.intents[-1]) == [("abort", tuple(range(16)), ())]
     assert mode(s) == Mode.RESTARTING
+
+
+SCALED = {"allow_scaling": True, "spare_nodes": False, "node_replace_s": 7200, "slowdown_k": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("layout", "fault_on", "new_dp", "dropped", "scaled_cost"),
+    [
+        # tp 8 fills a node: one replica per node, DP 4 -> 3: 630 + 3600·4/3.
+        ({"dp_size": 4, "tp_size": 8}, "n1", 3, [1], 630 + 3600 * 4 / 3),
+        # tp 4: every node holds ranks of two replicas, DP 4 -> 2: 630 + 7200.
+        ({"dp_size": 4, "tp_size": 4, "pp_size": 2}, "n0", 2, [0, 1], 7830.0),
+        # tp 8, pp 2: n2 holds replica 0's second pipeline stage, DP 2 -> 1.
+        ({"dp_size": 2, "tp_size": 8, "pp_size": 2}, "n2", 1, [0], 7830.0),
+    ],
+)
+def test_restart_scaled_drops_every_replica_with_a_rank_on_the_node(
+    layout: dict[str, int], fault_on: str, new_dp: int, dropped: list[int], scaled_cost: float
+) -> None:
+    s = Story(["n0", "n1", "n2", "n3"], job_kw=SCALED | layout)
+    s.faults[1] = down(1, fault_on, "mlx5_3", 100)
+    out = s.step(100)
+    assert out.decision is not None
+    assert out.decision.inputs["new_dp_size"] == new_dp
+    assert out.decision.costs_s["restart_scaled"] == scaled_cost
+    assert (
+        out.decision.costs_gpu_s["restart_scaled"] == scaled_cost * 32 * new_dp / layout["dp_size"]
+    )
+    assert out.decision.action == Action.RESTART_SCALED
+    assert out.decision.plan["drop_nodes"] == [fault_on]
+    assert out.decision.plan["new_dp_size"] == new_dp
+    assert out.decision.plan["dropped_replicas"] == dropped
+
+
+def test_no_restart_scaled_when_the_node_holds_a_rank_of_every_replica() -> None:
+    # dp 8 x pp 4, tp 1: n0's 8 ranks are one of each replica; nothing would be left.
+    s = Story(["n0", "n1", "n2", "n3"], job_kw=SCALED | {"dp_size": 8, "pp_size": 4})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(100)
+    assert out.decision is not None
+    assert out.decision.costs_s["restart_scaled"] is None
+    assert out.decision.inputs["new_dp_size"] is None
+    assert out.decision.action == Action.FAILOVER  # 11130 s < restart's 11430 s
+    assert "drop_nodes" not in out.decision.plan
+
+
+def test_a_layout_that_does_not_describe_the_ranks_offers_no_restart_scaled() -> None:
+    s = Story(["n0", "n1"], job_kw=SCALED | {"dp_size": 8})  # 8 x 1 x 1 != 16 ranks
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(100)
+    assert out.decision is not None and out.decision.costs_s["restart_scaled"] is None
+
+
+def test_a_failover_records_what_it_saved_and_a_re_decision_that_moves_nothing_saves_none() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    first = s.step(3000)
+    assert first.decision is not None and first.decision.action == Action.FAILOVER
+    # 16 GPUs x (restart 4230 s - failover 30 + 1.5·600 + 600 = 1530 s).
+    assert first.decision.costs_s["restart"] == 4230.0
+    assert first.decision.costs_s["failover"] == 1530.0
+    assert first.decision.saved_gpu_s == 16 * 2700.0
+    s.measured_k = 1.1
+    again = s.step(3100)
+    assert again.decision is not None and again.decision.action == Action.FAILOVER
+    assert again.decision.trigger.startswith("measured_k:")
+    assert again.decision.saved_gpu_s == 0.0
 
 
 def test_dcr_or_balance_disables_the_lost_rails_channels_for_the_whole_communicator() -> None:

@@ -142,3 +142,38 @@ def test_service_restart_decision_drains_through_the_outbox(
     reason = slurm.node(RUNS_JOBS)["Reason"]
     assert reason.startswith(f"railover: decision {decision_id}: job {job} restarts: mlx5_0/1")
     slurm.wait("requeued by the service", lambda: int(slurm.job(job)["Restarts"]) == 1)
+
+
+def test_service_restart_scaled_requeues_without_the_dropped_node(
+    slurm: SlurmCluster, tmp_path: Any
+) -> None:
+    """No spare node: the service's restart_scaled decision excludes the node it drops."""
+    job = running_job(slurm)
+    settings = fast(f"sqlite:///{tmp_path / 'railover.db'}", slurm_enabled=True)
+    # dp 2 x tp 8: each node is one DP replica; k = 3 and a 2 h wait for a spare node.
+    layout: dict[str, Any] = {
+        "dp_size": 2,
+        "tp_size": 8,
+        "allow_scaling": True,
+        "spare_nodes": False,
+        "node_replace_s": 7200,
+        "slowdown_k": 3.0,
+    }
+    with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        register_nodes(http, ["gpu01", "gpu02"])
+        body = job_body(job, ["gpu01", "gpu02"], **layout)
+        assert http.post("/v1/jobs", json=body).status_code == 201
+        (decision_id,) = fault(http, RUNS_JOBS, "mlx5_0", 100)
+        (d,) = http.get(f"/v1/jobs/{job}/decisions").json()["decisions"]
+        assert (d["decision_id"], d["action"]) == (decision_id, "restart_scaled")
+        assert (d["drop_nodes"], d["new_dp_size"]) == ([RUNS_JOBS], 1)
+        slurm.wait("requeued by the service", lambda: int(slurm.job(job)["Restarts"]) == 1)
+        slurm.wait("excluded by the service", lambda: slurm.job(job)["ExcNodeList"] == RUNS_JOBS)
+    info = slurm.job(job)
+    assert info["JobState"] == "PENDING" and info["Reason"] != "JobHeldUser"
+    # The node is not drained: other jobs may still use its healthy GPUs and RNICs.
+    assert "DRAIN" not in slurm.node(RUNS_JOBS)["State"]
+    assert (
+        f"railover: decision {decision_id}: job {job} restarts at DP 1 without {RUNS_JOBS}"
+        in (slurm.node(RUNS_JOBS)["Comment"])
+    )

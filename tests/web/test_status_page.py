@@ -9,7 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.services.status import saved_gpu_seconds
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.web.render import duration
@@ -144,15 +143,6 @@ def test_page_asks_for_a_token_when_the_service_has_tokens(db_url: str) -> None:
         assert h.get("/status/live", headers=auth).status_code == 200
         assert h.get("/v1/status", headers=auth).json()["jobs"] == []
         assert 'id="token-prompt" hidden' in h.get("/", headers=auth).text
-
-
-def test_saved_gpu_seconds_counts_only_what_beat_a_restart() -> None:
-    assert saved_gpu_seconds([]) == 0
-    costs = {"failover": 100.0, "restart": 160.0, "restart_scaled": None, "none": None}
-    assert saved_gpu_seconds([("failover", costs), ("restart", costs)]) == 60
-    assert saved_gpu_seconds([("none", costs | {"none": 10.0})]) == 150
-    # A restart chosen because failover had no path saves nothing and costs nothing here.
-    assert saved_gpu_seconds([("restart", costs | {"failover": None})]) == 0
 
 
 def test_durations_read_like_a_person_would_say_them() -> None:
