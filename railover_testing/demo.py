@@ -41,6 +41,8 @@ from railover_testing.local import local_service
 from railover_testing.simjob import Applied, SimulatedJob
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
 from scheduler_svc.config import Settings
+from scheduler_svc.engine.decision import total_saved_gpu_s
+from scheduler_svc.web.render import gpu_hours
 
 NODES = ("n0", "n1", "n2", "n3")
 CHANNELS = 16
@@ -73,8 +75,6 @@ class Demo:
     agents: dict[str, AgentThread]
     sims: dict[str, SimulatedJob] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
-    # Decisions of job registrations that were replaced (a restarted job is re-registered).
-    history: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     # --- narration ---------------------------------------------------------------------------
@@ -234,8 +234,7 @@ def _act_rnic_death(demo: Demo) -> None:
     demo.say(f"job-b's ranks aborted at op {sim.ops_done}; the fleet manager restarts it")
     sim.stop()
     demo.port("n2", "mlx5_5", up=True)  # the RNIC was replaced with the node drained
-    demo.history += [("job-b", d) for d in reversed(demo.decisions("job-b"))]
-    demo.http.delete("/v1/jobs/job-b")
+    # Posting the restarting job again is its new incarnation; its history stays.
     demo.register("job-b", checkpoint_age_s=0, comm_share=0.9)
     demo.start_job("job-b")
 
@@ -336,27 +335,30 @@ def _act_maintenance(demo: Demo) -> None:
 
 
 def _summary(demo: Demo) -> Table:
+    table, total = summary([(j, d) for j in JOBS for d in demo.decisions(j)])
+    shown = demo.http.get("/v1/status").json()["saved_gpu_seconds"]
+    if shown != total:  # one definition: the page must say what the summary says
+        raise DemoError(f"the status page shows {shown} GPU-s saved, the summary {total}")
+    return table
+
+
+def summary(rows: list[tuple[str, dict[str, Any]]]) -> tuple[Table, float]:
+    """The decisions table and the GPU-seconds they saved, as the service counts them.
+
+    Each row is (job id, a decision as GET /v1/jobs/{id}/decisions returns it); the
+    total is the one definition's (engine.decision.saved_gpu_s, summed exactly), so it
+    is the status page's and /metrics' number for the same decisions.
+    """
     table = Table(title="Decisions", show_lines=True, expand=True)
     for col in ("job", "trigger", "action", "saved GPU-h", "reason"):
         table.add_column(col, overflow="fold")
-    total = 0.0
-    rows = demo.history + [(j, d) for j in JOBS for d in reversed(demo.decisions(j))]
-    failed_over: set[str] = set()
-    for job_id, d in sorted(rows, key=lambda row: row[1]["created_at"]):
-        # Count an episode once: the first failover, not each re-decision while
-        # already failed over (those re-plan the same incident).
-        saved = 0.0
-        costs = d["costs_gpu_s"]
-        if d["action"] == "failover" and job_id not in failed_over:
-            failed_over.add(job_id)
-            if costs.get("restart") and costs.get("failover"):
-                saved = (costs["restart"] - costs["failover"]) / 3600
-        elif d["action"] in ("failback", "restart", "restart_scaled"):
-            failed_over.discard(job_id)
-        total += saved
-        table.add_row(job_id, d["trigger"], d["action"], f"{saved:.2f}", d["reason"])
-    table.caption = f"GPU-hours saved by failing over instead of restarting: {total:.2f}"
-    return table
+    ordered = sorted(rows, key=lambda row: (row[1]["created_at"], row[1]["decision_id"]))
+    for job_id, d in ordered:
+        saved = f"{d['saved_gpu_s'] / 3600:.2f}"
+        table.add_row(job_id, d["trigger"], d["action"], saved, d["reason"])
+    total = total_saved_gpu_s(d["saved_gpu_s"] for _, d in ordered)
+    table.caption = f"saved vs. always restarting: {gpu_hours(total)}"
+    return table, total
 
 
 def run_demo(keep_running: bool = False, console: Console | None = None) -> int:

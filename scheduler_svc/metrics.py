@@ -73,9 +73,11 @@ JOB_SLOWDOWN_K = Gauge(
     "Slowdown factor k while failed over (step time failed over / normal step time)",
     ["job_id", "estimate"],
 )
+# The stored decisions' saved_gpu_s summed (engine.decision.saved_gpu_s: the README's
+# "GPU-hours saved"); the status page and the demo show the same number.
 GPU_SECONDS_SAVED = Gauge(
     "railover_decisions_saved_gpu_seconds",
-    "Estimated GPU time the stored decisions saved against always restarting",
+    "GPU time the stored decisions' failovers saved against the cheapest restart",
 )
 
 # Incremented by the correlation code (issue 5: several nodes losing RNICs cabled to one

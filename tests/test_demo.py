@@ -36,6 +36,6 @@ def test_demo_plays_the_script() -> None:
     assert ahead is not None and float(ahead.group(1)) > 0, text
     assert ahead.group(2).split(", ") == [f"n{i}/rank {4 * i + 2}" for i in range(4)]
     assert re.search(r"all 16 ranks of job-a back on rail2-a at ops_done \d+", text)
-    saved = re.search(r"GPU-hours saved by failing over instead of restarting: ([0-9.]+)", text)
+    saved = re.search(r"saved vs\. always restarting: ([0-9.,]+) GPU·h", text)
     assert saved is not None
-    assert float(saved.group(1)) > 0
+    assert float(saved.group(1).replace(",", "")) > 0
