@@ -16,6 +16,7 @@ from pydantic import (
     HttpUrl,
     StrictBool,
     UrlConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -361,13 +362,22 @@ class JobIn(Strict):
         for i, c in enumerate(self.communicators):
             if any(r >= n for r in c.ranks):
                 raise ValueError(f"communicators[{i}].ranks: ranks must be below {n}")
-        if self.allow_scaling and self.dp_size * self.tp_size * self.pp_size != n:
-            # Dropping a node drops the DP replicas with a rank on it: every rank needs one.
-            raise ValueError(
-                f"dp_size: with allow_scaling, dp_size x tp_size x pp_size "
-                f"({self.dp_size} x {self.tp_size} x {self.pp_size}) must equal the {n} ranks"
-            )
         return self
+
+    @field_validator("allow_scaling", mode="after")
+    @classmethod
+    def _layout_names_every_rank(cls, allow: bool, info: ValidationInfo) -> bool:
+        # Dropping a node drops the DP replicas with a rank on it: every rank needs one.
+        ranks = info.data.get("ranks")
+        dp, tp, pp = (info.data.get(k) for k in ("dp_size", "tp_size", "pp_size"))
+        if not allow or ranks is None or dp is None or tp is None or pp is None:
+            return allow  # the other fields' own errors are reported
+        if dp * tp * pp != len(ranks):
+            raise ValueError(
+                f"needs dp_size x tp_size x pp_size ({dp} x {tp} x {pp}) to equal the "
+                f"{len(ranks)} ranks"
+            )
+        return allow
 
 
 class JobOut(BaseModel):
@@ -716,11 +726,15 @@ class EvaluateIn(Strict):
     def _timeout(self) -> EvaluateIn:
         if (self.ib_timeout is None) != (self.ib_retry_cnt is None):
             raise ValueError("ib_timeout: give both ib_timeout and ib_retry_cnt, or neither")
-        if self.new_dp_size is not None and self.new_dp_size >= self.dp_size:
-            raise ValueError(
-                f"new_dp_size: must be below dp_size ({self.dp_size}), got {self.new_dp_size}"
-            )
         return self
+
+    @field_validator("new_dp_size", mode="after")
+    @classmethod
+    def _fewer_replicas(cls, new: int | None, info: ValidationInfo) -> int | None:
+        dp = info.data.get("dp_size")
+        if new is not None and dp is not None and new >= dp:
+            raise ValueError(f"must be below dp_size ({dp}), got {new}")
+        return new
 
 
 class EvaluateOut(BaseModel):

@@ -94,7 +94,11 @@ def test_a_scalable_job_must_describe_every_rank_with_its_layout(db_url: str) ->
         body = job_body("j1", ["n0", "n1"], **(SCALED | {"tp_size": 2}))
         r = http.post("/v1/jobs", json=body)
         assert r.status_code == 422, r.text
-        assert "dp_size" in r.text and "(4 x 2 x 1) must equal the 16 ranks" in r.text
+        (problem,) = r.json()["fields"]
+        assert problem["field"] == "allow_scaling"
+        assert problem["problem"] == (
+            "Value error, needs dp_size x tp_size x pp_size (4 x 2 x 1) to equal the 16 ranks"
+        )
         # Without allow_scaling the layout is information only, as before.
         plain = job_body("j1", ["n0", "n1"], dp_size=4, tp_size=2)
         assert http.post("/v1/jobs", json=plain).status_code == 201

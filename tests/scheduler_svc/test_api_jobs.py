@@ -108,6 +108,16 @@ def test_evaluate_is_stateless(http: httpx.Client) -> None:
     assert r.json()["inputs"]["k"] == 1.5 and r.json()["inputs"]["k_source"] == "default"
     r = http.post("/v1/evaluate", json=q | {"k": 0.5})
     assert r.status_code == 422 and r.json()["fields"][0]["field"] == "k"
+    # A what-if has no placement: one replica on the dropped node unless it says how many.
+    scaled = q | {"t_elapsed_s": 0, "allow_scaling": True, "dp_size": 8}
+    r = http.post("/v1/evaluate", json=scaled)
+    assert r.json()["inputs"]["new_dp_size"] == 7
+    assert r.json()["costs_s"]["restart_scaled"] == 30 + 600 + 3600 * 8 / 7
+    r = http.post("/v1/evaluate", json=scaled | {"new_dp_size": 6})
+    assert r.json()["inputs"]["new_dp_size"] == 6
+    assert r.json()["costs_s"]["restart_scaled"] == 30 + 600 + 4800.0
+    r = http.post("/v1/evaluate", json=scaled | {"new_dp_size": 8})
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "new_dp_size"
 
 
 def test_health(http: httpx.Client) -> None:
