@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,7 +94,9 @@ class CommandNotifier:
 
 # The listener's name in pg_stat_activity (operators, and tests that drop its connection).
 LISTENER_APPLICATION_NAME = "railover-command-listener"
-# How long one wait for notifications lasts: the delay of `stop`, one idle wake-up each.
+# How long one wait for notifications lasts: one idle wake-up each. `stop` does not wait
+# it out: it NOTIFYs the listener's own channel (the wait's bound only matters when the
+# store cannot be reached to send that).
 LISTEN_WAIT_S = 1.0
 # Idle this long, the listener checks that its connection still answers.
 LISTEN_PING_S = 30.0
@@ -114,6 +117,8 @@ class CommandListener:
         self._notifier = notifier
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # This listener's own channel: `stop` NOTIFYs it to end the wait at once.
+        self._stop_channel = f"railover_stop_{uuid.uuid4().hex}"
         # Each time LISTEN took effect: the first connect and every reconnect.
         self.listens = 0
 
@@ -125,8 +130,14 @@ class CommandListener:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._thread is None:
+            return
+        try:
+            with psycopg.connect(self._url, autocommit=True, connect_timeout=2) as conn:
+                conn.execute(f"NOTIFY {self._stop_channel}")
+        except psycopg.Error:  # the store is gone: the wait ends within LISTEN_WAIT_S
+            pass
+        self._thread.join(timeout=10)
 
     def _run(self) -> None:
         backoff = RECONNECT_FIRST_S
@@ -134,6 +145,7 @@ class CommandListener:
             try:
                 with self._connect() as conn:
                     conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
+                    conn.execute(f"LISTEN {self._stop_channel}")
                     self.listens += 1
                     # Commits made while this replica was not listening sent their NOTIFY
                     # to nobody: every waiting poll looks at the store once more.
@@ -172,6 +184,8 @@ class CommandListener:
         while not self._stop.is_set():
             woke = False
             for note in conn.notifies(timeout=LISTEN_WAIT_S):
+                if note.channel == self._stop_channel:
+                    return
                 woke = True
                 self._notifier.notify_threadsafe(command_nodes_from_payload(note.payload))
             idle = 0.0 if woke else idle + LISTEN_WAIT_S

@@ -43,7 +43,8 @@ Id64 = Annotated[int, Field(ge=1, le=JSON_INT_MAX)]
 # Ids of rows keyed by a 32-bit INTEGER (faults, flags, maintenance windows): a larger one
 # names nothing, and PostgreSQL would refuse to compare it.
 RowId = Annotated[int, Field(ge=1, le=2**31 - 1)]
-RankNo = Annotated[int, Field(strict=True, ge=0, le=131071), BeforeValidator(whole_number)]
+RANK_MAX = 131071
+RankNo = Annotated[int, Field(strict=True, ge=0, le=RANK_MAX), BeforeValidator(whole_number)]
 GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
 Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]
 Scale = Annotated[int, Field(strict=True, ge=1, le=2**20), BeforeValidator(whole_number)]
@@ -797,7 +798,10 @@ class JobProgressOut(BaseModel):
 
 class JobPathsOut(BaseModel):
     job_id: str
-    ranks: list[RankPathOut]
+    ranks: list[RankPathOut] = Field(description="This page's ranks, in rank order")
+    next_after_rank: int | None = Field(
+        description="Pass as after_rank for the next page; null on the last page"
+    )
     broken_pairs: int
     total_pairs: int
     isolated_ranks: list[int]

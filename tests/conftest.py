@@ -66,13 +66,22 @@ def truncate_pg(url: str) -> None:
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite store migrated once; each test gets a copy (a copy takes
+    milliseconds, running the migrations a tenth of a second)."""
+    path = tmp_path_factory.mktemp("sqlite-migrated") / "railover.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty store of each backend."""
     if request.param == "sqlite":
-        sqlite_url = f"sqlite:///{tmp_path / 'railover.db'}"
-        upgrade(sqlite_url)
-        return sqlite_url
+        path = tmp_path / "railover.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_migrated"), path)
+        return f"sqlite:///{path}"
     pg: str = request.getfixturevalue("pg_url")
     truncate_pg(pg)
     return pg

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
@@ -17,6 +19,7 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.schemas import (
+    RANK_MAX,
     CclIn,
     CheckpointIn,
     CheckpointOut,
@@ -33,6 +36,7 @@ from scheduler_svc.schemas import (
     JobOut,
     JobPathsOut,
     JobProgressOut,
+    Name,
     RankIn,
     RankProgressOut,
     StallOut,
@@ -46,6 +50,15 @@ from scheduler_svc.store.repositories import (
 )
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
+
+# A page of /paths: 1,024 ranks is 128 nodes of 8 GPUs, about 250 kB of JSON.
+PATHS_PAGE = 1024
+PATHS_PAGE_MAX = 8192
+AfterRank = Annotated[
+    int, Query(ge=-1, le=RANK_MAX, description="Start after this rank (the previous page's last)")
+]
+PathsLimit = Annotated[int, Query(ge=1, le=PATHS_PAGE_MAX, description="Ranks per page")]
+OnNode = Annotated[Name | None, Query(description="Only the ranks on this node")]
 
 
 def job_out(session: Session, job: m.Job) -> JobOut:
@@ -181,10 +194,25 @@ def list_decisions(
     "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
 )
 def get_paths(
-    job_id: JobId, session: SessionDep, _: Reader, settings: SettingsDep, now: NowDep
+    job_id: JobId,
+    session: SessionDep,
+    _: Reader,
+    settings: SettingsDep,
+    now: NowDep,
+    *,
+    after_rank: AfterRank = -1,
+    limit: PathsLimit = PATHS_PAGE,
+    node: OnNode = None,
 ) -> JobPathsOut:
-    """Primary and backup RNIC of every rank, whether each works, and the one in use."""
-    return reconciler.job_paths(session, job_id, now, settings)
+    """Primary and backup RNIC of each rank, whether each works, and the one in use.
+
+    Ranks come in rank order, a page at a time: pass `next_after_rank` back as
+    `after_rank` for the next. The job-wide figures (pairs, isolated and failed-over
+    ranks) are in every page.
+    """
+    return reconciler.job_paths(
+        session, job_id, now, settings, page=reconciler.RankPage(after_rank, limit, node)
+    )
 
 
 @router.get(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -29,6 +30,7 @@ from scheduler_svc.store.repositories import (
     CoordinationRepo,
     DecisionRepo,
     JobRepo,
+    NodeRepo,
 )
 
 log = logging.getLogger(__name__)
@@ -203,15 +205,38 @@ def record_decision(
     return row
 
 
-def job_paths(session: Session, job_id: str, now: datetime, settings: Settings) -> JobPathsOut:
-    """Every rank's primary and backup, whether each works now, and the one it should use."""
+@dataclass(frozen=True)
+class RankPage:
+    """Which ranks of a job one answer shows: those after `after_rank`, at most `limit`."""
+
+    after_rank: int = -1
+    limit: int = 1 << 30
+    node: str | None = None
+
+
+def job_paths(
+    session: Session, job_id: str, now: datetime, settings: Settings, page: RankPage = RankPage()
+) -> JobPathsOut:
+    """A page of the ranks' primary and backup, whether each works now, and the one in use."""
     job = JobRepo(session).get(job_id)
     if job is None:
         raise NotFound(f"job {job_id!r} does not exist")
+    if page.node is not None and NodeRepo(session).get(page.node) is None:
+        raise NotFound(f"node {page.node!r} is not registered")
     _, view, out = current(session, job, now, settings)
     moved = dict(out.desired.moved)
+    chosen = sorted(
+        (
+            r
+            for r in out.conn.routes
+            if r.rank > page.after_rank and (page.node is None or r.node == page.node)
+        ),
+        key=lambda r: r.rank,
+    )
+    more = len(chosen) > page.limit
+    chosen = chosen[: page.limit]
     ranks = []
-    for r in out.conn.routes:
+    for r in chosen:
         plan = view.plans.get(r.node)
         g = None
         if plan is not None and any(p.gpu == r.gpu for p in plan.gpus):
@@ -237,6 +262,7 @@ def job_paths(session: Session, job_id: str, now: datetime, settings: Settings) 
     return JobPathsOut(
         job_id=job_id,
         ranks=ranks,
+        next_after_rank=chosen[-1].rank if more else None,
         broken_pairs=out.conn.broken_pairs,
         total_pairs=out.conn.total_pairs,
         isolated_ranks=list(out.conn.isolated_ranks),

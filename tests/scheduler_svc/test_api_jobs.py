@@ -142,3 +142,31 @@ def test_plans_follow_each_store_not_a_process_wide_cache(tmp_path: Path) -> Non
             backups.append([r["backup"] for r in paths[:8]])
     assert backups[0][:2] == ["mlx5_1/1", "mlx5_0/1"]  # 8 RNICs: the partner behind the switch
     assert backups[1][:2] == ["mlx5_1/1", "mlx5_1/1"]  # 4 RNICs: two GPUs share each
+
+
+def test_paths_come_a_page_at_a_time_in_rank_order(http: httpx.Client) -> None:
+    register_nodes(http, ["n0", "n1", "n2"])
+    assert http.post("/v1/jobs", json=job_body("j", ["n0", "n1", "n2"])).status_code == 201
+    whole = http.get("/v1/jobs/j/paths").json()
+    assert [r["rank"] for r in whole["ranks"]] == list(range(24))
+    assert whole["next_after_rank"] is None
+    pages, after = [], -1
+    while after is not None:
+        page = http.get("/v1/jobs/j/paths", params={"after_rank": after, "limit": 10}).json()
+        pages.append([r["rank"] for r in page["ranks"]])
+        assert page["total_pairs"] == whole["total_pairs"]  # job-wide figures on every page
+        after = page["next_after_rank"]
+    assert pages == [list(range(10)), list(range(10, 20)), list(range(20, 24))]
+    # Exactly a page left: the page says there is no next one.
+    last = http.get("/v1/jobs/j/paths", params={"after_rank": 13, "limit": 10}).json()
+    assert [r["rank"] for r in last["ranks"]] == list(range(14, 24))
+    assert last["next_after_rank"] is None
+    on_n1 = http.get("/v1/jobs/j/paths", params={"node": "n1", "limit": 3}).json()
+    assert [(r["rank"], r["node"]) for r in on_n1["ranks"]] == [(8, "n1"), (9, "n1"), (10, "n1")]
+    assert on_n1["next_after_rank"] == 10
+    r = http.get("/v1/jobs/j/paths", params={"node": "ghost"})
+    assert r.status_code == 404 and "ghost" in r.json()["detail"]
+    for bad in ({"limit": 0}, {"limit": 8193}, {"after_rank": -2}):
+        r = http.get("/v1/jobs/j/paths", params=bad)
+        field = f"query.{next(iter(bad))}"
+        assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, bad

@@ -11,7 +11,7 @@ every bound below by far: only a wake-up can answer in time.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -308,3 +308,32 @@ def test_a_commit_while_nobody_listens_is_not_missed(
     assert not poller.is_alive(), "the command committed during the gap was missed"
     assert log == ["wait n1", "woke n1"]
     assert delivered(got) == [("failover", [14], "delivered")]
+
+
+@pytest.mark.postgres
+def test_stop_ends_the_listeners_wait_at_once(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stop` NOTIFYs the listener's own channel: with a wait longer than stop's 10 s join,
+    only that notification can end the thread in time. Others' polls are not woken."""
+    monkeypatch.setattr("scheduler_svc.notify.LISTEN_WAIT_S", 600.0)
+    woken: list[str] = []
+
+    class Recording(CommandNotifier):
+        def notify_threadsafe(self, nodes: Iterable[str]) -> None:
+            woken.extend(nodes)
+
+        def notify_all_threadsafe(self) -> None:
+            woken.append("all")
+
+    other, mine = Recording(), CommandNotifier()
+    bystander = CommandListener(pg_url, other)
+    listener = CommandListener(pg_url, mine)
+    bystander.start()
+    listener.start()
+    try:
+        assert wait_until(lambda: listener.listens == 1 and bystander.listens == 1, timeout=30)
+        assert wait_until(lambda: len(listener_pids(pg_url)) == 2, timeout=30)
+        listener.stop()
+        assert listener._thread is not None and not listener._thread.is_alive()
+        assert woken == ["all"]  # its own first LISTEN only: the stop reached nobody else
+    finally:
+        bystander.stop()
