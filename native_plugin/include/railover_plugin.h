@@ -342,8 +342,9 @@ extern const railoverPlugin_v1_t railoverPlugin_v1;
  *    channel i of comm_id weights[i] of the traffic (R2CCL-Balance) and, when
  *    split_ratio > 0, run an allreduce as an allreduce plus a broadcast with the
  *    degraded node handing split_ratio of it to the others (R2CCL-AllReduce).
- *    base.disabled_channels is the plan's DCR equivalent (the channels of
- *    weight 0); it is what a v1 caller gets, and what the vote carries. An epoch
+ *    base.disabled_channels is the DCR plan for the same failure (the channels
+ *    of the failed rails); it is what a v1 caller runs, and what the vote
+ *    carries. An epoch
  *    names one plan: the service never sends two plans under one epoch, so the
  *    votes need not carry the weights.
  *  NVL_TRANSIT (now, ops_done 0; no agreement): ranks[i] of comm_id sends through
