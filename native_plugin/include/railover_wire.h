@@ -248,6 +248,7 @@ typedef struct railover_wire_stall {
 
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_communicator, 160);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_stall, 104);
+#undef RAILOVER_WIRE_ASSERT_SIZE
 /* Both fit RAILOVER_WIRE_LARGEST_V1_PAYLOAD, so that bound still holds. */
 
 /* ---- Appended for R2CCL balance and NVL transit: command extension frames. ----
@@ -262,7 +263,7 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_stall, 104);
  * v1 payload: arrays have a fixed capacity and a count of the entries used. A
  * well-framed extension whose content is invalid (a count over the capacity, a
  * weight that is NaN, infinite or negative, weights summing to 0, a split ratio
- * outside [0, 1)) is refused: the plugin answers the command FAILED and never
+ * outside [0, 1), no transit memory) is refused: the plugin answers the command FAILED and never
  * hands it to the CCL. Floats are IEEE-754 binary32, little-endian. */
 
 #define RAILOVER_WIRE_MAX_CHANNELS 64u /* as many as disabled_channels has bits */
@@ -282,17 +283,18 @@ typedef struct railover_wire_command_weights {
 typedef struct railover_wire_command_transit {
   uint64_t command_id;     /* the NVL_TRANSIT COMMAND this extends */
   uint32_t n_ranks;        /* entries used, 1..RAILOVER_WIRE_MAX_TRANSIT */
-  uint32_t mb_per_channel; /* GPU memory a transit GPU may give one channel, MB (the job's
-                            * cap divided among its transit channels; 30-40 MB is typical) */
+  uint32_t mb_per_channel; /* GPU memory a transit GPU gives one channel, MB (30-40 MB is
+                            * typical; the service refuses NVL over the job's cap), >= 1 */
   uint32_t ranks[RAILOVER_WIRE_MAX_TRANSIT];        /* rank within comm_id */
   uint32_t transit_gpus[RAILOVER_WIRE_MAX_TRANSIT]; /* node-local index of the GPU ranks[i]
                                                      * sends through over NVLink */
 } railover_wire_command_transit;
 
-RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command_weights, 272);
-RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command_transit, 144);
+RAILOVER_STATIC_ASSERT(sizeof(railover_wire_command_weights) == 272,
+                       "railover_wire_command_weights size");
+RAILOVER_STATIC_ASSERT(sizeof(railover_wire_command_transit) == 144,
+                       "railover_wire_command_transit size");
 RAILOVER_STATIC_ASSERT(sizeof(float) == 4, "float is binary32");
-#undef RAILOVER_WIRE_ASSERT_SIZE
 
 /* Largest v1 payload agent -> plugin (COMMAND_WEIGHTS). The plugin's input buffer
  * holds two frames of RAILOVER_WIRE_MAX_PAYLOAD, so it fits; the ring is not involved. */
