@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,9 @@ class PluginClient:
     hello: bool = False
     # The NCCL profiler plugin reports but reads no commands.
     takes_commands: bool = True
+    # The plugin's ABI (HELLO): from wire.ABI_WITH_EXTENSIONS on it reads BALANCE and
+    # NVL_TRANSIT with their extension frames.
+    abi_version: int = 0
 
     def matches(self, comm_id: int, ranks: list[int]) -> bool:
         # A client that did not say its communicator (comm_id 0) gets everything.
@@ -146,6 +149,41 @@ def to_wire_command(cmd: dict[str, Any]) -> wire.Command | None:
     )
 
 
+def to_wire_extension(
+    cmd: dict[str, Any], frame: wire.Command
+) -> wire.CommandWeights | wire.CommandTransit | None:
+    """The frame that follows a BALANCE or NVL_TRANSIT command; None for other kinds."""
+    if frame.kind == wire.CommandKind.BALANCE:
+        weights = [float(w) for w in cmd.get("channel_weights") or []]
+        return wire.CommandWeights.of(
+            frame.command_id, weights, float(cmd.get("split_ratio") or 0.0)
+        )
+    if frame.kind == wire.CommandKind.NVL_TRANSIT:
+        transit = {int(r): int(g) for r, g in cmd.get("transit") or []}
+        mb = int(cmd.get("transit_mb_per_channel") or 0)
+        return wire.CommandTransit.of(frame.command_id, transit, mb)
+    return None
+
+
+def frames_for(cmd: dict[str, Any], abi_version: int) -> bytes | None:
+    """The bytes a plugin of this ABI gets for a command; None when it cannot take it.
+
+    A plugin older than ABI 2 would drop the connection on an extension frame: it gets
+    a BALANCE as the REBALANCE of the same channels, and no NVL_TRANSIT at all.
+    """
+    frame = to_wire_command(cmd)
+    if frame is None:
+        return None
+    ext = to_wire_extension(cmd, frame)
+    if ext is None:
+        return wire.encode(frame)
+    if abi_version >= wire.ABI_WITH_EXTENSIONS:
+        return wire.encode(frame) + wire.encode(ext)
+    if frame.kind == wire.CommandKind.BALANCE:
+        return wire.encode(replace(frame, kind=wire.CommandKind.REBALANCE))
+    return None
+
+
 @dataclass
 class PluginHub:
     """Connected clients, commands waiting for one, acks waiting for the service."""
@@ -180,6 +218,7 @@ class PluginHub:
             client.pid = msg.pid
             client.hello = True
             client.takes_commands = msg.abi_version != wire.HELLO_NCCL_PROFILER
+            client.abi_version = msg.abi_version
             self.deliver_pending()
             return
         if isinstance(msg, wire.CqeError):
@@ -327,6 +366,11 @@ class PluginHub:
         if frame is None:
             self._finish(cid, "failed", f"kind {cmd.get('kind')!r} has no wire encoding")
             return True
+        try:
+            to_wire_extension(cmd, frame)
+        except (wire.WireError, TypeError, ValueError) as exc:
+            self._finish(cid, "failed", f"command {cid} does not fit the wire: {exc}")
+            return True
         self.pending[cid] = PendingCommand(cmd, time.monotonic())
         self.deliver_pending()
         return True
@@ -345,14 +389,18 @@ class PluginHub:
             cmd = pc.command
             frame = to_wire_command(cmd)
             assert frame is not None  # checked in on_command
-            data = wire.encode(frame)
             ranks = [int(r) for r in cmd.get("ranks") or []]
             targets = [
                 c
                 for c in self.clients
                 if c.hello and c.takes_commands and c.matches(frame.comm_id, ranks)
             ]
+            older = 0
             for c in targets:
+                data = frames_for(cmd, c.abi_version)
+                if data is None:
+                    older += 1  # a plugin too old for this kind
+                    continue
                 try:
                     c.writer.write(data)
                     metrics.PLUGIN_FRAMES_SENT.labels("Command").inc()
@@ -362,6 +410,13 @@ class PluginHub:
             if pc.delivered_to:
                 metrics.COMMANDS_FORWARDED.inc()
                 self._finish(cid, "delivered", f"to {pc.delivered_to} plugin client(s)")
+            elif older:
+                self._finish(
+                    cid,
+                    "failed",
+                    f"unsupported: {older} plugin client(s) for comm_id {frame.comm_id} "
+                    f"predate ABI {wire.ABI_WITH_EXTENSIONS} ({cmd.get('kind')})",
+                )
             elif now - pc.first_seen >= self.hold_s:
                 self._finish(
                     cid,

@@ -1,12 +1,17 @@
-"""Typed ctypes binding of ``librailover_plugin.so`` (ABI v1), for tests and simulated ranks.
+"""Typed ctypes binding of ``librailover_plugin.so`` (ABI v2), for tests and simulated ranks.
 
-The names follow the C table ``railoverPlugin_v1`` in ``include/railover_plugin.h``::
+The names follow the C table ``railoverPlugin_v2`` in ``include/railover_plugin.h`` (every
+call of ``railoverPlugin_v1`` plus ``poll_command_v2``)::
 
     with Plugin(socket_path="/run/railover/agent.sock", rank=0, comm_id=7) as plugin:
         plugin.report_progress(7, 0, ops_done)
         cmd = plugin.poll_command()
         if cmd is not None:
             plugin.ack_command(cmd.command_id, AckStatus.APPLIED)
+
+``poll_command`` is the ABI 1 view a CCL built against the older header gets (a BALANCE
+comes out as a REBALANCE; an NVL_TRANSIT is answered UNSUPPORTED by the library);
+``poll_command_v2`` returns a ``CclCommand`` with the weights and transit GPUs.
 
 Report calls return ``True`` when queued and ``False`` when dropped (counted in
 ``stats()``); only real errors raise ``PluginError``. Integer arguments are converted by
@@ -29,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from native_plugin.wire import RANK_UNKNOWN, AckStatus, Command
+from native_plugin.wire import MAX_CHANNELS, MAX_TRANSIT, RANK_UNKNOWN, AckStatus, Command
 
 __all__ = [
     "ABI_VERSION",
@@ -38,6 +43,7 @@ __all__ = [
     "AgreeAction",
     "AgreeOutcome",
     "Agreement",
+    "CclCommand",
     "LogFn",
     "Plugin",
     "PluginError",
@@ -51,7 +57,7 @@ __all__ = [
     "load_library",
 ]
 
-ABI_VERSION: Final = 1
+ABI_VERSION: Final = 2
 DEFAULT_LIBRARY: Final = Path(__file__).resolve().parent / "build" / "librailover_plugin.so"
 
 # railover_status_t
@@ -121,6 +127,39 @@ class _Command(ctypes.Structure):
     )
 
 
+class _CommandV2(ctypes.Structure):
+    _fields_ = (
+        ("base", _Command),
+        ("n_channels", ctypes.c_uint32),
+        ("split_ratio", ctypes.c_float),
+        ("weights", ctypes.c_float * MAX_CHANNELS),
+        ("n_transit", ctypes.c_uint32),
+        ("mb_per_channel", ctypes.c_uint32),
+        ("transit_ranks", ctypes.c_uint32 * MAX_TRANSIT),
+        ("transit_gpus", ctypes.c_uint32 * MAX_TRANSIT),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CclCommand:
+    """``railover_command_v2_t``: a command with its balance or transit payload.
+
+    ``weights`` holds the ``n_channels`` weights (empty unless BALANCE); ``transit``
+    maps rank -> transit GPU (empty unless NVL_TRANSIT).
+    """
+
+    command_id: int
+    comm_id: int
+    ops_done: int
+    disabled_channels: int
+    kind: int
+    epoch: int
+    split_ratio: float = 0.0
+    weights: tuple[float, ...] = ()
+    mb_per_channel: int = 0
+    transit: tuple[tuple[int, int], ...] = ()
+
+
 class AgreeOutcome(IntEnum):
     """``railover_agree_outcome_t``: what a round decided, the same on every rank."""
 
@@ -152,7 +191,7 @@ class SwitchVote:
     kind: int = 0
 
     @classmethod
-    def of(cls, ops_done: int, armed: Command | None) -> SwitchVote:
+    def of(cls, ops_done: int, armed: Command | CclCommand | None) -> SwitchVote:
         """The vote of a rank at ``ops_done`` with ``armed`` (or nothing) armed."""
         if armed is None:
             return cls(ops_done)
@@ -190,6 +229,7 @@ class Stats:
     disconnects: int
     connect_failures: int
     connected: int
+    commands_invalid: int
 
     @property
     def dropped(self) -> int:
@@ -237,6 +277,7 @@ _POLL = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Command))
 _ACK = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32)
 _STATS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Stats), ctypes.c_size_t)
 _ACK_AT = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32, _u64)
+_POLL2 = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_CommandV2), ctypes.c_size_t)
 _AGREE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(_Vote), _u32, _u32, ctypes.POINTER(_Agreement)
 )
@@ -262,9 +303,15 @@ class _PluginV1(ctypes.Structure):
     )
 
 
+class _PluginV2(ctypes.Structure):
+    """``railoverPlugin_v2_t``: v1's members, then ABI 2's."""
+
+    _fields_ = (*_PluginV1._fields_, ("poll_command_v2", _POLL2))
+
+
 # --- loading --------------------------------------------------------------------------------
 
-_loaded: dict[Path, _PluginV1] = {}
+_loaded: dict[Path, _PluginV2] = {}
 _load_lock = threading.Lock()
 
 
@@ -276,8 +323,8 @@ def library_path(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(env) if env else DEFAULT_LIBRARY
 
 
-def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV1:
-    """Load the library once per path and return its ``railoverPlugin_v1`` table."""
+def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV2:
+    """Load the library once per path and return its ``railoverPlugin_v2`` table."""
     lib_path = library_path(path).resolve()
     with _load_lock:
         table = _loaded.get(lib_path)
@@ -289,7 +336,10 @@ def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV1:
                 "build it with `make -C native_plugin` (or set RAILOVER_PLUGIN_LIB)"
             )
         lib = ctypes.CDLL(str(lib_path))
-        table = _PluginV1.in_dll(lib, "railoverPlugin_v1")
+        v1 = _PluginV1.in_dll(lib, "railoverPlugin_v1")
+        if v1.abi_version != 1:
+            raise PluginError(f"loading {lib_path}: railoverPlugin_v1 says {v1.abi_version}", -3)
+        table = _PluginV2.in_dll(lib, "railoverPlugin_v2")
         if table.abi_version != ABI_VERSION:
             raise PluginError(f"loading {lib_path}: ABI version {table.abi_version}", -3)
         _loaded[lib_path] = table
@@ -507,6 +557,30 @@ class Plugin:
             disabled_channels=out.disabled_channels,
             kind=out.kind,
             epoch=out.epoch,
+        )
+
+    def poll_command_v2(self) -> CclCommand | None:
+        """The oldest pending command of any kind, with its weights or transit GPUs."""
+        out = _CommandV2()
+        rc = self._api.poll_command_v2(self.handle, ctypes.byref(out), ctypes.sizeof(out))
+        if rc == NO_COMMAND:
+            return None
+        if rc != OK:
+            raise PluginError("poll_command_v2", rc)
+        b = out.base
+        n_w = min(out.n_channels, MAX_CHANNELS)
+        n_t = min(out.n_transit, MAX_TRANSIT)
+        return CclCommand(
+            command_id=b.command_id,
+            comm_id=b.comm_id,
+            ops_done=b.ops_done,
+            disabled_channels=b.disabled_channels,
+            kind=b.kind,
+            epoch=b.epoch,
+            split_ratio=out.split_ratio,
+            weights=tuple(out.weights[:n_w]),
+            mb_per_channel=out.mb_per_channel,
+            transit=tuple(zip(out.transit_ranks[:n_t], out.transit_gpus[:n_t], strict=True)),
         )
 
     def ack_command(self, command_id: int, status: int = AckStatus.APPLIED) -> bool:

@@ -12,26 +12,35 @@ bytes, no NUL.
 
 from __future__ import annotations
 
+import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import ClassVar, Final
 
 __all__ = [
+    "ABI_WITH_EXTENSIONS",
     "HEADER_SIZE",
     "HELLO_NCCL_PROFILER",
+    "LARGEST_COMMAND_PAYLOAD",
+    "LARGEST_REPORT_PAYLOAD",
     "MAGIC",
+    "MAX_CHANNELS",
     "MAX_PAYLOAD",
+    "MAX_TRANSIT",
     "NAME_LEN",
     "PAYLOAD_LAYOUT",
     "RANK_UNKNOWN",
+    "TO_PLUGIN",
     "VERSION",
     "Ack",
     "AckAt",
     "AckStatus",
     "Command",
     "CommandKind",
+    "CommandTransit",
+    "CommandWeights",
     "Communicator",
     "CqeError",
     "FrameDecoder",
@@ -56,6 +65,10 @@ NAME_LEN: Final = 64
 RANK_UNKNOWN: Final = 0xFFFFFFFF
 # Hello.abi_version of the NCCL profiler plugin, which reads no commands.
 HELLO_NCCL_PROFILER: Final = 0x4E43
+# The first plugin ABI that reads COMMAND_WEIGHTS / COMMAND_TRANSIT (BALANCE, NVL_TRANSIT).
+ABI_WITH_EXTENSIONS: Final = 2
+MAX_CHANNELS: Final = 64  # RAILOVER_WIRE_MAX_CHANNELS
+MAX_TRANSIT: Final = 16  # RAILOVER_WIRE_MAX_TRANSIT
 
 _HEADER: Final = struct.Struct("<IHHII")
 assert _HEADER.size == HEADER_SIZE
@@ -86,6 +99,8 @@ class MsgType(IntEnum):
     COMMAND = 16
     ACK = 17
     ACK_AT = 18
+    COMMAND_WEIGHTS = 19
+    COMMAND_TRANSIT = 20
 
 
 class CommandKind(IntEnum):
@@ -95,6 +110,9 @@ class CommandKind(IntEnum):
     FAILBACK = 2
     ABORT = 3
     FAILOVER = 4
+    # 5: CHECKPOINT_NOW (another change)
+    BALANCE = 6
+    NVL_TRANSIT = 7
 
 
 class SwitchReason(IntEnum):
@@ -249,6 +267,84 @@ class AckAt:
     ops_done: int
 
 
+def _padded(values: tuple[float, ...] | tuple[int, ...], n: int, what: str) -> tuple[object, ...]:
+    if len(values) > n:
+        raise WireError(f"{what} has {len(values)} entries; at most {n} fit")
+    return tuple(values) + (0,) * (n - len(values))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandWeights:
+    """R²CCL-Balance for the BALANCE ``Command`` it follows (agent → plugin).
+
+    ``weights`` holds all ``MAX_CHANNELS`` entries on the wire; give the first
+    ``n_channels`` and the rest are filled with 0. Use ``of`` to build one.
+    """
+
+    TYPE: ClassVar[MsgType] = MsgType.COMMAND_WEIGHTS
+    command_id: int
+    n_channels: int
+    split_ratio: float
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        padded = _padded(tuple(self.weights), MAX_CHANNELS, "weights")
+        object.__setattr__(self, "weights", tuple(float(w) for w in padded))  # type: ignore[arg-type]  # _padded returns numbers
+
+    @classmethod
+    def of(cls, command_id: int, weights: Sequence[float], split_ratio: float) -> CommandWeights:
+        return cls(
+            command_id=command_id,
+            n_channels=len(weights),
+            split_ratio=split_ratio,
+            weights=tuple(weights),
+        )
+
+    @property
+    def used(self) -> tuple[float, ...]:
+        """The weights of the ``n_channels`` channels."""
+        return self.weights[: min(self.n_channels, MAX_CHANNELS)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandTransit:
+    """NVL transit for the NVL_TRANSIT ``Command`` it follows (agent → plugin).
+
+    ``ranks[i]`` sends through node-local GPU ``transit_gpus[i]``; both arrays hold
+    ``MAX_TRANSIT`` entries on the wire (filled with 0). Use ``of`` to build one.
+    """
+
+    TYPE: ClassVar[MsgType] = MsgType.COMMAND_TRANSIT
+    command_id: int
+    n_ranks: int
+    mb_per_channel: int
+    ranks: tuple[int, ...]
+    transit_gpus: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", _padded(tuple(self.ranks), MAX_TRANSIT, "ranks"))
+        gpus = _padded(tuple(self.transit_gpus), MAX_TRANSIT, "transit_gpus")
+        object.__setattr__(self, "transit_gpus", gpus)
+
+    @classmethod
+    def of(cls, command_id: int, transit: Mapping[int, int], mb_per_channel: int) -> CommandTransit:
+        """``transit`` maps rank -> transit GPU, written in rank order."""
+        order = sorted(transit)
+        return cls(
+            command_id=command_id,
+            n_ranks=len(order),
+            mb_per_channel=mb_per_channel,
+            ranks=tuple(order),
+            transit_gpus=tuple(transit[r] for r in order),
+        )
+
+    @property
+    def used(self) -> dict[int, int]:
+        """rank -> transit GPU for the ``n_ranks`` entries."""
+        n = min(self.n_ranks, MAX_TRANSIT)
+        return dict(zip(self.ranks[:n], self.transit_gpus[:n], strict=True))
+
+
 Message = (
     CqeError
     | PortEvent
@@ -260,6 +356,8 @@ Message = (
     | Command
     | Ack
     | AckAt
+    | CommandWeights
+    | CommandTransit
 )
 
 # Payload layouts in wire order, as (field name, struct code). "reserved" fields are
@@ -347,7 +445,23 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("pid", "I"),
         ("ops_done", "Q"),
     ),
+    MsgType.COMMAND_WEIGHTS: (
+        ("command_id", "Q"),
+        ("n_channels", "I"),
+        ("split_ratio", "f"),
+        ("weights", f"{MAX_CHANNELS}f"),
+    ),
+    MsgType.COMMAND_TRANSIT: (
+        ("command_id", "Q"),
+        ("n_ranks", "I"),
+        ("mb_per_channel", "I"),
+        ("ranks", f"{MAX_TRANSIT}I"),
+        ("transit_gpus", f"{MAX_TRANSIT}I"),
+    ),
 }
+
+# Frames the agent sends; every other type goes plugin -> agent.
+TO_PLUGIN: Final = frozenset({MsgType.COMMAND, MsgType.COMMAND_WEIGHTS, MsgType.COMMAND_TRANSIT})
 
 _CLASSES: Final[Mapping[MsgType, type[Message]]] = {
     cls.TYPE: cls
@@ -362,6 +476,8 @@ _CLASSES: Final[Mapping[MsgType, type[Message]]] = {
         Command,
         Ack,
         AckAt,
+        CommandWeights,
+        CommandTransit,
     )
 }
 
@@ -372,54 +488,85 @@ _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = {
 }
 
 
+_F32_MAX: Final = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
+def _field_shape(code: str) -> tuple[int, str]:
+    """(entries, struct letter) of a layout code: "Q" is (1, "Q"), "64f" (64, "f"), "64s" a name."""
+    letter = code[-1]
+    if letter == "s" or len(code) == 1:
+        return 1, letter
+    return int(code[:-1]), letter
+
+
 class _Codec:
     """Precomputed pack/unpack plan for one message type."""
 
-    __slots__ = ("cls", "header", "keep", "names", "str_idx", "struct", "wire_fields")
+    __slots__ = ("cls", "header", "names", "shapes", "struct", "wire_fields")
 
     def __init__(self, msg_type: MsgType, layout: tuple[tuple[str, str], ...]) -> None:
         self.cls = _CLASSES[msg_type]
         self.wire_fields = layout
         self.struct = struct.Struct("<" + "".join(code for _, code in layout))
         self.header = _HEADER.pack(MAGIC, VERSION, msg_type, self.struct.size, 0)
-        # Indices of the non-reserved fields, in order; they match the dataclass order.
-        self.keep = tuple(i for i, (name, _) in enumerate(layout) if name != "reserved")
-        self.names = tuple(layout[i][0] for i in self.keep)
-        self.str_idx = frozenset(
-            pos for pos, i in enumerate(self.keep) if layout[i][1].endswith("s")
-        )
+        # (name, entries, letter) per field in wire order; reserved ones included.
+        self.shapes = tuple((name, *_field_shape(code)) for name, code in layout)
+        self.names = tuple(name for name, _ in layout if name != "reserved")
         dataclass_names = tuple(f.name for f in fields(self.cls))
         assert dataclass_names == self.names, (msg_type, dataclass_names, self.names)
 
     def encode(self, msg: Message) -> bytes:
-        values: list[int | bytes] = []
-        for name, code in self.wire_fields:
+        values: list[int | float | bytes] = []
+        for name, n, letter in self.shapes:
             if name == "reserved":
                 values.append(0)
                 continue
             value = getattr(msg, name)
-            if code.endswith("s"):
+            if letter == "s":
                 values.append(_encode_name(name, value))
+            elif n > 1:
+                values.extend(
+                    _encode_number(f"{type(msg).__name__}.{name}", letter, v) for v in value
+                )
             else:
-                lo, hi = _INT_RANGES[code]
-                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                    raise WireError(
-                        f"{type(msg).__name__}.{name}={value!r} is not an integer in [{lo}, {hi}]"
-                    )
-                values.append(value)
+                values.append(_encode_number(f"{type(msg).__name__}.{name}", letter, value))
         return self.header + self.struct.pack(*values)
 
     def decode(self, buf: bytes | bytearray | memoryview, offset: int) -> Message:
         raw = self.struct.unpack_from(buf, offset)
-        args = [raw[i] for i in self.keep]
-        for pos in self.str_idx:
-            value = args[pos]
-            assert isinstance(value, bytes)
-            # Bad UTF-8 (e.g. a name cut mid-character by a C sender) is not worth
-            # dropping the connection over; it shows up as U+FFFD instead.
-            args[pos] = value.split(b"\0", 1)[0].decode("utf-8", "replace")
-        # The zip builds exactly the dataclass's fields; __init__ asserts the names agree.
-        return self.cls(**dict(zip(self.names, args, strict=True)))
+        args: dict[str, object] = {}
+        i = 0
+        for name, n, letter in self.shapes:
+            chunk = raw[i : i + n]
+            i += n
+            if name == "reserved":
+                continue
+            if letter == "s":
+                value = chunk[0]
+                assert isinstance(value, bytes)
+                # Bad UTF-8 (e.g. a name cut mid-character by a C sender) is not worth
+                # dropping the connection over; it shows up as U+FFFD instead.
+                args[name] = value.split(b"\0", 1)[0].decode("utf-8", "replace")
+            else:
+                args[name] = tuple(chunk) if n > 1 else chunk[0]
+        # The dict holds exactly the dataclass's fields; __init__ asserts the names agree.
+        return self.cls(**args)  # type: ignore[arg-type]  # values follow the layout's codes
+
+
+def _encode_number(what: str, letter: str, value: object) -> int | float:
+    if letter == "f":
+        # A float field takes any number a binary32 holds; NaN and infinities are for
+        # tests of the receiver to write by hand, not for this encoder.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise WireError(f"{what}={value!r} is not a number")
+        x = float(value)
+        if not math.isfinite(x) or abs(x) > _F32_MAX:
+            raise WireError(f"{what}={value!r} is not a finite binary32")
+        return x
+    lo, hi = _INT_RANGES[letter]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise WireError(f"{what}={value!r} is not an integer in [{lo}, {hi}]")
+    return value
 
 
 def _encode_name(name: str, value: object) -> bytes:
@@ -439,6 +586,10 @@ _CODECS: Final[Mapping[int, _Codec]] = {
 _CODEC_BY_CLASS: Final[Mapping[type[Message], _Codec]] = {c.cls: c for c in _CODECS.values()}
 
 assert max(c.struct.size for c in _CODECS.values()) <= MAX_PAYLOAD
+# RAILOVER_WIRE_LARGEST_V1_PAYLOAD (plugin -> agent, the plugin's ring slots) and
+# RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD (agent -> plugin).
+LARGEST_REPORT_PAYLOAD: Final = max(c.struct.size for t, c in _CODECS.items() if t not in TO_PLUGIN)
+LARGEST_COMMAND_PAYLOAD: Final = max(c.struct.size for t, c in _CODECS.items() if t in TO_PLUGIN)
 
 
 def encode(msg: Message) -> bytes:

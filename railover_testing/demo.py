@@ -265,21 +265,35 @@ def _act_switch(demo: Demo) -> None:
     if n3:
         demo.say(f"n3 told to move rank(s) {n3[0]['ranks']} before it reported any fault")
     sim = demo.sims["job-a"]
+    # The channel plan: DCR (REBALANCE) or R²CCL balance with its weights (BALANCE).
+    plan_kinds = (CommandKind.REBALANCE, CommandKind.BALANCE)
     demo.wait(
-        "job-a's ranks to apply the rebalanced channels at one op count",
+        "job-a's ranks to apply the new channel plan at one op count",
         lambda: all(
-            any(a.epoch >= 2 and a.kind == 1 for a in sim.applied().get(r, [])) for r in sim.ranks
+            any(a.epoch >= 2 and a.kind in plan_kinds for a in sim.applied().get(r, []))
+            for r in sim.ranks
         ),
         40,
     )
-    plans = {next(a for a in reversed(sim.applied()[r]) if a.kind == 1).plan for r in sim.ranks}
+    last = {
+        r: next(a for a in reversed(sim.applied()[r]) if a.kind in plan_kinds) for r in sim.ranks
+    }
+    plans = {(a.plan, a.weights) for a in last.values()}
     if len(plans) != 1:
         raise DemoError(f"job-a's ranks applied different plans: {sorted(plans)}")
-    ((op, epoch, _kind, channels),) = plans
-    demo.say(
-        f"all {len(sim.ranks)} ranks of job-a disabled channels {list(channels)} at "
-        f"ops_done {op} (epoch {epoch}), as one"
-    )
+    (((op, epoch, kind, channels), weights),) = plans
+    if kind == CommandKind.BALANCE:
+        shares = sorted({round(w, 4) for w in weights})
+        demo.say(
+            f"all {len(sim.ranks)} ranks of job-a balanced their channels at ops_done {op} "
+            f"(epoch {epoch}), as one: channel weights {shares}; a CCL without weights "
+            f"disabled channels {list(channels)} instead"
+        )
+    else:
+        demo.say(
+            f"all {len(sim.ranks)} ranks of job-a disabled channels {list(channels)} at "
+            f"ops_done {op} (epoch {epoch}), as one"
+        )
 
 
 def _act_maintenance(demo: Demo) -> None:

@@ -19,6 +19,11 @@ contract of ``railover_plugin.h`` ("Switch points"), as a failover-capable CCL m
   it acknowledges ``TOO_LATE`` with its ops_done, so the service re-triggers beyond it.
 * ABORT stops the whole job after the current op; FAILOVER is recorded and
   acknowledged at once (s-Bond moves the rank's traffic to its backup RNIC locally).
+* BALANCE is a switch point like REBALANCE; when it applies, the rank's channel
+  weights (``RankLog.channel_weights``) and allreduce split become the command's.
+  NVL_TRANSIT applies at once: the rank's ``transit_gpu`` becomes the one the
+  command names for it. FAILBACK returns both to even weights and no transit.
+  Commands are taken with ``poll_command_v2`` (the ABI 2 view).
 
 Every application is logged per rank as ``Applied(op, epoch, ...)`` for tests to
 compare. ``slow_rank`` makes one rank hold its first ``slow_commands`` switch commands
@@ -41,8 +46,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from native_plugin.binding import AgreeAction, Plugin, Round, SwitchVote
-from native_plugin.wire import AckStatus, Command, CommandKind
+from native_plugin.binding import AgreeAction, CclCommand, Plugin, Round, SwitchVote
+from native_plugin.wire import AckStatus, CommandKind
 
 __all__ = [
     "Ack",
@@ -56,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SWITCH_KINDS: Final = frozenset({CommandKind.REBALANCE, CommandKind.FAILBACK})
+SWITCH_KINDS: Final = frozenset({CommandKind.REBALANCE, CommandKind.FAILBACK, CommandKind.BALANCE})
 
 
 def channels_of(mask: int) -> tuple[int, ...]:
@@ -77,6 +82,8 @@ class Applied:
     kind: int
     disabled_channels: tuple[int, ...]
     command_id: int
+    weights: tuple[float, ...] = ()  # BALANCE: each channel's share
+    split_ratio: float = 0.0  # BALANCE: the allreduce hand-off
 
     @property
     def plan(self) -> tuple[int, int, int, tuple[int, ...]]:
@@ -89,7 +96,7 @@ class Received:
     """A command as ``poll_command`` returned it, and the rank's ops_done then."""
 
     at_ops_done: int
-    command: Command
+    command: CclCommand
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +120,14 @@ class RankLog:
     applied: list[Applied] = field(default_factory=list)
     acks: list[Ack] = field(default_factory=list)
     # (ops_done, command) for every FAILOVER the rank acted on.
-    failovers: list[tuple[int, Command]] = field(default_factory=list)
+    failovers: list[tuple[int, CclCommand]] = field(default_factory=list)
+    # The plan the rank runs now: channel weights (empty: even), allreduce split, and
+    # the GPU it sends through over NVLink (None: its own RNIC path).
+    channel_weights: tuple[float, ...] = ()
+    split_ratio: float = 0.0
+    transit_gpu: int | None = None
+    # (ops_done, transit GPU) for every NVL_TRANSIT the rank acted on.
+    transits: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -123,10 +137,10 @@ class _Rank:
     log: RankLog
     plugin: Plugin
     ops_done: int = 0
-    armed: Command | None = None  # proposed, not yet decided by a round
-    decided: Command | None = None  # agreed by every rank, applied when ops_done reaches it
+    armed: CclCommand | None = None  # proposed, not yet decided by a round
+    decided: CclCommand | None = None  # agreed by every rank, applied when ops_done reaches it
     seen: set[int] = field(default_factory=set)
-    parked: list[Command] = field(default_factory=list)
+    parked: list[CclCommand] = field(default_factory=list)
     slow_left: int = 0
 
 
@@ -323,6 +337,10 @@ class SimulatedJob:
                     applied=list(src.applied),
                     acks=list(src.acks),
                     failovers=list(src.failovers),
+                    channel_weights=src.channel_weights,
+                    split_ratio=src.split_ratio,
+                    transit_gpu=src.transit_gpu,
+                    transits=list(src.transits),
                 )
         raise KeyError(rank)
 
@@ -410,16 +428,7 @@ class SimulatedJob:
         decided = st.decided
         if decided is not None and decided.ops_done == st.ops_done:
             st.decided = None
-            st.log.applied.append(
-                Applied(
-                    op=st.ops_done,
-                    epoch=decided.epoch,
-                    kind=decided.kind,
-                    disabled_channels=channels_of(decided.disabled_channels),
-                    command_id=decided.command_id,
-                )
-            )
-            self._ack(st, decided, AckStatus.APPLIED)
+            self._apply(st, decided)
         if st.armed is not None and st.armed.ops_done <= st.ops_done:
             # Rule 4 of the header never has to hold here: a round at every op decides by N.
             raise JobError(f"rank {st.log.rank}: epoch {st.armed.epoch} undecided at its op")
@@ -430,7 +439,7 @@ class SimulatedJob:
             st.parked = [c for c in st.parked if c not in due]
             for held in due:
                 self._switch_command(st, held)
-        while (cmd := st.plugin.poll_command()) is not None:
+        while (cmd := st.plugin.poll_command_v2()) is not None:
             st.log.received.append(Received(st.ops_done, cmd))
             if cmd.command_id in st.seen:
                 continue  # a redelivery after a reconnect: already handled
@@ -439,7 +448,7 @@ class SimulatedJob:
                 continue
             self._on_command(st, cmd)
 
-    def _on_command(self, st: _Rank, cmd: Command) -> None:
+    def _on_command(self, st: _Rank, cmd: CclCommand) -> None:
         if cmd.comm_id not in (0, self.comm_id):
             self._ack(st, cmd, AckStatus.UNSUPPORTED)
         elif cmd.kind == CommandKind.ABORT:
@@ -447,6 +456,12 @@ class SimulatedJob:
             self._abort_requested.set()
         elif cmd.kind == CommandKind.FAILOVER:
             st.log.failovers.append((st.ops_done, cmd))
+            self._ack(st, cmd, AckStatus.APPLIED)
+        elif cmd.kind == CommandKind.NVL_TRANSIT:
+            mine = dict(cmd.transit).get(st.log.rank)
+            if mine is not None:
+                st.log.transit_gpu = mine
+                st.log.transits.append((st.ops_done, mine))
             self._ack(st, cmd, AckStatus.APPLIED)
         elif cmd.kind in SWITCH_KINDS:
             if st.slow_left > 0:
@@ -457,21 +472,33 @@ class SimulatedJob:
         else:
             self._ack(st, cmd, AckStatus.UNSUPPORTED)
 
-    def _switch_command(self, st: _Rank, cmd: Command) -> None:
+    def _apply(self, st: _Rank, cmd: CclCommand) -> None:
+        """Switch to the plan at this op, and say so."""
+        st.log.applied.append(
+            Applied(
+                op=st.ops_done,
+                epoch=cmd.epoch,
+                kind=cmd.kind,
+                disabled_channels=channels_of(cmd.disabled_channels),
+                command_id=cmd.command_id,
+                weights=cmd.weights,
+                split_ratio=cmd.split_ratio,
+            )
+        )
+        st.log.channel_weights, st.log.split_ratio = cmd.weights, cmd.split_ratio
+        if cmd.kind == CommandKind.FAILBACK and st.log.transit_gpu is not None:
+            st.log.transit_gpu = None
+            st.log.transits.append((st.ops_done, None))
+        self._ack(st, cmd, AckStatus.APPLIED)
+
+    def _switch_command(self, st: _Rank, cmd: CclCommand) -> None:
         if cmd.disabled_channels >> self.channels:
             self._ack(st, cmd, AckStatus.FAILED)  # names channels this communicator lacks
+        elif cmd.kind == CommandKind.BALANCE and len(cmd.weights) != self.channels:
+            self._ack(st, cmd, AckStatus.FAILED)  # weights for another channel count
         elif cmd.ops_done == 0:
             # "Now": nothing to agree on in-band; the plan takes effect from this op.
-            st.log.applied.append(
-                Applied(
-                    st.ops_done,
-                    cmd.epoch,
-                    cmd.kind,
-                    channels_of(cmd.disabled_channels),
-                    cmd.command_id,
-                )
-            )
-            self._ack(st, cmd, AckStatus.APPLIED)
+            self._apply(st, cmd)
         elif cmd.ops_done <= st.ops_done:
             self._ack(st, cmd, AckStatus.TOO_LATE)
         elif st.armed is not None and st.armed.epoch > cmd.epoch:
@@ -479,7 +506,7 @@ class SimulatedJob:
         else:
             st.armed = cmd  # a newer epoch replaces an older armed one
 
-    def _ack(self, st: _Rank, cmd: Command, status: AckStatus) -> None:
+    def _ack(self, st: _Rank, cmd: CclCommand, status: AckStatus) -> None:
         # Every answer says how far the rank was: the service re-triggers beyond it.
         queued = st.plugin.ack_command_at(cmd.command_id, status, st.ops_done)
         st.log.acks.append(Ack(cmd.command_id, int(status), st.ops_done, queued))

@@ -332,6 +332,11 @@ class JobIn(Strict):
         default=True, description="A healthy spare node is ready for restart"
     )
     node_replace_s: Seconds = 0.0
+    nvl_cap_mb: Annotated[float, Field(strict=True, ge=0, le=1_048_576)] | None = Field(
+        default=None,
+        description="GPU memory the job gives NVL transit on one GPU, MB (30-40 MB per "
+        "channel); omit for the service's nvl_cap_mb",
+    )
     notify_url: WebUrl | None = None
     communicators: Annotated[list[CommunicatorIn], Field(max_length=1024)] = Field(
         default_factory=list,
@@ -399,6 +404,7 @@ class JobOut(BaseModel):
     allow_scaling: bool
     spare_nodes: bool
     node_replace_s: float
+    nvl_cap_mb: float | None = None
     notify_url: str | None
     mode: JobMode
     created_at: datetime
@@ -822,6 +828,22 @@ class CommandOut(BaseModel):
     comm_id: int
     ops_done: int
     disabled_channels: list[int]
+    channel_weights: list[float] = Field(
+        default_factory=list,
+        description="balance: each channel's share of the communicator's traffic (R²CCL); "
+        "disabled_channels is then the DCR plan a CCL without weights runs instead",
+    )
+    split_ratio: float | None = Field(
+        default=None,
+        description="balance: share of each allreduce the degraded node hands to the others",
+    )
+    transit: list[list[int]] = Field(
+        default_factory=list,
+        description="nvl_transit: [rank, transit GPU] for the ranks of this node",
+    )
+    transit_mb_per_channel: int | None = Field(
+        default=None, description="nvl_transit: GPU memory a transit GPU gives one channel, MB"
+    )
     ranks: list[int]
     state: CommandState
     created_at: datetime

@@ -29,7 +29,14 @@ def test_demo_plays_the_script() -> None:
         assert re.search(rf"{trigger}\s*│\s*{action}", summary), (trigger, action, summary)
     # n3 reports nothing in act 3; the switch decision moves its rank all the same.
     assert re.search(r"job-a: failover, moving .*n3/rank 13", text)
-    assert re.search(r"all 16 ranks of job-a disabled channels \[1, 5, 9, 13\]", text)
+    # R²CCL balance: each of the 3 RNICs left on the degraded nodes carries a third; the
+    # lost rail's channels share their backup's, so 1/24 and 1/12 (the DCR plan: 1, 5, 9, 13).
+    assert re.search(
+        r"all 16 ranks of job-a balanced their channels at ops_done \d+ \(epoch \d+\), as one: "
+        r"channel weights \[0\.0417, 0\.0833\]; a CCL without weights disabled channels "
+        r"\[1, 5, 9, 13\] instead",
+        text,
+    )
     # Act 4: job-a's rail-2 ranks move before the planned window opens, and come back.
     assert "maintenance 1 scheduled; jobs it would restart: none" in text
     ahead = re.search(r"job-a: failover ([0-9.]+) s before the window opens, moving (.*)", text)

@@ -47,7 +47,10 @@
 extern "C" {
 #endif
 
-#define RAILOVER_PLUGIN_ABI_VERSION 1
+/* The newest ABI this header describes; the library exports a table for each
+ * version up to it (railoverPlugin_v1, railoverPlugin_v2) and says this one in
+ * HELLO, which tells the agent which frames it may send (see railover_wire.h). */
+#define RAILOVER_PLUGIN_ABI_VERSION 2
 
 /* Status codes returned by every call. Only ever appended. */
 typedef enum {
@@ -141,6 +144,8 @@ typedef struct {
   uint64_t disconnects;       /* connections lost or closed */
   uint64_t connect_failures;  /* connection attempts that failed */
   uint64_t connected;         /* 1 while connected to the agent, else 0 */
+  /* Appended in ABI 2. */
+  uint64_t commands_invalid; /* BALANCE/NVL_TRANSIT with bad weights or transit; acked FAILED */
 } railover_stats_t;
 
 /*
@@ -320,8 +325,85 @@ typedef struct {
                railover_agreement_t* out);
 } railoverPlugin_v1_t;
 
-/* The one exported symbol of librailover_plugin.so for ABI version 1. */
+/* The exported symbol of librailover_plugin.so for ABI version 1. Its table is
+ * what a CCL built against ABI 1 has always called: poll_command never returns
+ * the kinds added in ABI 2 (a BALANCE comes out as a REBALANCE of the same
+ * disabled_channels, an NVL_TRANSIT is answered UNSUPPORTED by the plugin). */
 extern const railoverPlugin_v1_t railoverPlugin_v1;
+
+/* ---- ABI version 2: R2CCL balance and NVL transit. ----
+ *
+ * A command as poll_command_v2 hands it out: the v1 fields (in `base`), then the
+ * payload of the extension frame that came with it. `base.kind` may be any kind,
+ * RAILOVER_CMD_BALANCE and RAILOVER_CMD_NVL_TRANSIT included; the arrays are
+ * zero for the other kinds.
+ *
+ *  BALANCE (a switch point, agreed like REBALANCE): from ops_done on, send each
+ *    channel i of comm_id weights[i] of the traffic (R2CCL-Balance) and, when
+ *    split_ratio > 0, run an allreduce as an allreduce plus a broadcast with the
+ *    degraded node handing split_ratio of it to the others (R2CCL-AllReduce).
+ *    base.disabled_channels is the DCR plan for the same failure (the channels
+ *    of the failed rails); it is what a v1 caller runs, and what the vote
+ *    carries. An epoch
+ *    names one plan: the service never sends two plans under one epoch, so the
+ *    votes need not carry the weights.
+ *  NVL_TRANSIT (now, ops_done 0; no agreement): ranks[i] of comm_id sends through
+ *    node-local GPU transit_gpus[i] over NVLink, giving it at most
+ *    mb_per_channel MB per channel. A rank that is not listed keeps its path.
+ *  FAILBACK ends both: every channel back to even weights, no transit.
+ */
+typedef struct {
+  railover_command_t base;
+  uint32_t n_channels; /* BALANCE: weights used; else 0 */
+  float split_ratio;   /* BALANCE: R2CCL-AllReduce hand-off, [0, 1); 0 = no split */
+  float weights[RAILOVER_WIRE_MAX_CHANNELS]; /* BALANCE: share of channel i, summing to 1 */
+  uint32_t n_transit;      /* NVL_TRANSIT: entries used; else 0 */
+  uint32_t mb_per_channel; /* NVL_TRANSIT: transit memory per channel, MB */
+  uint32_t transit_ranks[RAILOVER_WIRE_MAX_TRANSIT]; /* NVL_TRANSIT: rank within comm_id */
+  uint32_t transit_gpus[RAILOVER_WIRE_MAX_TRANSIT];  /* NVL_TRANSIT: its transit GPU */
+} railover_command_v2_t;
+RAILOVER_STATIC_ASSERT(sizeof(railover_command_t) == 40, "railover_command_t size");
+RAILOVER_STATIC_ASSERT(sizeof(railover_command_v2_t) == 440, "railover_command_v2_t size");
+RAILOVER_STATIC_ASSERT(offsetof(railover_command_v2_t, weights) == 48, "weights offset");
+
+/*
+ * ABI version 2: every member of v1, same order, same meaning, then the new ones.
+ * A CCL built against this header uses railoverPlugin_v2; one built against ABI 1
+ * keeps using railoverPlugin_v1, which the library still exports.
+ */
+typedef struct {
+  const char* name;     /* "railover" */
+  uint32_t abi_version; /* 2 */
+  int (*init)(const railover_config_t* config, railover_log_fn log, void** handle);
+  int (*finalize)(void* handle);
+  int (*report_cqe_error)(void* handle, const char* dev_name, uint32_t port, uint32_t qp_num,
+                          uint32_t wc_status, uint32_t vendor_err, const char* peer);
+  int (*report_port_event)(void* handle, const char* dev_name, uint32_t port,
+                           uint32_t ibv_event_type);
+  int (*report_path_switch)(void* handle, uint64_t comm_id, uint32_t channel,
+                            const char* from_dev, const char* to_dev, uint32_t reason);
+  int (*report_progress)(void* handle, uint64_t comm_id, uint32_t rank, uint64_t ops_done);
+  /* The v1 call: never returns BALANCE or NVL_TRANSIT (see railoverPlugin_v1). */
+  int (*poll_command)(void* handle, railover_command_t* out);
+  int (*ack_command)(void* handle, uint64_t command_id, int32_t status);
+  int (*stats)(void* handle, railover_stats_t* out, size_t out_size);
+  int (*ack_command_at)(void* handle, uint64_t command_id, int32_t status, uint64_t ops_done);
+  int (*agree)(const railover_switch_vote_t* votes, uint32_t n_votes, uint32_t self,
+               railover_agreement_t* out);
+
+  /* Members from here on are new in ABI 2. */
+
+  /* As poll_command, for every kind: takes the oldest pending command into *out
+   * and returns RAILOVER_OK, or RAILOVER_NO_COMMAND at once (out untouched).
+   * Copies min(out_size, sizeof(railover_command_v2_t)) bytes, so a caller built
+   * against a later, longer struct keeps working; out_size below
+   * sizeof(railover_command_t) is RAILOVER_ERR_INVALID. Same queue, cost and
+   * threading as poll_command; use one of the two per handle. */
+  int (*poll_command_v2)(void* handle, railover_command_v2_t* out, size_t out_size);
+} railoverPlugin_v2_t;
+
+/* The exported symbol of librailover_plugin.so for ABI version 2. */
+extern const railoverPlugin_v2_t railoverPlugin_v2;
 
 #ifdef __cplusplus
 }

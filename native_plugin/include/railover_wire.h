@@ -52,6 +52,8 @@ enum railover_wire_type {
   RAILOVER_MSG_COMMAND = 16,    /* agent -> plugin */
   RAILOVER_MSG_ACK = 17,        /* plugin -> agent */
   RAILOVER_MSG_ACK_AT = 18,     /* plugin -> agent: an ACK with the rank's ops_done */
+  RAILOVER_MSG_COMMAND_WEIGHTS = 19, /* agent -> plugin: follows a BALANCE COMMAND */
+  RAILOVER_MSG_COMMAND_TRANSIT = 20, /* agent -> plugin: follows an NVL_TRANSIT COMMAND */
 };
 
 /* Command kinds carried in railover_wire_command.kind. Only ever appended. */
@@ -62,9 +64,15 @@ enum railover_wire_command_kind {
   RAILOVER_CMD_FAILOVER = 4,  /* move comm_id to its backup RNICs now, before this rank's
                                * own retransmission timeout fires (the service inferred a
                                * fault, e.g. a switch failure, that this rank has not seen) */
+  /* 5: RAILOVER_CMD_CHECKPOINT_NOW (another change) */
+  RAILOVER_CMD_BALANCE = 6,     /* R2CCL-Balance at ops_done: per-channel weights and the
+                                 * allreduce split in the COMMAND_WEIGHTS frame that follows;
+                                 * disabled_channels is the DCR plan for a CCL without weights */
+  RAILOVER_CMD_NVL_TRANSIT = 7, /* send through a peer GPU over NVLink now: each rank's transit
+                                 * GPU in the COMMAND_TRANSIT frame that follows */
 };
 /* The newest kind this header knows; a plugin refuses kinds above it. */
-#define RAILOVER_CMD_LAST RAILOVER_CMD_FAILOVER
+#define RAILOVER_CMD_LAST RAILOVER_CMD_NVL_TRANSIT
 
 /* Why a path switched (railover_wire_path_switch.reason). Only ever appended. */
 enum railover_wire_switch_reason {
@@ -196,7 +204,7 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command, 48);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack, 16);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack_at, 24);
 
-/* Largest v1 payload; the plugin's ring slots are sized from it. */
+/* Largest v1 payload plugin -> agent; the plugin's ring slots are sized from it. */
 #define RAILOVER_WIRE_LARGEST_V1_PAYLOAD 160u
 
 /* ---- Appended for the NCCL profiler plugin (libnccl-profiler-railover.so). ----
@@ -242,5 +250,54 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_communicator, 160);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_stall, 104);
 #undef RAILOVER_WIRE_ASSERT_SIZE
 /* Both fit RAILOVER_WIRE_LARGEST_V1_PAYLOAD, so that bound still holds. */
+
+/* ---- Appended for R2CCL balance and NVL transit: command extension frames. ----
+ * Both go agent -> plugin, and each follows, as the very next frame on the
+ * connection, the COMMAND (type 16) it extends, with the same command_id:
+ * BALANCE is COMMAND + COMMAND_WEIGHTS, NVL_TRANSIT is COMMAND + COMMAND_TRANSIT.
+ * Anything else in that place (another frame, another command_id, an extension
+ * with no COMMAND before it) is a malformed stream: the plugin drops the
+ * connection. The agent sends these kinds only to a plugin whose HELLO says
+ * abi_version >= 2; an older plugin gets BALANCE as a plain REBALANCE of the same
+ * disabled_channels and NVL_TRANSIT not at all. Payloads are fixed-size like every
+ * v1 payload: arrays have a fixed capacity and a count of the entries used. A
+ * well-framed extension whose content is invalid (a count over the capacity, a
+ * weight that is NaN, infinite or negative, weights summing to 0, a split ratio
+ * outside [0, 1), no transit memory) is refused: the plugin answers the command FAILED and never
+ * hands it to the CCL. Floats are IEEE-754 binary32, little-endian. */
+
+#define RAILOVER_WIRE_MAX_CHANNELS 64u /* as many as disabled_channels has bits */
+#define RAILOVER_WIRE_MAX_TRANSIT 16u  /* ranks of one node in one TRANSIT frame */
+
+/* Type 19: R2CCL-Balance for the BALANCE command before it. */
+typedef struct railover_wire_command_weights {
+  uint64_t command_id; /* the BALANCE COMMAND this extends */
+  uint32_t n_channels; /* weights used, 1..RAILOVER_WIRE_MAX_CHANNELS (channel i = weights[i]) */
+  float split_ratio;   /* R2CCL-AllReduce: share of each allreduce the degraded node hands to
+                        * the others (an allreduce plus a broadcast); 0 = no split */
+  float weights[RAILOVER_WIRE_MAX_CHANNELS]; /* each channel's share of the traffic, >= 0,
+                                               * summing to 1; unused entries 0 */
+} railover_wire_command_weights;
+
+/* Type 20: NVL transit for the NVL_TRANSIT command before it. */
+typedef struct railover_wire_command_transit {
+  uint64_t command_id;     /* the NVL_TRANSIT COMMAND this extends */
+  uint32_t n_ranks;        /* entries used, 1..RAILOVER_WIRE_MAX_TRANSIT */
+  uint32_t mb_per_channel; /* GPU memory a transit GPU gives one channel, MB (30-40 MB is
+                            * typical; the service refuses NVL over the job's cap), >= 1 */
+  uint32_t ranks[RAILOVER_WIRE_MAX_TRANSIT];        /* rank within comm_id */
+  uint32_t transit_gpus[RAILOVER_WIRE_MAX_TRANSIT]; /* node-local index of the GPU ranks[i]
+                                                     * sends through over NVLink */
+} railover_wire_command_transit;
+
+RAILOVER_STATIC_ASSERT(sizeof(railover_wire_command_weights) == 272,
+                       "railover_wire_command_weights size");
+RAILOVER_STATIC_ASSERT(sizeof(railover_wire_command_transit) == 144,
+                       "railover_wire_command_transit size");
+RAILOVER_STATIC_ASSERT(sizeof(float) == 4, "float is binary32");
+
+/* Largest v1 payload agent -> plugin (COMMAND_WEIGHTS). The plugin's input buffer
+ * holds two frames of RAILOVER_WIRE_MAX_PAYLOAD, so it fits; the ring is not involved. */
+#define RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD 272u
 
 #endif /* RAILOVER_WIRE_H */

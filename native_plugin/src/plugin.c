@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -77,6 +78,7 @@ typedef struct rv_plugin {
   rv_counter dropped_ring_full;
   rv_counter dropped_no_agent_call; /* refused at call time */
   rv_counter acks_dropped_call;
+  rv_counter unsupported_call; /* NVL_TRANSIT answered for an ABI 1 poll_command */
 
   /* Written by the sender thread only; read by stats(). */
   _Alignas(RV_CACHE_LINE) _Atomic uint64_t sent;
@@ -85,6 +87,7 @@ typedef struct rv_plugin {
   _Atomic uint64_t bytes_sent, hellos_sent, acks_sent, acks_dropped_sender;
   _Atomic uint64_t commands_received, commands_dropped, commands_unsupported;
   _Atomic uint64_t malformed_received, connects, disconnects, connect_failures;
+  _Atomic uint64_t commands_invalid;
 
   /* Configuration, fixed after init. */
   char socket_path[sizeof(((struct sockaddr_un*)0)->sun_path)];
@@ -109,6 +112,10 @@ typedef struct rv_plugin {
   uint32_t out_frames, out_frames_done;
   unsigned char in_buf[IN_BUF_SIZE];
   uint32_t in_len;
+  /* A BALANCE or NVL_TRANSIT COMMAND read, waiting for its extension frame (the
+   * next frame on the connection). */
+  railover_wire_command ext_cmd;
+  int ext_waiting;
   int64_t last_drop_log_ns;
   uint64_t logged_drops;
 } rv_plugin;
@@ -256,13 +263,40 @@ static int report_progress(void* handle, uint64_t comm_id, uint32_t rank, uint64
   return RAILOVER_OK;
 }
 
+static int push_ack(rv_plugin* p, uint64_t command_id, int32_t status, int with_ops,
+                    uint64_t ops_done);
+
+/* The ABI 1 view of the queue: a caller built against it knows neither BALANCE
+ * nor NVL_TRANSIT. A balance runs as the DCR plan it carries; a transit it cannot
+ * do is answered for it. */
 static int poll_command(void* handle, railover_command_t* out) {
   rv_plugin* p = handle;
   if (p == NULL || out == NULL) return RAILOVER_ERR_INVALID;
   uint64_t pos;
-  railover_command_t* c = rv_ring_peek(&p->commands, &pos);
+  for (;;) {
+    railover_command_v2_t* c = rv_ring_peek(&p->commands, &pos);
+    if (c == NULL) return RAILOVER_NO_COMMAND;
+    railover_command_t base = c->base;
+    rv_ring_release(&p->commands, pos);
+    if (base.kind == RAILOVER_CMD_NVL_TRANSIT) {
+      atomic_fetch_add_explicit(&p->unsupported_call.value, 1, memory_order_relaxed);
+      push_ack(p, base.command_id, RAILOVER_ACK_UNSUPPORTED, 0, 0);
+      continue;
+    }
+    if (base.kind == RAILOVER_CMD_BALANCE) base.kind = RAILOVER_CMD_REBALANCE;
+    *out = base;
+    return RAILOVER_OK;
+  }
+}
+
+static int poll_command_v2(void* handle, railover_command_v2_t* out, size_t out_size) {
+  rv_plugin* p = handle;
+  if (p == NULL || out == NULL || out_size < sizeof(railover_command_t))
+    return RAILOVER_ERR_INVALID;
+  uint64_t pos;
+  railover_command_v2_t* c = rv_ring_peek(&p->commands, &pos);
   if (c == NULL) return RAILOVER_NO_COMMAND;
-  *out = *c;
+  memcpy(out, c, out_size < sizeof(*c) ? out_size : sizeof(*c));
   rv_ring_release(&p->commands, pos);
   return RAILOVER_OK;
 }
@@ -381,12 +415,13 @@ static int stats(void* handle, railover_stats_t* out, size_t out_size) {
   s.acks_dropped = ld(&p->acks_dropped_call.value) + ld(&p->acks_dropped_sender);
   s.commands_received = ld(&p->commands_received);
   s.commands_dropped = ld(&p->commands_dropped);
-  s.commands_unsupported = ld(&p->commands_unsupported);
+  s.commands_unsupported = ld(&p->commands_unsupported) + ld(&p->unsupported_call.value);
   s.malformed_received = ld(&p->malformed_received);
   s.connects = ld(&p->connects);
   s.disconnects = ld(&p->disconnects);
   s.connect_failures = ld(&p->connect_failures);
   s.connected = (uint64_t)atomic_load_explicit(&p->connected, memory_order_relaxed);
+  s.commands_invalid = ld(&p->commands_invalid);
   memcpy(out, &s, out_size < sizeof(s) ? out_size : sizeof(s));
   return RAILOVER_OK;
 }
@@ -498,6 +533,7 @@ static void disconnect(rv_plugin* p, const char* why, int err) {
   p->fd = -1;
   out_discard(p);
   p->in_len = 0;
+  p->ext_waiting = 0;
   bump(&p->disconnects, 1);
   p->backoff_ms = p->reconnect_min_ms;
   p->next_connect_ns = mono_ns() + (int64_t)p->backoff_ms * 1000000LL;
@@ -562,35 +598,131 @@ static uint32_t expected_payload(uint16_t type) {
     case RAILOVER_MSG_COMMAND: return sizeof(railover_wire_command);
     case RAILOVER_MSG_ACK: return sizeof(railover_wire_ack);
     case RAILOVER_MSG_ACK_AT: return sizeof(railover_wire_ack_at);
+    case RAILOVER_MSG_COMMAND_WEIGHTS: return sizeof(railover_wire_command_weights);
+    case RAILOVER_MSG_COMMAND_TRANSIT: return sizeof(railover_wire_command_transit);
     default: return UINT32_MAX;
   }
 }
 
+/* Kinds this library hands to a CCL. 5 is another change's kind, not known here. */
+static int known_kind(uint32_t kind) {
+  switch (kind) {
+    case RAILOVER_CMD_REBALANCE:
+    case RAILOVER_CMD_FAILBACK:
+    case RAILOVER_CMD_ABORT:
+    case RAILOVER_CMD_FAILOVER:
+    case RAILOVER_CMD_BALANCE:
+    case RAILOVER_CMD_NVL_TRANSIT: return 1;
+    default: return 0;
+  }
+}
+
+static int has_extension(uint32_t kind) {
+  return kind == RAILOVER_CMD_BALANCE || kind == RAILOVER_CMD_NVL_TRANSIT;
+}
+
+/* Queues a command for poll_command; c's base says which. */
+static void enqueue_command(rv_plugin* p, const railover_command_v2_t* c) {
+  uint64_t pos;
+  railover_command_v2_t* slot = rv_ring_reserve(&p->commands, &pos);
+  if (slot == NULL) {
+    bump(&p->commands_dropped, 1);
+    plog(p, RAILOVER_LOG_WARN, "railover: command queue full; command %llu answered BUSY",
+         (unsigned long long)c->base.command_id);
+    push_ack(p, c->base.command_id, RAILOVER_ACK_BUSY, 0, 0);
+    return;
+  }
+  *slot = *c;
+  rv_ring_commit(&p->commands, pos);
+}
+
+static void command_base(railover_command_v2_t* c, const railover_wire_command* w) {
+  memset(c, 0, sizeof(*c));
+  c->base.command_id = w->command_id;
+  c->base.comm_id = w->comm_id;
+  c->base.ops_done = w->ops_done;
+  c->base.disabled_channels = w->disabled_channels;
+  c->base.kind = w->kind;
+  c->base.epoch = w->epoch;
+}
+
+static void refuse_invalid(rv_plugin* p, uint64_t command_id, const char* why) {
+  bump(&p->commands_invalid, 1);
+  plog(p, RAILOVER_LOG_WARN, "railover: command %llu refused: %s; answered FAILED",
+       (unsigned long long)command_id, why);
+  push_ack(p, command_id, RAILOVER_ACK_FAILED, 0, 0);
+}
+
 static void on_command(rv_plugin* p, const railover_wire_command* w) {
   bump(&p->commands_received, 1);
-  if (w->kind < RAILOVER_CMD_REBALANCE || w->kind > RAILOVER_CMD_LAST) {
+  if (!known_kind(w->kind)) {
     bump(&p->commands_unsupported, 1);
     plog(p, RAILOVER_LOG_WARN, "railover: command %llu has unknown kind %u; answered UNSUPPORTED",
          (unsigned long long)w->command_id, w->kind);
     push_ack(p, w->command_id, RAILOVER_ACK_UNSUPPORTED, 0, 0);
     return;
   }
-  uint64_t pos;
-  railover_command_t* c = rv_ring_reserve(&p->commands, &pos);
-  if (c == NULL) {
-    bump(&p->commands_dropped, 1);
-    plog(p, RAILOVER_LOG_WARN, "railover: command queue full; command %llu answered BUSY",
-         (unsigned long long)w->command_id);
-    push_ack(p, w->command_id, RAILOVER_ACK_BUSY, 0, 0);
+  if (has_extension(w->kind)) {
+    /* Queued once its extension, the next frame, has been read and checked. */
+    p->ext_cmd = *w;
+    p->ext_waiting = 1;
     return;
   }
-  c->command_id = w->command_id;
-  c->comm_id = w->comm_id;
-  c->ops_done = w->ops_done;
-  c->disabled_channels = w->disabled_channels;
-  c->kind = w->kind;
-  c->epoch = w->epoch;
-  rv_ring_commit(&p->commands, pos);
+  railover_command_v2_t c;
+  command_base(&c, w);
+  enqueue_command(p, &c);
+}
+
+/* The weights frame after a BALANCE: each weight finite and >= 0, some > 0. */
+static void on_weights(rv_plugin* p, const railover_wire_command_weights* x) {
+  const char* bad = NULL;
+  double sum = 0.0;
+  if (x->n_channels == 0 || x->n_channels > RAILOVER_WIRE_MAX_CHANNELS) {
+    bad = "channel count outside 1..64";
+  } else if (!isfinite(x->split_ratio) || x->split_ratio < 0.0f || x->split_ratio >= 1.0f) {
+    bad = "split ratio outside [0, 1)";
+  } else {
+    for (uint32_t i = 0; i < x->n_channels && bad == NULL; i++) {
+      if (!isfinite(x->weights[i]) || x->weights[i] < 0.0f) bad = "a weight is not a finite number >= 0";
+      else sum += x->weights[i];
+    }
+    if (bad == NULL && !(sum > 0.0)) bad = "the weights sum to 0";
+  }
+  if (bad != NULL) {
+    refuse_invalid(p, x->command_id, bad);
+    return;
+  }
+  railover_command_v2_t c;
+  command_base(&c, &p->ext_cmd);
+  c.n_channels = x->n_channels;
+  c.split_ratio = x->split_ratio;
+  memcpy(c.weights, x->weights, x->n_channels * sizeof(float));
+  enqueue_command(p, &c);
+}
+
+/* The transit frame after an NVL_TRANSIT: a bounded count and some memory to use. */
+static void on_transit(rv_plugin* p, const railover_wire_command_transit* x) {
+  if (x->n_ranks == 0 || x->n_ranks > RAILOVER_WIRE_MAX_TRANSIT) {
+    refuse_invalid(p, x->command_id, "transit count outside 1..16");
+    return;
+  }
+  if (x->mb_per_channel == 0) {
+    refuse_invalid(p, x->command_id, "no transit memory per channel");
+    return;
+  }
+  railover_command_v2_t c;
+  command_base(&c, &p->ext_cmd);
+  c.n_transit = x->n_ranks;
+  c.mb_per_channel = x->mb_per_channel;
+  memcpy(c.transit_ranks, x->ranks, x->n_ranks * sizeof(uint32_t));
+  memcpy(c.transit_gpus, x->transit_gpus, x->n_ranks * sizeof(uint32_t));
+  enqueue_command(p, &c);
+}
+
+static int malformed(rv_plugin* p, const char* why) {
+  bump(&p->malformed_received, 1);
+  disconnect(p, why, 0);
+  return -1;
 }
 
 /* Parses complete frames in in_buf. Returns 0, or -1 after dropping the
@@ -611,9 +743,34 @@ static int parse_input(rv_plugin* p) {
       return -1;
     }
     if (p->in_len - off < RAILOVER_WIRE_HEADER_SIZE + h.payload_len) break;
-    if (h.type == RAILOVER_MSG_COMMAND) {
+    const unsigned char* payload = p->in_buf + off + RAILOVER_WIRE_HEADER_SIZE;
+    int is_ext = h.type == RAILOVER_MSG_COMMAND_WEIGHTS || h.type == RAILOVER_MSG_COMMAND_TRANSIT;
+    if (p->ext_waiting || is_ext) {
+      /* An extension and its COMMAND are one unit: each needs the other, next to it. */
+      uint16_t want_type = p->ext_cmd.kind == RAILOVER_CMD_BALANCE ? RAILOVER_MSG_COMMAND_WEIGHTS
+                                                                  : RAILOVER_MSG_COMMAND_TRANSIT;
+      uint64_t ext_id;
+      memcpy(&ext_id, payload, sizeof(ext_id)); /* command_id leads both extensions */
+      if (!p->ext_waiting || h.type != want_type || ext_id != p->ext_cmd.command_id) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "malformed stream (frame type %u where %s expected)", h.type,
+                 p->ext_waiting ? "a COMMAND's extension" : "no extension");
+        return malformed(p, why);
+      }
+      p->ext_waiting = 0;
+      if (h.type == RAILOVER_MSG_COMMAND_WEIGHTS) {
+        railover_wire_command_weights x;
+        memcpy(&x, payload, sizeof(x));
+        on_weights(p, &x);
+      } else {
+        railover_wire_command_transit x;
+        memcpy(&x, payload, sizeof(x));
+        on_transit(p, &x);
+      }
+    } else if (h.type == RAILOVER_MSG_COMMAND) {
       railover_wire_command w;
-      memcpy(&w, p->in_buf + off + RAILOVER_WIRE_HEADER_SIZE, sizeof(w));
+      memcpy(&w, payload, sizeof(w));
       on_command(p, &w);
     }
     /* Other well-formed types mean nothing in this direction; skip them. */
@@ -818,7 +975,7 @@ static int init(const railover_config_t* config, railover_log_fn log, void** han
   p->fd = -1;
   if (rv_ring_init(&p->reports, cap, sizeof(rv_report_slot)) != 0 ||
       rv_ring_init(&p->acks, QUEUE_SMALL, sizeof(rv_ack_slot)) != 0 ||
-      rv_ring_init(&p->commands, QUEUE_SMALL, sizeof(railover_command_t)) != 0 ||
+      rv_ring_init(&p->commands, QUEUE_SMALL, sizeof(railover_command_v2_t)) != 0 ||
       pipe2(p->wake_fds, O_NONBLOCK | O_CLOEXEC) != 0) {
     free_plugin(p);
     return RAILOVER_ERR_SYSTEM;
@@ -859,7 +1016,7 @@ static int finalize(void* handle) {
 
 EXPORT const railoverPlugin_v1_t railoverPlugin_v1 = {
     .name = "railover",
-    .abi_version = RAILOVER_PLUGIN_ABI_VERSION,
+    .abi_version = 1,
     .init = init,
     .finalize = finalize,
     .report_cqe_error = report_cqe_error,
@@ -871,4 +1028,21 @@ EXPORT const railoverPlugin_v1_t railoverPlugin_v1 = {
     .stats = stats,
     .ack_command_at = ack_command_at,
     .agree = agree,
+};
+
+EXPORT const railoverPlugin_v2_t railoverPlugin_v2 = {
+    .name = "railover",
+    .abi_version = 2,
+    .init = init,
+    .finalize = finalize,
+    .report_cqe_error = report_cqe_error,
+    .report_port_event = report_port_event,
+    .report_path_switch = report_path_switch,
+    .report_progress = report_progress,
+    .poll_command = poll_command,
+    .ack_command = ack_command,
+    .stats = stats,
+    .ack_command_at = ack_command_at,
+    .agree = agree,
+    .poll_command_v2 = poll_command_v2,
 };

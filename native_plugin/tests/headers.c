@@ -9,8 +9,21 @@
 
 RAILOVER_STATIC_ASSERT(sizeof(railover_switch_vote_t) == 32, "vote is 32 bytes");
 RAILOVER_STATIC_ASSERT(sizeof(railover_agreement_t) == 32, "agreement is 32 bytes");
+RAILOVER_STATIC_ASSERT(RAILOVER_CMD_BALANCE == 6 && RAILOVER_CMD_NVL_TRANSIT == 7, "kinds");
+RAILOVER_STATIC_ASSERT(RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD ==
+                           sizeof(railover_wire_command_weights),
+                       "largest agent -> plugin payload");
+RAILOVER_STATIC_ASSERT(RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD <= RAILOVER_WIRE_MAX_PAYLOAD,
+                       "fits the input buffer");
 
 /* Every name a CCL uses, so a header that stops declaring one fails here. */
+unsigned long railover_header_check2(const railoverPlugin_v2_t* api, railover_command_v2_t* c);
+unsigned long railover_header_check2(const railoverPlugin_v2_t* api, railover_command_v2_t* c) {
+  railover_wire_command_transit t = {0, 1, 40, {0}, {0}};
+  return (unsigned long)api->poll_command_v2(NULL, c, sizeof(*c)) + t.mb_per_channel +
+         RAILOVER_MSG_COMMAND_WEIGHTS + RAILOVER_MSG_COMMAND_TRANSIT + RAILOVER_WIRE_MAX_TRANSIT;
+}
+
 unsigned long railover_header_check(const railoverPlugin_v1_t* api);
 unsigned long railover_header_check(const railoverPlugin_v1_t* api) {
   railover_wire_ack_at ack = {1, RAILOVER_ACK_TOO_LATE, 2, 3};

@@ -80,6 +80,7 @@ def job_out(session: Session, job: m.Job) -> JobOut:
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
+        nvl_cap_mb=job.nvl_cap_mb,
         notify_url=job.notify_url,
         mode=JobMode(job.mode),
         created_at=job.created_at,

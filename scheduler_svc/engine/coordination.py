@@ -76,6 +76,7 @@ def plan_mitigation(
     nvl_available: bool = False,
     nvl_mb_per_channel: float = 40.0,
     nvl_cap_mb: float = 512.0,
+    nvl_ranks_per_gpu: int = 1,
 ) -> MitigationPlan:
     """Predict k under each mitigation for the worst-hit node and choose the lowest.
 
@@ -85,7 +86,9 @@ def plan_mitigation(
     communicator spans at least two rails (large groups) and has channels on
     a surviving one. `backup_load` is how many rails' traffic the busiest
     backup RNIC carries under s-Bond. The cross-root-complex PCIe throughput
-    is an assumption (a parameter), not a measurement.
+    is an assumption (a parameter), not a measurement. NVL transit costs
+    `nvl_mb_per_channel` per channel of every rank sent through one transit GPU
+    (`nvl_ranks_per_gpu` at most on one), refused over `nvl_cap_mb` (ReCCL §3.2.2).
     """
     if rails_per_node < 1 or not 0 <= failed_rails <= rails_per_node:
         raise ValueError("need 1 <= rails_per_node and 0 <= failed_rails <= rails_per_node")
@@ -127,7 +130,7 @@ def plan_mitigation(
             )
         )
 
-    nvl_mb = nvl_mb_per_channel * channels
+    nvl_mb = nvl_mb_per_channel * channels * max(1, nvl_ranks_per_gpu)
     if nvl_available and nvl_mb <= nvl_cap_mb:
         options.append(
             Option(

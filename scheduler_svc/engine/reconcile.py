@@ -11,8 +11,10 @@ desired state and no decision, so no command either.
 
 The desired state is what a job should look like: its mode, the RNIC every
 rank that is off its primary uses, and per communicator the channels that stay
-disabled. A decision is produced only when that changes (or when a checkpoint
-or a measured k changes the answer to "restart or keep running degraded").
+disabled, the channel weights and allreduce split of R²CCL balance, and the
+transit GPU of each rank sent over NVLink. A decision is produced only when that
+changes (or when a checkpoint or a measured k changes the answer to "restart or keep
+running degraded").
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from scheduler_svc.engine.paths import (
     FailedSet,
     NodePlan,
     NodeTopology,
+    RankRoute,
     bandwidth_left,
     connectivity,
     route_ranks,
@@ -74,6 +77,12 @@ class Desired:
     moved: Mapping[int, str] = field(default_factory=dict)
     # comm_id -> channels disabled (DCR, balance); absent: none
     disabled: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # comm_id -> each channel's share of the traffic (R²CCL balance); absent: even
+    weights: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    # comm_id -> share of an allreduce the degraded node hands off (R²CCL-AllReduce)
+    split: Mapping[int, float] = field(default_factory=dict)
+    # comm_id -> rank -> node-local GPU it sends through over NVLink (NVL transit)
+    transit: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
     # Evidence keys the outcome accounts for (fault:<id>, switch:<id>, flag:<id>, ...).
     evidence: frozenset[str] = frozenset()
     k: float | None = None  # k the last cost decision used
@@ -87,6 +96,17 @@ class Desired:
             and dict(self.moved) == dict(other.moved)
             and {c: tuple(d) for c, d in self.disabled.items() if d}
             == {c: tuple(d) for c, d in other.disabled.items() if d}
+            and self.channel_plan() == other.channel_plan()
+        )
+
+    def channel_plan(
+        self,
+    ) -> tuple[dict[int, tuple[float, ...]], dict[int, float], dict[int, dict[int, int]]]:
+        """Weights, split and transit, normalised for comparison."""
+        return (
+            {c: tuple(w) for c, w in self.weights.items() if w},
+            {c: x for c, x in self.split.items() if x},
+            {c: dict(t) for c, t in self.transit.items() if t},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -99,6 +119,13 @@ class Desired:
             "checkpoint_id": self.checkpoint_id,
             "verdict": self.verdict,
             "mitigation": {str(c): m for c, m in sorted(self.mitigation.items())},
+            "weights": {str(c): list(w) for c, w in sorted(self.weights.items()) if w},
+            "split": {str(c): x for c, x in sorted(self.split.items()) if x},
+            "transit": {
+                str(c): {str(r): g for r, g in sorted(t.items())}
+                for c, t in sorted(self.transit.items())
+                if t
+            },
         }
 
     @classmethod
@@ -114,7 +141,19 @@ class Desired:
             checkpoint_id=data.get("checkpoint_id"),
             verdict=data.get("verdict"),
             mitigation={int(c): str(m) for c, m in (data.get("mitigation") or {}).items()},
+            weights={
+                int(c): tuple(float(x) for x in w) for c, w in (data.get("weights") or {}).items()
+            },
+            split={int(c): float(x) for c, x in (data.get("split") or {}).items()},
+            transit={
+                int(c): {int(r): int(g) for r, g in t.items()}
+                for c, t in (data.get("transit") or {}).items()
+            },
         )
+
+
+# What clears every channel plan (restart, full fail-back, stock NCCL).
+_NO_PLAN: dict[str, Any] = {"weights": {}, "split": {}, "transit": {}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +198,8 @@ class JobState:
     # Stock NCCL (issue 16): it fails over inside its virtual NICs by itself and takes no
     # commands, so NCCL's own failover domain replaces the s-Bond path check.
     nccl: nccl.NcclSpec | None = None
+    # GPU memory this job gives NVL transit on one GPU, MB; None: the service's setting.
+    nvl_cap_mb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +482,13 @@ def _cost_decision(
         )
     if result.action in (cost.Action.RESTART, cost.Action.RESTART_SCALED):
         restarting = replace(
-            base, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, k=estimate.k
+            base,
+            mode=Mode.RESTARTING,
+            moved={},
+            disabled={},
+            mitigation={},
+            **_NO_PLAN,
+            k=estimate.k,
         )
         return record(Action(result.action.value), restarting)
     if result.action == cost.Action.NONE:
@@ -526,7 +573,9 @@ def _failback(
             job, fabric, conn, replace(base, mode=Mode.FAILED_OVER), moved, options=options
         )
     else:
-        desired = replace(base, mode=Mode.NORMAL, moved={}, disabled={}, mitigation={}, k=None)
+        desired = replace(
+            base, mode=Mode.NORMAL, moved={}, disabled={}, mitigation={}, **_NO_PLAN, k=None
+        )
     plan: dict[str, Any] = {
         "mitigation": "failback",
         "returning": [
@@ -587,7 +636,7 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
     verdict = "restart" if restart else "keep"
     seen = replace(desired, checkpoint_id=cp.id, verdict=verdict)
     if restart:
-        seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={})
+        seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, **_NO_PLAN)
     elif prev.verdict == "keep":
         # The answer stands: a FlowCheck job checkpointing every iteration gets one decision.
         return Reconciled(seen, None, conn, warnings)
@@ -620,6 +669,55 @@ class CommPlan:
     ranks: tuple[int, ...]
     plan: coord.MitigationPlan
     disabled_channels: tuple[int, ...]
+    # R²CCL balance: each channel's share of the traffic, and the allreduce hand-off.
+    weights: tuple[float, ...] = ()
+    split_ratio: float = 0.0
+    # NVL: rank -> node-local transit GPU, for each rank off its primary.
+    transit: Mapping[int, int] = field(default_factory=dict)
+
+
+def channel_weights(channel_rnics: Sequence[str | None]) -> tuple[float, ...]:
+    """R²CCL-Balance per channel: every RNIC still carrying traffic gets an equal share.
+
+    Channel c leaves the node through ``channel_rnics[c]`` (None: nowhere). An RNIC's
+    share is split evenly among its channels, so a backup RNIC that also carries a
+    failed rail's channels gives each of them less, and the node's traffic is in
+    proportion to the bandwidth left (each surviving RNIC has the same).
+    """
+    per_rnic = Counter(k for k in channel_rnics if k is not None)
+    if not per_rnic:
+        return ()
+    return tuple(0.0 if k is None else 1.0 / (len(per_rnic) * per_rnic[k]) for k in channel_rnics)
+
+
+def transit_gpus(
+    moved: Sequence[RankRoute], fabric: FabricView
+) -> tuple[dict[int, int], int] | None:
+    """NVL: each moved rank's transit GPU, and the most ranks sharing one GPU.
+
+    A rank sends over NVLink to the GPU whose primary RNIC is the rank's backup (the
+    peer GPU beside that RNIC), when that GPU has NVLink and works. None when some
+    moved rank has no such peer: NVL cannot carry the whole communicator.
+    """
+    out: dict[int, int] = {}
+    for r in moved:
+        topo = fabric.topologies[r.node]
+        nvlink = {g.index for g in topo.gpus if g.nvlink}
+        if r.gpu not in nvlink:
+            return None
+        peers = [
+            g.gpu
+            for g in fabric.plans[r.node].gpus
+            if g.primary == r.backup
+            and g.gpu != r.gpu
+            and g.gpu in nvlink
+            and (r.node, g.gpu) not in fabric.failed.gpus
+        ]
+        if not peers:
+            return None
+        out[r.rank] = min(peers)
+    by_gpu = Counter((r.node, out[r.rank]) for r in moved)
+    return out, max(by_gpu.values(), default=0)
 
 
 def plan_mitigations(
@@ -648,6 +746,7 @@ def plan_mitigations(
         crosses = any((fabric.plans[r.node].for_gpu(r.gpu).backup_cost or 0) >= 100 for r in moved)
         topo = fabric.topologies[worst]
         nvlink = any(g.nvlink for g in topo.gpus)
+        transit = transit_gpus(moved, fabric) if moved and len(rails) < 2 else None
         plan = coord.plan_mitigation(
             comm_share=share,
             rails_per_node=len(rails),
@@ -656,9 +755,10 @@ def plan_mitigations(
             nodes=len(rails_by_node),
             backup_load=max(load.values(), default=1),
             backup_crosses_root_complex=crosses,
-            nvl_available=nvlink and len(rails) < 2,
+            nvl_available=nvlink and len(rails) < 2 and transit is not None,
             nvl_mb_per_channel=options.nvl_mb_per_channel,
-            nvl_cap_mb=options.nvl_cap_mb,
+            nvl_cap_mb=job.nvl_cap_mb if job.nvl_cap_mb is not None else options.nvl_cap_mb,
+            nvl_ranks_per_gpu=transit[1] if transit else 1,
         )
         failed_rails = {rail for rails_ in failed_by_node.values() for rail in rails_}
         # Channel c leaves each node through rail index c mod (rails used): the
@@ -670,7 +770,27 @@ def plan_mitigations(
         )
         if len(disabled) >= comm.channels:
             disabled = []
-        plans.append(CommPlan(comm.comm_id, tuple(r.rank for r in members), plan, tuple(disabled)))
+        chosen = plan.chosen.mitigation
+        weights: tuple[float, ...] = ()
+        split = 0.0
+        if chosen == coord.Mitigation.BALANCE:
+            # Where each rail of the worst node sends now: its primary, or its backup.
+            out_of = {r.rail: r.active for r in members if r.node == worst}
+            weights = channel_weights(
+                [out_of.get(rails[c % len(rails)]) for c in range(comm.channels)]
+            )
+            split = float(plan.chosen.detail.get("allreduce_handoff", 0.0))  # type: ignore[arg-type]  # a float in the detail
+        plans.append(
+            CommPlan(
+                comm.comm_id,
+                tuple(r.rank for r in members),
+                plan,
+                tuple(disabled),
+                weights=weights,
+                split_ratio=split,
+                transit=transit[0] if transit and chosen == coord.Mitigation.NVL else {},
+            )
+        )
     return plans
 
 
@@ -685,7 +805,7 @@ def _with_mitigations(
 ) -> Desired:
     if job.nccl is not None:
         # Stock NCCL moves its traffic itself and takes no channel plan.
-        return replace(base, moved=dict(moved), disabled={}, mitigation={})
+        return replace(base, moved=dict(moved), disabled={}, mitigation={}, **_NO_PLAN)
     plans = plan_mitigations(job, fabric, conn, options)
     # Only a job that registered its communicators can be told a switch point.
     disabled = {
@@ -694,7 +814,16 @@ def _with_mitigations(
         if p.disabled_channels and p.comm_id != IMPLICIT_COMM
     }
     mitigation = {p.comm_id: p.plan.chosen.mitigation.value for p in plans}
-    return replace(base, moved=dict(moved), disabled=disabled, mitigation=mitigation)
+    told = [p for p in plans if p.comm_id != IMPLICIT_COMM]
+    return replace(
+        base,
+        moved=dict(moved),
+        disabled=disabled,
+        mitigation=mitigation,
+        weights={p.comm_id: p.weights for p in told if p.weights},
+        split={p.comm_id: p.split_ratio for p in told if p.weights and p.split_ratio},
+        transit={p.comm_id: dict(p.transit) for p in told if p.transit},
+    )
 
 
 def _describe(
@@ -709,6 +838,9 @@ def _describe(
                 "why": p.plan.reason,
                 # A communicator the job did not register is planned, but not told.
                 "disabled_channels": list(p.disabled_channels),
+                "channel_weights": list(p.weights),
+                "allreduce_split": p.split_ratio if p.weights else None,
+                "transit": [{"rank": r, "gpu": g} for r, g in sorted(p.transit.items())],
                 "options": [
                     {
                         "mitigation": o.mitigation.value,
@@ -733,6 +865,8 @@ class IntentKind(enum.StrEnum):
     REBALANCE = "rebalance"
     FAILBACK = "failback"
     ABORT = "abort"
+    BALANCE = "balance"
+    NVL_TRANSIT = "nvl_transit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,10 +877,16 @@ class Intent:
     comm_id: int
     ranks: tuple[int, ...]
     disabled_channels: tuple[int, ...] = ()
+    # BALANCE: each channel's share and the allreduce hand-off (disabled_channels is the
+    # DCR plan a CCL without weights runs instead).
+    weights: tuple[float, ...] = ()
+    split_ratio: float = 0.0
+    # NVL_TRANSIT: (rank, transit GPU) for each of `ranks`.
+    transit: tuple[tuple[int, int], ...] = ()
 
     @property
     def coordinated(self) -> bool:
-        return self.kind in (IntentKind.REBALANCE, IntentKind.FAILBACK)
+        return self.kind in (IntentKind.REBALANCE, IntentKind.FAILBACK, IntentKind.BALANCE)
 
 
 def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[Intent]:
@@ -755,7 +895,9 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
     Aborting covers everything; otherwise ranks newly off their primary are told to
     move at once (s-Bond needs no agreement), and each communicator whose channel plan
     changes, or that has ranks returning to their primary, gets one switch point for all
-    its ranks, carrying the channels that stay disabled.
+    its ranks, carrying the channels that stay disabled: a BALANCE with the channel
+    weights and allreduce split when balance is the plan, else a REBALANCE. Ranks given
+    a new transit GPU are told at once (NVL_TRANSIT: a rank's own path, no agreement).
     """
     all_ranks = tuple(r for r, _, _ in job.ranks)
     comms = [(c.comm_id, c.ranks or all_ranks) for c in comms_of(job)]
@@ -779,10 +921,39 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
             if returning:
                 intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
             continue
+        weights = tuple(desired.weights.get(cid, ()))
+        split = desired.split.get(cid, 0.0)
+        plan_changed = was != now or (
+            weights,
+            split,
+        ) != (tuple(commanded.weights.get(cid, ())), commanded.split.get(cid, 0.0))
         if returning:
             intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
-        elif was != now:
+        elif plan_changed and weights:
+            intents.append(
+                Intent(
+                    IntentKind.BALANCE,
+                    cid,
+                    tuple(sorted(members)),
+                    now,
+                    weights=weights,
+                    split_ratio=split,
+                )
+            )
+        elif plan_changed:
             intents.append(Intent(IntentKind.REBALANCE, cid, tuple(sorted(members)), now))
+        transit = dict(desired.transit.get(cid, {}))
+        told = dict(commanded.transit.get(cid, {}))
+        changed = {r: g for r, g in transit.items() if r in members and told.get(r) != g}
+        if changed:
+            intents.append(
+                Intent(
+                    IntentKind.NVL_TRANSIT,
+                    cid,
+                    tuple(sorted(changed)),
+                    transit=tuple(sorted(changed.items())),
+                )
+            )
     return intents
 
 

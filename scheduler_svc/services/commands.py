@@ -3,8 +3,8 @@
 Every change of a command's state goes through `transition`, which stamps it and
 writes the io.railover.command.<state> outbox event in the same transaction.
 `issue` turns the engine's intents (engine.reconcile.command_diff) into rows:
-failovers at once, channel changes and fail-backs at one switch point per
-communicator, aborts to every node.
+failovers and NVL transits at once, channel changes (DCR, balance with its
+weights) and fail-backs at one switch point per communicator, aborts to every node.
 """
 
 from __future__ import annotations
@@ -85,11 +85,14 @@ def issue(
                 rank_nodes=rank_nodes,
                 kind=CommandKind(intent.kind.value),
                 disabled_channels=list(intent.disabled_channels),
+                channel_weights=list(intent.weights),
+                split_ratio=intent.split_ratio if intent.weights else None,
                 decision_id=decision_id,
                 now=now,
                 settings=settings,
             )
             continue
+        transit = dict(intent.transit)
         by_node: dict[str, list[int]] = {}
         for r in intent.ranks:
             if r in rank_nodes:
@@ -104,6 +107,9 @@ def issue(
                 comm_id=intent.comm_id,
                 ranks=sorted(ranks),
                 disabled_channels=[],
+                # NVL_TRANSIT: each node is told its own ranks' transit GPUs.
+                transit=[[r, transit[r]] for r in sorted(ranks) if r in transit],
+                transit_mb_per_channel=transit_mb(settings) if transit else None,
                 created_at=now,
                 ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
             )
@@ -116,6 +122,11 @@ def issue(
     return made
 
 
+def transit_mb(settings: Settings) -> int:
+    """MB a transit GPU gives one channel: the service's per-channel cost, whole MB."""
+    return max(1, int(settings.nvl_mb_per_channel))
+
+
 def switch_point(
     session: Session,
     job: m.Job,
@@ -126,6 +137,8 @@ def switch_point(
     kind: CommandKind,
     disabled_channels: list[int],
     decision_id: str | None,
+    channel_weights: list[float] | None = None,
+    split_ratio: float | None = None,
     now: datetime,
     settings: Settings,
     passed_ops: int = 0,
@@ -174,6 +187,8 @@ def switch_point(
             comm_id=comm_id,
             ops_done=point.ops_done,
             disabled_channels=disabled_channels,
+            channel_weights=list(channel_weights or []),
+            split_ratio=split_ratio,
             ranks=sorted(rs),
             created_at=now,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
@@ -237,6 +252,8 @@ def retrigger(
         rank_nodes=rank_nodes,
         kind=CommandKind(cmd.kind),
         disabled_channels=list(cmd.disabled_channels),
+        channel_weights=list(cmd.channel_weights),
+        split_ratio=cmd.split_ratio,
         decision_id=cmd.decision_id,
         now=now,
         settings=settings,
@@ -260,6 +277,10 @@ def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Set
             comm_id=cmd.comm_id,
             ops_done=cmd.ops_done,
             disabled_channels=list(cmd.disabled_channels),
+            channel_weights=list(cmd.channel_weights),
+            split_ratio=cmd.split_ratio,
+            transit=[list(t) for t in cmd.transit],
+            transit_mb_per_channel=cmd.transit_mb_per_channel,
             ranks=list(cmd.ranks),
             created_at=now,
             attempt=cmd.attempt + 1,

@@ -70,6 +70,7 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
+        nvl_cap_mb=job.nvl_cap_mb,
         repair_estimate_s=job.repair_estimate_s,
         failed_over_at=job.failed_over_at,
         restart_decided_at=job.restart_decided_at,

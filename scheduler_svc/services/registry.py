@@ -179,6 +179,7 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         allow_scaling=body.allow_scaling,
         spare_nodes=body.spare_nodes,
         node_replace_s=body.node_replace_s,
+        nvl_cap_mb=body.nvl_cap_mb,
         notify_url=None if body.notify_url is None else str(body.notify_url),
         mode=JobMode.NORMAL.value,
         decision_count=0,

@@ -36,10 +36,12 @@ class CommandKind(enum.StrEnum):
     REBALANCE = "rebalance"
     FAILBACK = "failback"
     ABORT = "abort"
+    BALANCE = "balance"  # R²CCL balance: channel weights and allreduce split
+    NVL_TRANSIT = "nvl_transit"  # ranks send through a peer GPU over NVLink
 
 
 # Kinds whose commands carry a switch point all ranks of a communicator apply together.
-SWITCH_KINDS = (CommandKind.REBALANCE, CommandKind.FAILBACK)
+SWITCH_KINDS = (CommandKind.REBALANCE, CommandKind.FAILBACK, CommandKind.BALANCE)
 
 
 class CommandState(enum.StrEnum):
@@ -205,6 +207,8 @@ class Job(Base):
     allow_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
     spare_nodes: Mapped[bool] = mapped_column(Boolean, default=True)
     node_replace_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # GPU memory the job gives NVL transit on one GPU, MB; null: the service's setting.
+    nvl_cap_mb: Mapped[float | None] = mapped_column(Float)
     notify_url: Mapped[str | None] = mapped_column(String(2048))
     mode: Mapped[str] = mapped_column(String(16), default="normal")
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -357,6 +361,12 @@ class Command(Base):
     comm_id: Mapped[int] = mapped_column(UInt64, default=0)
     ops_done: Mapped[int] = mapped_column(BigInteger, default=0)
     disabled_channels: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # BALANCE: each channel's share of the traffic, and the allreduce hand-off.
+    channel_weights: Mapped[list[float]] = mapped_column(JSON, default=list)
+    split_ratio: Mapped[float | None] = mapped_column(Float)
+    # NVL_TRANSIT: [rank, transit GPU] for this node's ranks, and the MB per channel.
+    transit: Mapped[list[list[int]]] = mapped_column(JSON, default=list)
+    transit_mb_per_channel: Mapped[int | None] = mapped_column(Integer)
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
     state: Mapped[str] = mapped_column(String(16), default="issued")
     created_at: Mapped[datetime]

@@ -389,7 +389,85 @@ def test_stale_socket_is_replaced_but_a_live_one_is_not(
         a.stop()
 
 
-@pytest.mark.parametrize("kind", ["rebalance", "failback", "abort", "failover"])
+def test_balance_goes_with_its_weights_to_abi2_and_as_a_rebalance_to_abi1(
+    running: AgentThread, standin: StandInService
+) -> None:
+    new = _connect(running)
+    old = _connect(running)
+    new.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=0)))
+    old.sendall(wire.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=1)))
+    hub = running.agent.hub
+    assert hub is not None
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 2)
+    weights = [0.125, 0.125, 0.25, 0.5]
+    standin.add_command(
+        {
+            "command_id": 41,
+            "job_id": "j1",
+            "kind": "balance",
+            "epoch": 3,
+            "comm_id": 123,
+            "ops_done": 700,
+            "disabled_channels": [0],
+            "channel_weights": weights,
+            "split_ratio": 0.0625,
+            "ranks": [0, 1],
+        }
+    )
+    command = wire.Command(
+        command_id=41, comm_id=123, ops_done=700, disabled_channels=0b1, kind=6, epoch=3
+    )
+    assert _recv_messages(new, 2) == [command, wire.CommandWeights.of(41, weights, 0.0625)]
+    # ABI 1 would drop the connection on frame 19: it gets the DCR plan it can run.
+    assert _recv_messages(old, 1) == [wire.Command(
+        command_id=41, comm_id=123, ops_done=700, disabled_channels=0b1, kind=1, epoch=3
+    )]  # fmt: skip
+    assert standin.wait_for(lambda st: any(b["status"] == "delivered" for _, b in st.acks))
+    new.close()
+    old.close()
+
+
+def test_nvl_transit_reaches_abi2_and_fails_where_only_abi1_listens(
+    running: AgentThread, standin: StandInService
+) -> None:
+    s = _connect(running)
+    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=4)))
+    hub = running.agent.hub
+    assert hub is not None
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
+    transit = {
+        "job_id": "j1",
+        "kind": "nvl_transit",
+        "epoch": 1,
+        "comm_id": 123,
+        "ops_done": 0,
+        "disabled_channels": [],
+        "transit": [[4, 6]],
+        "transit_mb_per_channel": 40,
+        "ranks": [4],
+    }
+    standin.add_command({"command_id": 51, **transit})
+    assert _recv_messages(s, 2) == [
+        wire.Command(command_id=51, comm_id=123, ops_done=0, disabled_channels=0, kind=7, epoch=1),
+        wire.CommandTransit.of(51, {4: 6}, 40),
+    ]
+    s.close()
+    old = _connect(running)
+    old.sendall(wire.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=4)))
+    assert wait_until(lambda: [c.abi_version for c in hub.clients if c.hello] == [1])
+    standin.add_command({"command_id": 52, **transit})
+    assert standin.wait_for(
+        lambda st: any(cid == 52 and b["status"] == "failed" for cid, b in st.acks)
+    )
+    ((_, body),) = [(cid, b) for cid, b in standin.state.acks if cid == 52]
+    assert "predate ABI 2" in body["detail"]
+    old.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        old.recv(1)
+    old.close()
+
+
+@pytest.mark.parametrize("kind", ["rebalance", "failback", "abort", "failover", "balance"])
 def test_every_service_command_kind_has_a_frame(kind: str) -> None:
     frame = to_wire_command(
         {

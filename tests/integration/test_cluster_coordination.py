@@ -179,8 +179,8 @@ def failover_decision(cluster: Cluster) -> dict[str, Any]:
 
 
 def newest(cluster: Cluster, epoch: int) -> list[dict[str, Any]]:
-    """The rebalance commands of one epoch."""
-    return [c for c in cluster.commands("rebalance") if c["epoch"] == epoch]
+    """The switch-point commands (R²CCL balance here) of one epoch."""
+    return [c for c in cluster.commands("balance") if c["epoch"] == epoch]
 
 
 def all_applied(job: SimulatedJob, count: int = 1) -> Callable[[], bool]:
@@ -235,12 +235,13 @@ def test_rnic_failure_every_rank_switches_at_the_same_op(cluster: Cluster) -> No
     assert {(c["ops_done"], tuple(c["disabled_channels"])) for c in final} == {
         (plan.op, plan.disabled_channels)
     }
-    older = [c for c in cluster.commands("rebalance") if c["epoch"] < plan.epoch]
+    older = [c for c in cluster.commands("balance") if c["epoch"] < plan.epoch]
     assert {c["state"] for c in older} <= {"superseded", "failed"}
-    assert plan.kind == CommandKind.REBALANCE
+    assert plan.kind == CommandKind.BALANCE
     assert plan.op > ops_at_fault
     assert list(plan.disabled_channels) == decision["plan"]["communicators"][0]["disabled_channels"]
-    assert plan.disabled_channels  # DCR turned some channels off
+    assert plan.disabled_channels  # the DCR equivalent an ABI 1 CCL would run
+    assert plan.weights and len(plan.weights) == CHANNELS  # what this one runs
     # Each rank acked exactly its own node's command, once, applied.
     by_node = {c["node"]: c["command_id"] for c in final}
     for rank, lg in job.logs().items():
@@ -264,7 +265,7 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
             lambda: (
                 sorted(
                     c["node"]
-                    for c in cluster.commands("rebalance")
+                    for c in cluster.commands("balance")
                     if c["state"] == "applied" and c["epoch"] >= 2
                 )
                 == list(NODES)
@@ -278,7 +279,7 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
     applied = job.applied()
     assert_no_divergence(applied)
     (plan,) = applied[slow]
-    rebalance = cluster.commands("rebalance")
+    rebalance = cluster.commands("balance")
     first = [c for c in rebalance if c["epoch"] == 1]
     final = [c for c in rebalance if c["epoch"] == plan.epoch]
     # Usually epoch 2; on a loaded machine the re-trigger itself may come too late

@@ -20,6 +20,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "railover_switch_vote_t": binding._Vote,
     "railover_agreement_t": binding._Agreement,
     "railoverPlugin_v1_t": binding._PluginV1,
+    "railover_command_v2_t": binding._CommandV2,
+    "railoverPlugin_v2_t": binding._PluginV2,
 }
 
 

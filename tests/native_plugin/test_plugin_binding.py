@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -14,6 +16,7 @@ from native_plugin import wire
 from native_plugin.binding import (
     AgreeAction,
     AgreeOutcome,
+    CclCommand,
     Plugin,
     PluginError,
     PluginLibraryNotFoundError,
@@ -83,7 +86,7 @@ def test_socket_path_from_environment(
         wait_until(lambda: plugin.stats().connected == 1)
         wait_until(lambda: len(agent.hellos) == 1)
     hello = agent.hellos[0]
-    assert (hello.rank, hello.comm_id, hello.abi_version) == (5, 9, 1)
+    assert (hello.rank, hello.comm_id, hello.abi_version) == (5, 9, 2)
 
 
 def test_calls_after_finalize_raise(plugin_lib: Path, agent_path: Path) -> None:
@@ -191,6 +194,71 @@ def test_command_reaches_poll_and_ack_reaches_agent(plugin_lib: Path, agent: Fak
         )
         s = plugin.stats()
         assert (s.commands_received, s.acks_sent) == (1, 2)
+
+
+def _poll_v2(plugin: Plugin) -> CclCommand:
+    got: list[CclCommand] = []
+
+    def polled() -> bool:
+        c = plugin.poll_command_v2()
+        if c is not None:
+            got.append(c)
+        return bool(got)
+
+    wait_until(polled)
+    return got[0]
+
+
+def test_balance_and_transit_reach_poll_command_v2(plugin_lib: Path, agent: FakeAgent) -> None:
+    weights = (0.0, 0.25, 0.375, 0.375)
+    balance = wire.Command(command_id=50, comm_id=7, ops_done=900, disabled_channels=0b1,
+                           kind=wire.CommandKind.BALANCE, epoch=4)  # fmt: skip
+    nvl = wire.Command(command_id=51, comm_id=7, ops_done=0, disabled_channels=0,
+                       kind=wire.CommandKind.NVL_TRANSIT, epoch=4)  # fmt: skip
+    with Plugin(socket_path=agent.path, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        agent.send(wire.encode(balance) + wire.encode(wire.CommandWeights.of(50, weights, 0.125)))
+        assert _poll_v2(plugin) == CclCommand(
+            command_id=50, comm_id=7, ops_done=900, disabled_channels=0b1,
+            kind=wire.CommandKind.BALANCE, epoch=4, split_ratio=0.125, weights=weights,
+        )  # fmt: skip
+        agent.send(wire.encode(nvl) + wire.encode(wire.CommandTransit.of(51, {6: 1, 2: 3}, 40)))
+        assert _poll_v2(plugin) == CclCommand(
+            command_id=51, comm_id=7, ops_done=0, disabled_channels=0,
+            kind=wire.CommandKind.NVL_TRANSIT, epoch=4, mb_per_channel=40,
+            transit=((2, 3), (6, 1)),
+        )  # fmt: skip
+        # The ABI 1 call sees the balance as the DCR plan it carries.
+        agent.send(wire.encode(balance) + wire.encode(wire.CommandWeights.of(50, weights, 0.125)))
+        got: list[wire.Command] = []
+
+        def polled_v1() -> bool:
+            c = plugin.poll_command()
+            if c is not None:
+                got.append(c)
+            return bool(got)
+
+        wait_until(polled_v1)
+        assert got == [replace(balance, kind=wire.CommandKind.REBALANCE)]
+        assert plugin.stats().commands_invalid == 0
+
+
+def test_bad_weights_are_answered_failed(plugin_lib: Path, agent: FakeAgent) -> None:
+    cmd = wire.Command(command_id=60, comm_id=7, ops_done=900, disabled_channels=0,
+                       kind=wire.CommandKind.BALANCE, epoch=1)  # fmt: skip
+    good = wire.encode(wire.CommandWeights.of(60, (0.5, 0.5), 0.0))
+    # NaN in weight 1, by hand: the encoder refuses to write one.
+    nan = good[: 16 + 16 + 4] + struct.pack("<f", float("nan")) + good[16 + 16 + 8 :]
+    with Plugin(socket_path=agent.path, **FAST) as plugin:
+        wait_until(lambda: plugin.stats().connected == 1)
+        agent.send(wire.encode(cmd) + nan)
+        wait_until(lambda: len(agent.acks) == 1)
+        assert agent.acks[0] == wire.Ack(
+            command_id=60, status=wire.AckStatus.FAILED, pid=os.getpid()
+        )
+        s = plugin.stats()
+        assert (s.commands_invalid, s.connected, s.malformed_received) == (1, 1, 0)
+        assert plugin.poll_command_v2() is None
 
 
 def test_unknown_command_kind_is_refused_by_the_plugin(plugin_lib: Path, agent: FakeAgent) -> None:

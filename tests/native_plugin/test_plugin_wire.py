@@ -34,6 +34,11 @@ MESSAGES: st.SearchStrategy[wire.Message] = st.one_of(
               disabled_channels=U64, kind=U32, epoch=U32),
     st.builds(wire.Ack, command_id=U64, status=I32, pid=U32),
     st.builds(wire.AckAt, command_id=U64, status=I32, pid=U32, ops_done=U64),
+    # Weights that binary32 holds exactly, so a decoded frame equals the message.
+    st.builds(wire.CommandWeights.of, U64,
+              st.lists(st.integers(0, 2**20).map(lambda n: n / 2**20), max_size=64),
+              st.integers(0, 2**20 - 1).map(lambda n: n / 2**20)),
+    st.builds(wire.CommandTransit.of, U64, st.dictionaries(U32, U32, max_size=16), U32),
 )  # fmt: skip
 
 MAX_FRAME = wire.HEADER_SIZE + wire.MAX_PAYLOAD
@@ -62,6 +67,19 @@ def test_known_bytes() -> None:
     assert frame == (
         bytes.fromhex("524c5652010012001800000000000000") + struct.pack("<QiIQ", 7, -3, 42, 1017)
     )
+
+
+def test_extension_frames_refuse_what_does_not_fit() -> None:
+    with pytest.raises(wire.WireError, match="at most 64"):
+        wire.CommandWeights.of(1, [0.5] * 65, 0.0)
+    with pytest.raises(wire.WireError, match="at most 16"):
+        wire.CommandTransit.of(1, dict.fromkeys(range(17), 0), 40)
+    with pytest.raises(wire.WireError, match="finite binary32"):
+        wire.encode(wire.CommandWeights.of(1, [float("nan")], 0.0))
+    with pytest.raises(wire.WireError, match="finite binary32"):
+        wire.encode(wire.CommandWeights.of(1, [1.0], float("inf")))
+    with pytest.raises(wire.WireError, match="not an integer"):
+        wire.encode(wire.CommandTransit.of(1, {0: -1}, 40))
 
 
 @pytest.mark.parametrize(

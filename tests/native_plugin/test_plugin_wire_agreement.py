@@ -29,6 +29,8 @@ C_STRUCTS = {
     wire.MsgType.COMMAND: "railover_wire_command",
     wire.MsgType.ACK: "railover_wire_ack",
     wire.MsgType.ACK_AT: "railover_wire_ack_at",
+    wire.MsgType.COMMAND_WEIGHTS: "railover_wire_command_weights",
+    wire.MsgType.COMMAND_TRANSIT: "railover_wire_command_transit",
 }
 
 C_CONSTANTS = {
@@ -44,9 +46,18 @@ C_CONSTANTS = {
     **{f"RAILOVER_CMD_{k.name}": k.value for k in wire.CommandKind},
     **{f"RAILOVER_SWITCH_{r.name}": r.value for r in wire.SwitchReason},
     **{f"RAILOVER_ACK_{s.name}": s.value for s in wire.AckStatus},
+    "RAILOVER_WIRE_MAX_CHANNELS": wire.MAX_CHANNELS,
+    "RAILOVER_WIRE_MAX_TRANSIT": wire.MAX_TRANSIT,
+    # The ring carries plugin -> agent frames only; the agent's frames have their own bound.
     "RAILOVER_WIRE_LARGEST_V1_PAYLOAD": max(
         struct.calcsize("<" + "".join(c for _, c in layout))
-        for layout in wire.PAYLOAD_LAYOUT.values()
+        for t, layout in wire.PAYLOAD_LAYOUT.items()
+        if t not in wire.TO_PLUGIN
+    ),
+    "RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD": max(
+        struct.calcsize("<" + "".join(c for _, c in layout))
+        for t, layout in wire.PAYLOAD_LAYOUT.items()
+        if t in wire.TO_PLUGIN
     ),
 }
 
@@ -105,3 +116,72 @@ def test_header_matches_python(compiler: list[str], tmp_path: Path) -> None:
 
 def test_every_message_type_has_a_layout_and_class() -> None:
     assert set(wire.PAYLOAD_LAYOUT) == set(wire.MsgType) == set(C_STRUCTS)
+
+
+def test_largest_payload_constants() -> None:
+    assert (wire.LARGEST_REPORT_PAYLOAD, wire.LARGEST_COMMAND_PAYLOAD) == (160, 272)
+    assert wire.LARGEST_COMMAND_PAYLOAD <= wire.MAX_PAYLOAD
+
+
+# The extension frames filled in C, field by field, and printed as bytes: the Python
+# encoder must write exactly those bytes (header included).
+C_BYTES = r"""
+#include <stdio.h>
+#include <string.h>
+#include "railover_wire.h"
+static void dump(unsigned type, const void* p, unsigned n) {
+  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION, (uint16_t)type, n, 0};
+  const unsigned char* b = (const unsigned char*)&h;
+  for (unsigned i = 0; i < sizeof(h); i++) printf("%02x", b[i]);
+  b = (const unsigned char*)p;
+  for (unsigned i = 0; i < n; i++) printf("%02x", b[i]);
+  printf("\n");
+}
+int main(void) {
+  railover_wire_command c;
+  memset(&c, 0, sizeof(c));
+  c.command_id = 41; c.comm_id = 0xABCDEF0123456789ull; c.ops_done = 1200;
+  c.disabled_channels = 0x11; c.kind = RAILOVER_CMD_BALANCE; c.epoch = 9;
+  dump(RAILOVER_MSG_COMMAND, &c, sizeof(c));
+  railover_wire_command_weights w;
+  memset(&w, 0, sizeof(w));
+  w.command_id = 41; w.n_channels = 8; w.split_ratio = 0.125f;
+  const float ws[8] = {0.0625f, 0.125f, 0.125f, 0.125f, 0.0625f, 0.125f, 0.125f, 0.25f};
+  memcpy(w.weights, ws, sizeof(ws));
+  dump(RAILOVER_MSG_COMMAND_WEIGHTS, &w, sizeof(w));
+  railover_wire_command_transit t;
+  memset(&t, 0, sizeof(t));
+  t.command_id = 42; t.n_ranks = 2; t.mb_per_channel = 40;
+  t.ranks[0] = 3; t.transit_gpus[0] = 2; t.ranks[1] = 11; t.transit_gpus[1] = 7;
+  dump(RAILOVER_MSG_COMMAND_TRANSIT, &t, sizeof(t));
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_extension_frames_byte_for_byte(compiler: list[str], tmp_path: Path) -> None:
+    need_tool(compiler[0])
+    src = tmp_path / "bytes.c"
+    src.write_text(C_BYTES)
+    exe = tmp_path / "bytes"
+    subprocess.run(
+        [*compiler, "-Wall", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    command, weights, transit = (bytes.fromhex(line) for line in printed.split())
+    ws = (0.0625, 0.125, 0.125, 0.125, 0.0625, 0.125, 0.125, 0.25)
+    assert command == wire.encode(
+        wire.Command(command_id=41, comm_id=0xABCDEF0123456789, ops_done=1200,
+                     disabled_channels=0x11, kind=wire.CommandKind.BALANCE, epoch=9)
+    )  # fmt: skip
+    assert weights == wire.encode(wire.CommandWeights.of(41, ws, 0.125))
+    assert len(weights) == 16 + 272
+    assert transit == wire.encode(wire.CommandTransit.of(42, {11: 7, 3: 2}, 40))
+    assert len(transit) == 16 + 144
+    decoded = wire.decode_frame(weights)
+    assert isinstance(decoded, wire.CommandWeights)
+    assert (decoded.n_channels, decoded.split_ratio, decoded.used) == (8, 0.125, ws)

@@ -49,9 +49,7 @@ def test_concurrent_too_late_acks_retrigger_once_without_errors(db_url: str) -> 
         for batch in (progress, [fault]):
             assert http.post("/v1/events", json={"events": batch}).status_code == 202
         first = [
-            c
-            for c in http.get("/v1/jobs/j/commands").json()["commands"]
-            if c["kind"] == "rebalance"
+            c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "balance"
         ]
         assert sorted(c["node"] for c in first) == NODES
 
@@ -68,9 +66,7 @@ def test_concurrent_too_late_acks_retrigger_once_without_errors(db_url: str) -> 
         assert codes == [200] * 32
 
         after = [
-            c
-            for c in http.get("/v1/jobs/j/commands").json()["commands"]
-            if c["kind"] == "rebalance"
+            c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "balance"
         ]
         assert {c["state"] for c in after if c["epoch"] == 1} <= {"failed", "superseded"}
         second = [c for c in after if c["epoch"] == 2]

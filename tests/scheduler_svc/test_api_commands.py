@@ -28,16 +28,20 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
     http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
     waiter.join(timeout=30)
     cmds = got["body"]["commands"]  # type: ignore[index]
-    assert [c["kind"] for c in cmds] == ["failover", "rebalance"]
+    assert [c["kind"] for c in cmds] == ["failover", "balance"]
     cmd = cmds[0]
     assert (cmd["kind"], cmd["ranks"], cmd["state"]) == ("failover", [14], "delivered")
     # The channels that left through the lost rail are disabled at one op count everywhere.
     rebalance = cmds[1]
     assert rebalance["ranks"] == list(range(8, 16))
     assert rebalance["disabled_channels"] == [6]
+    # R²CCL balance: channel 6 leaves through mlx5_6's backup, mlx5_7, with channel 7;
+    # each of the 7 RNICs left carries a seventh, split among its channels.
+    assert rebalance["channel_weights"] == [1 / 7] * 6 + [1 / 14] * 2
+    assert rebalance["split_ratio"] == (1 - 7 / 8) / (1 + 7 / 8)
     assert rebalance["ops_done"] == 20  # no progress reported yet: the minimum offset
     on_n0 = http.get("/v1/nodes/n0/commands").json()["commands"]
-    assert [(c["kind"], c["ops_done"], c["epoch"]) for c in on_n0] == [("rebalance", 20, 1)]
+    assert [(c["kind"], c["ops_done"], c["epoch"]) for c in on_n0] == [("balance", 20, 1)]
 
     # Handed out once; an agent that restarts asks for the unacknowledged ones again.
     assert http.get("/v1/nodes/n1/commands").json() == {"commands": []}
@@ -52,7 +56,7 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
     )
     assert r.status_code == 200 and r.json()["state"] == "applied"
     unacked = http.get("/v1/nodes/n1/commands", params={"include_unacked": "true"}).json()
-    assert [c["kind"] for c in unacked["commands"]] == ["rebalance"]
+    assert [c["kind"] for c in unacked["commands"]] == ["balance"]
 
     bad = http.post(
         f"/v1/commands/{cmd['command_id']}/acks", json={"node": "n0", "status": "applied"}

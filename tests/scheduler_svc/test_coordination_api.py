@@ -220,9 +220,7 @@ def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.C
             ],
         )
     post(http, ev("n0", "port_down", clock()))
-    cmds = [
-        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "rebalance"
-    ]
+    cmds = [c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "balance"]
     # 100 ops/s x 0.5 s delivery x safety 2 = 100 ops past the highest count, 1100.
     first = cmds[0]["ops_done"]
     assert first == 1200
@@ -237,7 +235,7 @@ def test_too_late_rank_gets_a_new_epoch_once(make_service: Callable[..., httpx.C
     again = {"node": "n0", "rank": 2, "status": "too_late", "ops_done": first + 1}
     http.post(f"/v1/commands/{cmds[0]['command_id']}/acks", json=again)
     after = [
-        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "rebalance"
+        c for c in http.get("/v1/jobs/j/commands").json()["commands"] if c["kind"] == "balance"
     ]
     epochs = sorted({(c["epoch"], c["state"]) for c in after if c["state"] != "failed"})
     assert epochs == [(1, "superseded"), (2, "issued")]

@@ -383,7 +383,7 @@ def test_a_flap_during_a_switch_point_sends_the_newest_plan_only() -> None:
     s = Story(["n0", "n1"])
     s.faults[1] = down(1, "n0", "mlx5_3", 3000)
     s.step(3000)
-    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "rebalance"]
+    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "balance"]
     # Before the rebalance's switch point the port is back, and after damping it fails
     # back: the communicator is told the channel plan it should have now, not the old one.
     s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3000.5))
@@ -393,7 +393,7 @@ def test_a_flap_during_a_switch_point_sends_the_newest_plan_only() -> None:
     s.faults[2] = down(2, "n0", "mlx5_3", 3130)
     out = s.step(3130)
     assert out.decision is not None and out.decision.trigger == "fault:2"
-    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "rebalance"]
+    assert [k for k, _, _ in kinds(s.intents[-1])] == ["failover", "balance"]
 
 
 def test_a_fault_during_a_failback_fails_over_what_broke_and_returns_what_healed() -> None:
@@ -580,4 +580,4 @@ def test_dcr_or_balance_disables_the_lost_rails_channels_for_the_whole_communica
     comm = out.decision.plan["communicators"][0]
     assert comm["mitigation"] in ("dcr", "balance")
     assert comm["disabled_channels"] == [3, 11]
-    assert ("rebalance", tuple(range(16)), (3, 11)) in kinds(s.intents[-1])
+    assert ("balance", tuple(range(16)), (3, 11)) in kinds(s.intents[-1])

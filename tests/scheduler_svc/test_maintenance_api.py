@@ -129,7 +129,7 @@ def test_switch_maintenance_moves_every_rank_before_it_starts_and_fails_back_aft
         assert paths["failed_over_ranks"] == [3, 11]
         assert {paths["ranks"][r]["active"] for r in (3, 11)} == {"mlx5_2/1"}
         # One switch point for the communicator, told to all 16 ranks.
-        switch_points = commands(http, job, "rebalance")
+        switch_points = commands(http, job, "balance")
         assert {c["comm_id"] for c in switch_points} == {comm}
         assert len({(c["ops_done"], c["epoch"]) for c in switch_points}) == 1
         assert sorted(r for c in switch_points for r in c["ranks"]) == list(range(16))
