@@ -44,6 +44,7 @@ Id64 = Annotated[int, Field(ge=1, le=JSON_INT_MAX)]
 # names nothing, and PostgreSQL would refuse to compare it.
 RowId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 RANK_MAX = 131071
+RAIL_MAX = 1023
 RankNo = Annotated[int, Field(strict=True, ge=0, le=RANK_MAX), BeforeValidator(whole_number)]
 GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
 Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]
@@ -162,7 +163,7 @@ class RnicIn(Strict):
         default=None, description="Fabric switch this port is cabled to; null = not GPU fabric"
     )
     rail: (
-        Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)] | None
+        Annotated[int, Field(strict=True, ge=0, le=RAIL_MAX), BeforeValidator(whole_number)] | None
     ) = None
     state: Annotated[Label, Field(max_length=32)] = "ACTIVE"
 
@@ -1053,10 +1054,43 @@ class JobStatusOut(BaseModel):
     latest_decision: DecisionBriefOut | None
 
 
+class PortCountsOut(BaseModel):
+    ports: int = Field(description="GPU-fabric RNIC ports")
+    ok: int
+    down: int = Field(description="Not ACTIVE, no fault open")
+    fault: int = Field(description="A fault is open")
+
+
+class RailSummaryOut(PortCountsOut):
+    rail: int
+    switches: int = Field(description="Fabric switches with a port on this rail")
+
+
+class SwitchSummaryOut(PortCountsOut):
+    switch: str
+    rails: list[int]
+    nodes: int = Field(description="Nodes with a port cabled to this switch")
+
+
+StatusHealth = Literal["all", "unhealthy"]
+
+
 class StatusOut(BaseModel):
     generated_at: datetime
     rails: list[int] = Field(description="Every rail number seen on a registered node")
-    nodes: list[NodeStatusOut]
+    by_rail: list[RailSummaryOut] = Field(description="Every rail's ports, counted by health")
+    switches: list[SwitchSummaryOut] = Field(
+        description="Switches with a port not ok, most such ports first (at most 1,000)"
+    )
+    switches_total: int = Field(description="Every switch a registered port is cabled to")
+    nodes_registered: int
+    nodes_total: int = Field(description="Nodes that match the query (rail, switch, health)")
+    nodes: list[NodeStatusOut] = Field(
+        description="A page of the matching nodes, by name, with the matching ports only"
+    )
+    next_after_node: str | None = Field(
+        description="Pass as after_node for the next page; null on the last page"
+    )
     open_faults: list[FaultOut]
     jobs: list[JobStatusOut]
     decisions_by_action: dict[str, int]

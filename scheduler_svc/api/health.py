@@ -47,7 +47,7 @@ def _refresh_gauges(request: Request) -> None:
     """Gauges of stored state are read at scrape time, so every replica reports the truth."""
     try:
         with request.app.state.read_sessionmaker() as session:
-            status.refresh_metrics(status.build_status(session, datetime.now(UTC)))
+            status.refresh_metrics(*status.snapshot(session, datetime.now(UTC)))
             session.rollback()
     except Exception:  # noqa: S110  a scrape must not fail because the store is down
         pass

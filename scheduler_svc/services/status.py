@@ -7,10 +7,14 @@ never disagree about which ports are broken or which jobs run failed over.
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from prometheus_client import Gauge
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
@@ -22,7 +26,10 @@ from scheduler_svc.schemas import (
     JobStatusOut,
     NodeStatusOut,
     RailCellOut,
+    RailSummaryOut,
+    StatusHealth,
     StatusOut,
+    SwitchSummaryOut,
 )
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode
@@ -31,7 +38,6 @@ from scheduler_svc.store.repositories import (
     DecisionRepo,
     FaultRepo,
     JobRepo,
-    NodeRepo,
 )
 
 # Far above any real number of open faults; the bound keeps one scrape cheap if it ever is not.
@@ -55,37 +61,158 @@ def _brief(d: m.Decision) -> DecisionBriefOut:
     )
 
 
-def _cells(node: m.Node, faults: dict[tuple[str, str, int], m.Fault]) -> list[RailCellOut]:
-    cells = []
-    for r in node.rnics:
-        if r.rail is None:  # storage and management NICs carry no GPU traffic
-            continue
-        fault = faults.get((node.name, r.name, r.port)) or faults.get(
-            (node.name, r.name, WHOLE_DEVICE)
-        )
-        health = "fault" if fault is not None else "ok" if r.state == "ACTIVE" else "down"
-        cells.append(
-            RailCellOut(
-                rail=r.rail,
-                device=r.name,
-                port=r.port,
-                switch=r.switch,
-                state=r.state,
-                health=health,
-                fault_kind=None if fault is None else fault.kind,
-            )
-        )
-    return sorted(cells, key=lambda c: (c.rail, c.device, c.port))
+# A page of the node grid: 256 nodes of 8 rails is 2,048 cells.
+NODE_PAGE = 256
+NODE_PAGE_MAX = 2_000
+# Switches listed with a port not ok; the counts of all of them are in by_rail.
+MAX_SWITCHES = 1_000
 
 
-def build_status(session: Session, now: datetime) -> StatusOut:
-    """Read the snapshot; the caller's session is only read from."""
-    faults = FaultRepo(session).all(open_only=True, limit=MAX_OPEN_FAULTS)
+@dataclass(frozen=True)
+class StatusQuery:
+    """Which nodes the snapshot lists (the summaries always cover the whole fabric).
+
+    rail, switch: only the nodes with a port there, and only those ports of them;
+    health "unhealthy": only nodes with a port (among those) not ok; then a page of
+    `limit` nodes by name, after `after_node`.
+    """
+
+    rail: int | None = None
+    switch: str | None = None
+    health: StatusHealth = "all"
+    after_node: str | None = None
+    limit: int = NODE_PAGE
+
+    @property
+    def filtered(self) -> bool:
+        return self.rail is not None or self.switch is not None or self.health != "all"
+
+
+# The first page of every node, as the page at / shows it without parameters.
+FIRST_PAGE = StatusQuery()
+
+
+@dataclass(frozen=True)
+class PortHealth:
+    """One GPU-fabric RNIC port and what the store says of it."""
+
+    node: str
+    device: str
+    port: int
+    rail: int
+    switch: str | None
+    state: str
+    health: Literal["ok", "fault", "down"]
+    fault_kind: str | None
+
+    def cell(self) -> RailCellOut:
+        return RailCellOut(
+            rail=self.rail,
+            device=self.device,
+            port=self.port,
+            switch=self.switch,
+            state=self.state,
+            health=self.health,
+            fault_kind=self.fault_kind,
+        )
+
+
+def port_health(session: Session, faults: Iterable[m.Fault]) -> list[PortHealth]:
+    """Every GPU-fabric port (storage and management NICs carry no GPU traffic), by node,
+    rail, device and port; read as plain rows, since a fleet has 8 per node."""
     by_port = {(f.node, f.device, f.port): f for f in faults}
-    nodes = [
-        NodeStatusOut(name=n.name, updated_at=n.updated_at, rails=_cells(n, by_port))
-        for n in NodeRepo(session).all()
+    rows = session.execute(
+        select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.rail, m.Rnic.switch, m.Rnic.state)
+        .where(m.Rnic.rail.is_not(None))
+        .order_by(m.Rnic.node, m.Rnic.rail, m.Rnic.name, m.Rnic.port)
+    ).all()
+    out = []
+    for node, device, port, rail, switch, state in rows:
+        fault = by_port.get((node, device, port)) or by_port.get((node, device, WHOLE_DEVICE))
+        kind = None if fault is None else fault.kind
+        health: Literal["ok", "fault", "down"] = (
+            "fault" if fault is not None else "ok" if state == "ACTIVE" else "down"
+        )
+        out.append(PortHealth(node, device, port, rail, switch, state, health, kind))
+    return out
+
+
+def _counts(ports: Iterable[PortHealth]) -> dict[str, int]:
+    c = Counter(p.health for p in ports)
+    return {"ports": c.total(), "ok": c["ok"], "down": c["down"], "fault": c["fault"]}
+
+
+def _by_rail(ports: Sequence[PortHealth]) -> list[RailSummaryOut]:
+    rails: dict[int, list[PortHealth]] = defaultdict(list)
+    for p in ports:
+        rails[p.rail].append(p)
+    return [
+        RailSummaryOut(
+            rail=rail,
+            switches=len({p.switch for p in on if p.switch is not None}),
+            **_counts(on),
+        )
+        for rail, on in sorted(rails.items())
     ]
+
+
+def _switches(ports: Sequence[PortHealth]) -> tuple[list[SwitchSummaryOut], int]:
+    """The switches with a port not ok, worst first, and how many switches there are."""
+    switches: dict[str, list[PortHealth]] = defaultdict(list)
+    for p in ports:
+        if p.switch is not None:
+            switches[p.switch].append(p)
+    unhealthy = [
+        SwitchSummaryOut(
+            switch=name,
+            rails=sorted({p.rail for p in on}),
+            nodes=len({p.node for p in on}),
+            **_counts(on),
+        )
+        for name, on in switches.items()
+        if any(p.health != "ok" for p in on)
+    ]
+    unhealthy.sort(key=lambda sw: (-(sw.fault + sw.down), sw.switch))
+    return unhealthy[:MAX_SWITCHES], len(switches)
+
+
+def _node_page(
+    nodes: Sequence[tuple[str, datetime]], ports: Sequence[PortHealth], q: StatusQuery
+) -> tuple[list[NodeStatusOut], int, str | None]:
+    """(this page of matching nodes, how many match, the next page's after_node)."""
+    cells: dict[str, list[PortHealth]] = defaultdict(list)
+    for p in ports:
+        if (q.rail is None or p.rail == q.rail) and (q.switch is None or p.switch == q.switch):
+            cells[p.node].append(p)
+    page: list[NodeStatusOut] = []
+    total = 0
+    more = False
+    for name, updated_at in nodes:
+        mine = cells.get(name, [])
+        if (q.rail is not None or q.switch is not None) and not mine:
+            continue
+        if q.health == "unhealthy" and all(p.health == "ok" for p in mine):
+            continue
+        total += 1
+        if q.after_node is not None and name <= q.after_node:
+            continue
+        if len(page) == q.limit:
+            more = True
+            continue
+        page.append(NodeStatusOut(name=name, updated_at=updated_at, rails=[p.cell() for p in mine]))
+    return page, total, page[-1].name if more else None
+
+
+def snapshot(
+    session: Session, now: datetime, query: StatusQuery = FIRST_PAGE
+) -> tuple[StatusOut, list[PortHealth]]:
+    """The status and every port's health (the gauges need them all, the answer one page);
+    the caller's session is only read from."""
+    faults = FaultRepo(session).all(open_only=True, limit=MAX_OPEN_FAULTS)
+    ports = port_health(session, faults)
+    nodes = session.execute(select(m.Node.name, m.Node.updated_at).order_by(m.Node.name)).all()
+    page, matching, next_after = _node_page([(n, at) for n, at in nodes], ports, query)
+    switches, switches_total = _switches(ports)
     decisions = DecisionRepo(session)
     latest = decisions.latest_per_job()
     last_failover = decisions.latest_per_job(action="failover")
@@ -111,10 +238,16 @@ def build_status(session: Session, now: datetime) -> StatusOut:
         )
     saved = decisions.actions_and_saved()
     pending, oldest = CommandRepo(session).unacknowledged()
-    return StatusOut(
+    status = StatusOut(
         generated_at=now,
-        rails=sorted({c.rail for n in nodes for c in n.rails}),
-        nodes=nodes,
+        rails=sorted({p.rail for p in ports}),
+        by_rail=_by_rail(ports),
+        switches=switches,
+        switches_total=switches_total,
+        nodes_registered=len(nodes),
+        nodes_total=matching,
+        nodes=page,
+        next_after_node=next_after,
         open_faults=[fault_out(f) for f in faults],
         jobs=jobs,
         decisions_by_action=dict(Counter(action for action, _ in saved)),
@@ -122,6 +255,12 @@ def build_status(session: Session, now: datetime) -> StatusOut:
         commands_unacknowledged=pending,
         oldest_unacknowledged_at=oldest,
     )
+    return status, ports
+
+
+def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAGE) -> StatusOut:
+    """Read the snapshot; the caller's session is only read from."""
+    return snapshot(session, now, query)[0]
 
 
 class _LabelledGauge:
@@ -149,13 +288,12 @@ _failed_over = _LabelledGauge(metrics.JOB_FAILED_OVER)
 _slowdown = _LabelledGauge(metrics.JOB_SLOWDOWN_K)
 
 
-def refresh_metrics(status: StatusOut) -> None:
+def refresh_metrics(status: StatusOut, ports: Iterable[PortHealth]) -> None:
     """Set the store-derived gauges from a snapshot (called on every /metrics scrape)."""
     now = status.generated_at
     rnic: dict[tuple[str, ...], float] = {
-        (n.name, c.device, str(c.port), str(c.rail)): 1.0 if c.health == "ok" else 0.0
-        for n in status.nodes
-        for c in n.rails
+        (p.node, p.device, str(p.port), str(p.rail)): 1.0 if p.health == "ok" else 0.0
+        for p in ports
     }
     failed: dict[tuple[str, ...], float] = {
         (j.job_id,): (

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Any
+from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from scheduler_svc.schemas import StatusOut
+from scheduler_svc.services.status import FIRST_PAGE, NODE_PAGE, StatusQuery
 
 # Columns of the cost cell, in the order a person compares them.
 COST_OPTIONS = ("failover", "restart", "restart_scaled", "none")
@@ -63,11 +66,32 @@ def _env() -> Environment:
     return env
 
 
-def render_live(status: StatusOut) -> str:
-    """The part of the page that refreshes: summary, grid, jobs, faults."""
-    return _env().get_template("live.html").render(s=status)
+def view_link(query: StatusQuery, **changes: Any) -> str:
+    """The page's address for `query` with `changes` (a value None drops that parameter)."""
+    params = {
+        "rail": query.rail,
+        "switch": query.switch,
+        "health": None if query.health == "all" else query.health,
+        "after_node": query.after_node,
+        "limit": None if query.limit == NODE_PAGE else query.limit,
+    }
+    for key, value in changes.items():
+        params[key] = None if value == "all" and key == "health" else value
+    kept = {k: v for k, v in params.items() if v is not None}
+    return "?" + urlencode(kept) if kept else "./"
 
 
-def render_page(status: StatusOut | None, refresh_s: int) -> str:
+def render_live(status: StatusOut, query: StatusQuery = FIRST_PAGE) -> str:
+    """The part of the page that refreshes: summary, fabric, grid, jobs, faults."""
+    return (
+        _env().get_template("live.html").render(s=status, q=query, view=partial(view_link, query))
+    )
+
+
+def render_page(status: StatusOut | None, refresh_s: int, query: StatusQuery = FIRST_PAGE) -> str:
     """The whole page; ``status`` None renders the viewer-token prompt instead of data."""
-    return _env().get_template("status.html").render(s=status, refresh_s=refresh_s)
+    return (
+        _env()
+        .get_template("status.html")
+        .render(s=status, refresh_s=refresh_s, q=query, view=partial(view_link, query))
+    )

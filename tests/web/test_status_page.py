@@ -12,6 +12,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.web.render import duration
+from tests.scheduler_svc.helpers import event, register_nodes
 from tests.web.scenario import failed_over_cluster
 
 
@@ -153,3 +154,78 @@ def test_durations_read_like_a_person_would_say_them() -> None:
     assert duration(4230) == "1.18 h"
     assert duration(30 * 3600) == "30.0 h"
     assert duration(3 * 86400) == "3.0 d"
+
+
+def test_status_at_scale_sums_by_rail_and_switch_and_pages_the_nodes(http: httpx.Client) -> None:
+    """Summaries cover the whole fabric; nodes come a page at a time, filtered by rail,
+    switch or health, with only the matching ports."""
+    a = [f"n{i:02d}" for i in range(6)]
+    b = [f"n{i:02d}" for i in range(6, 12)]
+    register_nodes(http, a, switch_name="rail{rail}-a")
+    register_nodes(http, b, switch_name="rail{rail}-b")
+    for node, device in (
+        ("n03", "mlx5_5"),
+        ("n04", "mlx5_5"),
+        ("n08", "mlx5_5"),
+        ("n08", "mlx5_2"),
+    ):
+        r = http.post("/v1/events", json={"events": [event(node, device=device)]})
+        assert r.status_code == 202, r.text
+    s = http.get("/v1/status").json()
+    assert s["nodes_registered"] == s["nodes_total"] == 12
+    assert s["next_after_node"] is None and len(s["nodes"]) == 12
+    rails = {r["rail"]: r for r in s["by_rail"]}
+    assert sorted(rails) == list(range(8))
+    assert rails[5] | {"rail": 0} == {
+        "rail": 0,
+        "switches": 2,
+        "ports": 12,
+        "ok": 9,
+        "down": 0,
+        "fault": 3,
+    }
+    assert (rails[2]["ok"], rails[2]["fault"]) == (11, 1)
+    assert all(rails[r]["ok"] == 12 for r in (0, 1, 3, 4, 6, 7))
+    assert s["switches_total"] == 16
+    # Only switches with a port not ok, most such ports first, then by name.
+    assert [(w["switch"], w["rails"], w["fault"], w["ok"], w["nodes"]) for w in s["switches"]] == [
+        ("rail5-a", [5], 2, 4, 6),
+        ("rail2-b", [2], 1, 5, 6),
+        ("rail5-b", [5], 1, 5, 6),
+    ]
+
+    sick = http.get("/v1/status", params={"health": "unhealthy"}).json()
+    assert [n["name"] for n in sick["nodes"]] == ["n03", "n04", "n08"]
+    assert sick["nodes_total"] == 3
+    on_b5 = http.get("/v1/status", params={"switch": "rail5-b"}).json()
+    assert [n["name"] for n in on_b5["nodes"]] == b
+    assert {(c["device"], c["health"]) for c in on_b5["nodes"][2]["rails"]} == {("mlx5_5", "fault")}
+    rail2 = http.get("/v1/status", params={"rail": 2, "health": "unhealthy"}).json()
+    assert [(n["name"], [c["rail"] for c in n["rails"]]) for n in rail2["nodes"]] == [("n08", [2])]
+
+    pages, after = [], None
+    while True:
+        q: dict[str, str | int] = {"limit": 5}
+        if after is not None:
+            q["after_node"] = after
+        page = http.get("/v1/status", params=q).json()
+        assert page["nodes_total"] == 12
+        pages.append([n["name"] for n in page["nodes"]])
+        after = page["next_after_node"]
+        if after is None:
+            break
+    assert pages == [a[:5], a[5:] + b[:4], b[4:]]
+
+    for bad in ({"rail": -1}, {"limit": 0}, {"limit": 2001}, {"health": "sick"}, {"switch": "a b"}):
+        r = http.get("/v1/status", params=bad)
+        field = f"query.{next(iter(bad))}"
+        assert r.status_code == 422 and r.json()["fields"][0]["field"] == field, (bad, r.text)
+
+    page = http.get("/", params={"switch": "rail5-b"}).text
+    assert [f"n{i:02d}" for i in range(6, 12)] == [
+        n for n in (f"n{i:02d}" for i in range(12)) if f'data-node="{n}"' in page
+    ]
+    assert 'href="?switch=rail5-b&amp;health=unhealthy"' in page
+    assert 'data-switch="rail2-b"' in page and 'href="?switch=rail2-b"' in page
+    first = http.get("/", params={"limit": 5}).text
+    assert 'id="next-page" href="?after_node=n04&amp;limit=5"' in first
