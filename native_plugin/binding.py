@@ -493,7 +493,11 @@ class Plugin:
         )
 
     def poll_command(self) -> Command | None:
-        """The oldest pending command, or ``None`` at once when there is none."""
+        """The oldest pending command, or ``None`` at once when there is none.
+
+        ``iteration`` is 0 even for CHECKPOINT_NOW: v1's ``railover_command_t`` has no
+        field for it (railover_plugin.h explains why a CCL needs none).
+        """
         out = _Command()
         rc = self._api.poll_command(self.handle, ctypes.byref(out))
         if rc == NO_COMMAND:

@@ -114,6 +114,8 @@ class RankLog:
     acks: list[Ack] = field(default_factory=list)
     # (ops_done, command) for every FAILOVER the rank acted on.
     failovers: list[tuple[int, Command]] = field(default_factory=list)
+    # (ops_done, command) for every CHECKPOINT_NOW: the op after which it "checkpointed".
+    checkpoints: list[tuple[int, Command]] = field(default_factory=list)
 
 
 @dataclass
@@ -323,6 +325,7 @@ class SimulatedJob:
                     applied=list(src.applied),
                     acks=list(src.acks),
                     failovers=list(src.failovers),
+                    checkpoints=list(src.checkpoints),
                 )
         raise KeyError(rank)
 
@@ -447,6 +450,10 @@ class SimulatedJob:
             self._abort_requested.set()
         elif cmd.kind == CommandKind.FAILOVER:
             st.log.failovers.append((st.ops_done, cmd))
+            self._ack(st, cmd, AckStatus.APPLIED)
+        elif cmd.kind == CommandKind.CHECKPOINT_NOW:
+            # A training loop would save at its next iteration; the simulated one notes it.
+            st.log.checkpoints.append((st.ops_done, cmd))
             self._ack(st, cmd, AckStatus.APPLIED)
         elif cmd.kind in SWITCH_KINDS:
             if st.slow_left > 0:

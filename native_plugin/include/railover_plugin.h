@@ -120,6 +120,21 @@ typedef struct {
 } railover_command_t;
 
 /*
+ * RAILOVER_CMD_CHECKPOINT_NOW (kind 5, appended to v1 like FAILOVER): a FlowCheck
+ * checkpoint node could not rebuild an iteration, so the newest usable checkpoint is
+ * older than the job thinks. Take a normal checkpoint at the next iteration. It comes
+ * with ops_done 0 (now) and comm_id 0 (the process, not one communicator), and needs no
+ * agreement between ranks. The CCL hands it to the training framework (a flag its loop
+ * reads, a callback) and answers ack_command(command_id, RAILOVER_ACK_APPLIED) once
+ * handed over; RAILOVER_ACK_UNSUPPORTED when it has no way to reach the framework. A
+ * newer request supersedes an older one still unanswered; a checkpoint reported to the
+ * service (POST /v1/jobs/{id}/checkpoints) of a later iteration ends the request.
+ * The failed iteration travels in railover_wire_command.iteration; railover_command_t
+ * has no field for it under v1 (it is passed out by pointer and keeps its size), and
+ * the CCL needs none: the checkpoint is due at the next iteration whatever it was.
+ */
+
+/*
  * Counters since init, all monotonic except `connected` and `queued`.
  * Appended only; stats() copies min(out_size, sizeof) bytes so a caller
  * built against an older, shorter struct keeps working.

@@ -80,6 +80,9 @@ class Desired:
     checkpoint_id: int | None = None  # newest checkpoint already re-decided at
     verdict: str | None = None  # "keep" or "restart" at that checkpoint
     mitigation: Mapping[int, str] = field(default_factory=dict)
+    # FlowCheck: a normal checkpoint is wanted after this iteration (a checkpoint node
+    # could not rebuild it); None once a newer checkpoint was reported. Not a path outcome.
+    checkpoint_after: int | None = None
 
     def same_outcome(self, other: Desired) -> bool:
         return (
@@ -99,6 +102,7 @@ class Desired:
             "checkpoint_id": self.checkpoint_id,
             "verdict": self.verdict,
             "mitigation": {str(c): m for c, m in sorted(self.mitigation.items())},
+            "checkpoint_after": self.checkpoint_after,
         }
 
     @classmethod
@@ -114,6 +118,7 @@ class Desired:
             checkpoint_id=data.get("checkpoint_id"),
             verdict=data.get("verdict"),
             mitigation={int(c): str(m) for c, m in (data.get("mitigation") or {}).items()},
+            checkpoint_after=data.get("checkpoint_after"),
         )
 
 
@@ -123,6 +128,19 @@ class CheckpointSeen:
     at: datetime
     received_at: datetime
     kind: str = "full"
+    iteration: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorFailureSeen:
+    """A checkpoint node could not rebuild `iteration` from the mirrored traffic (FlowCheck)."""
+
+    id: int
+    iteration: int
+    at: datetime
+    # When the newest checkpoint below `iteration` (the last one rebuilt) was taken;
+    # None when the job reported none with an iteration number.
+    rebuilt_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +175,48 @@ class JobState:
     # Stock NCCL (issue 16): it fails over inside its virtual NICs by itself and takes no
     # commands, so NCCL's own failover domain replaces the s-Bond path check.
     nccl: nccl.NcclSpec | None = None
+    # FlowCheck (issue 15): rebuild failures not yet known to be answered, and the highest
+    # iteration any checkpoint of the job reported.
+    mirror_failures: tuple[MirrorFailureSeen, ...] = ()
+    checkpoint_iteration: int | None = None
+
+
+def open_mirror_failures(job: JobState) -> tuple[MirrorFailureSeen, ...]:
+    """Rebuild failures no newer checkpoint answers yet, oldest iteration first.
+
+    A checkpoint answers a failure at iteration N when it is of a later iteration, or,
+    reported without an iteration number, when it was taken after the failure.
+    """
+    cp = job.newest_checkpoint
+
+    def answered(f: MirrorFailureSeen) -> bool:
+        if job.checkpoint_iteration is not None and job.checkpoint_iteration > f.iteration:
+            return True
+        return cp is not None and cp.iteration is None and cp.at > f.at
+
+    return tuple(
+        sorted((f for f in job.mirror_failures if not answered(f)), key=lambda f: f.iteration)
+    )
+
+
+def checkpoint_request(job: JobState) -> int | None:
+    """The iteration a normal checkpoint must follow, while some rebuild failure is open."""
+    still = open_mirror_failures(job)
+    return still[-1].iteration if still else None
+
+
+def usable_checkpoint_at(job: JobState) -> datetime:
+    """When the newest checkpoint a restart could resume from was taken: t_elapsed's origin.
+
+    Normally the newest reported one. After a rebuild failure at iteration N, and until a
+    checkpoint newer than N, it is the last iteration rebuilt: restart cost grows from there.
+    """
+    still = open_mirror_failures(job)
+    if not still:
+        return job.last_checkpoint_at
+    first = still[0]
+    rebuilt = first.rebuilt_at if first.rebuilt_at is not None else first.at
+    return min(job.last_checkpoint_at, rebuilt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +283,21 @@ def routes_of(job: JobState, fabric: FabricView) -> Connectivity:
 
 
 def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options) -> Reconciled:
-    """The job's desired state at `now`, and the decision when the outcome changed."""
+    """The job's desired state at `now`, and the decision when the outcome changed.
+
+    Beside the paths, the desired state says whether a normal checkpoint is wanted
+    (a FlowCheck rebuild failure no newer checkpoint answers yet).
+    """
+    out = _reconcile_paths(now, job, fabric, options)
+    wanted = checkpoint_request(job)
+    if out.desired.checkpoint_after == wanted:
+        return out
+    return replace(out, desired=replace(out.desired, checkpoint_after=wanted))
+
+
+def _reconcile_paths(
+    now: datetime, job: JobState, fabric: FabricView, options: Options
+) -> Reconciled:
     conn = routes_of(job, fabric)
     warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
     prev = job.previous
@@ -363,7 +437,7 @@ def _cost_decision(
     if job.nccl is not None:
         domain = nccl.assess_job(job.nccl, fabric.topologies, fabric.failed, conn.routes)
         path_available, affected = domain.path_available, domain.affected
-    elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
+    elapsed = max(0.0, (at - usable_checkpoint_at(job)).total_seconds())
     inputs = cost.DecisionInputs(
         checkpoint_interval_s=job.checkpoint_interval_s,
         elapsed_s=elapsed,
@@ -703,6 +777,7 @@ class IntentKind(enum.StrEnum):
     REBALANCE = "rebalance"
     FAILBACK = "failback"
     ABORT = "abort"
+    CHECKPOINT_NOW = "checkpoint_now"
 
 
 @dataclass(frozen=True, slots=True)
@@ -713,6 +788,7 @@ class Intent:
     comm_id: int
     ranks: tuple[int, ...]
     disabled_channels: tuple[int, ...] = ()
+    iteration: int | None = None  # CHECKPOINT_NOW: the checkpoint must be newer than this
 
     @property
     def coordinated(self) -> bool:
@@ -725,7 +801,8 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
     Aborting covers everything; otherwise ranks newly off their primary are told to
     move at once (s-Bond needs no agreement), and each communicator whose channel plan
     changes, or that has ranks returning to their primary, gets one switch point for all
-    its ranks, carrying the channels that stay disabled.
+    its ranks, carrying the channels that stay disabled. A checkpoint request that
+    changed goes to every rank (comm 0: the process, not one communicator).
     """
     all_ranks = tuple(r for r, _, _ in job.ranks)
     comms = [(c.comm_id, c.ranks or all_ranks) for c in comms_of(job)]
@@ -753,6 +830,16 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
             intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
         elif was != now:
             intents.append(Intent(IntentKind.REBALANCE, cid, tuple(sorted(members)), now))
+    asked = desired.checkpoint_after
+    if asked is not None and asked != commanded.checkpoint_after:
+        intents.append(
+            Intent(
+                IntentKind.CHECKPOINT_NOW,
+                0,
+                tuple(sorted(all_ranks)),
+                iteration=asked,
+            )
+        )
     return intents
 
 
@@ -791,7 +878,7 @@ def inputs_now(
     known = k is not None
     k = k if k is not None else options.default_k[0]
     return {
-        "t_elapsed_s": max(0.0, (at - job.last_checkpoint_at).total_seconds()),
+        "t_elapsed_s": max(0.0, (at - usable_checkpoint_at(job)).total_seconds()),
         "checkpoint_interval_s": job.checkpoint_interval_s,
         "k": k,
         "k_source": "measured" if known else "default",

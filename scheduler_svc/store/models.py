@@ -36,6 +36,8 @@ class CommandKind(enum.StrEnum):
     REBALANCE = "rebalance"
     FAILBACK = "failback"
     ABORT = "abort"
+    # FlowCheck: take a normal checkpoint at the next iteration (not a path change).
+    CHECKPOINT_NOW = "checkpoint_now"
 
 
 # Kinds whose commands carry a switch point all ranks of a communicator apply together.
@@ -363,6 +365,8 @@ class Command(Base):
     # Retries are new commands (the agent de-duplicates by id); this counts them.
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     ack_deadline_at: Mapped[datetime | None]
+    # CHECKPOINT_NOW: the iteration the requested checkpoint must be newer than.
+    iteration: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class CommandAck(Base):
@@ -618,3 +622,24 @@ class CclStall(Base):
     open_s: Mapped[float | None]
     job_id: Mapped[str | None] = mapped_column(String(128))
     observed_at: Mapped[datetime]
+
+
+# --- FlowCheck (issue 15): iterations a checkpoint node could not rebuild ---
+
+
+class MirrorFailure(Base):
+    """A checkpoint node's report that it could not rebuild one iteration of a job.
+
+    One row per (job, iteration): a replayed report, or the same loss reported by a
+    second checkpoint node, is the same failure.
+    """
+
+    __tablename__ = "mirror_failures"
+    __table_args__ = (UniqueConstraint("job_id", "iteration"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    reported_by: Mapped[str | None] = mapped_column(String(64))
