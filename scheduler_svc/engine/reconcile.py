@@ -175,24 +175,28 @@ class JobState:
     # Stock NCCL (issue 16): it fails over inside its virtual NICs by itself and takes no
     # commands, so NCCL's own failover domain replaces the s-Bond path check.
     nccl: nccl.NcclSpec | None = None
-    # FlowCheck (issue 15): rebuild failures not yet known to be answered, and the highest
-    # iteration any checkpoint of the job reported.
+    # FlowCheck (issue 15): rebuild failures not yet known to be answered; the highest
+    # iteration of a normal ("full") checkpoint, and when the newest normal one reported
+    # without an iteration number was taken.
     mirror_failures: tuple[MirrorFailureSeen, ...] = ()
-    checkpoint_iteration: int | None = None
+    full_checkpoint_iteration: int | None = None
+    full_checkpoint_unnumbered_at: datetime | None = None
 
 
 def open_mirror_failures(job: JobState) -> tuple[MirrorFailureSeen, ...]:
-    """Rebuild failures no newer checkpoint answers yet, oldest iteration first.
+    """Rebuild failures no newer normal checkpoint answers yet, oldest iteration first.
 
-    A checkpoint answers a failure at iteration N when it is of a later iteration, or,
-    reported without an iteration number, when it was taken after the failure.
+    A normal checkpoint answers a failure at iteration N when it is of a later
+    iteration, or, reported without an iteration number, when it was taken after the
+    failure. FlowCheck checkpoints of later iterations do not: they are rebuilt on top
+    of the state iteration N never reached.
     """
-    cp = job.newest_checkpoint
+    top, unnumbered = job.full_checkpoint_iteration, job.full_checkpoint_unnumbered_at
 
     def answered(f: MirrorFailureSeen) -> bool:
-        if job.checkpoint_iteration is not None and job.checkpoint_iteration > f.iteration:
+        if top is not None and top > f.iteration:
             return True
-        return cp is not None and cp.iteration is None and cp.at > f.at
+        return unnumbered is not None and unnumbered > f.at
 
     return tuple(
         sorted((f for f in job.mirror_failures if not answered(f)), key=lambda f: f.iteration)
@@ -209,14 +213,17 @@ def usable_checkpoint_at(job: JobState) -> datetime:
     """When the newest checkpoint a restart could resume from was taken: t_elapsed's origin.
 
     Normally the newest reported one. After a rebuild failure at iteration N, and until a
-    checkpoint newer than N, it is the last iteration rebuilt: restart cost grows from there.
+    normal checkpoint newer than N, it is the last iteration rebuilt (the newest checkpoint
+    below N): restart cost grows from there, whatever FlowCheck reported since.
     """
     still = open_mirror_failures(job)
     if not still:
         return job.last_checkpoint_at
     first = still[0]
-    rebuilt = first.rebuilt_at if first.rebuilt_at is not None else first.at
-    return min(job.last_checkpoint_at, rebuilt)
+    if first.rebuilt_at is not None:
+        return min(job.last_checkpoint_at, first.rebuilt_at)
+    # No checkpoint below N is known: iteration N-1, rebuilt, ended before N failed.
+    return min(job.last_checkpoint_at, first.at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,9 @@ from scheduler_svc.store.repositories import (
 
 log = logging.getLogger(__name__)
 
+# The kind of checkpoint a job takes itself (not rebuilt by FlowCheck).
+FULL = "full"
+
 
 def options(settings: Settings) -> engine.Options:
     return engine.Options(
@@ -48,9 +51,9 @@ def options(settings: Settings) -> engine.Options:
 def mirror_failures(
     session: Session, job_id: str
 ) -> tuple[int | None, list[engine.MirrorFailureSeen]]:
-    """The highest checkpointed iteration, and the rebuild failures it does not answer."""
+    """The highest iteration of a normal checkpoint, and the rebuild failures from it on."""
     repo = JobRepo(session)
-    top = repo.highest_checkpoint_iteration(job_id)
+    top = repo.highest_checkpoint_iteration(job_id, FULL)
     seen = []
     for f in repo.mirror_failures_from(job_id, top):
         below = repo.checkpoint_below(job_id, f.iteration)
@@ -95,7 +98,12 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
         if job.ccl is not None and ccl.is_stock_nccl(job)
         else None,
         mirror_failures=tuple(failures),
-        checkpoint_iteration=top,
+        full_checkpoint_iteration=top,
+        full_checkpoint_unnumbered_at=JobRepo(session).newest_unnumbered_checkpoint_at(
+            job.job_id, FULL
+        )
+        if failures
+        else None,
     )
 
 

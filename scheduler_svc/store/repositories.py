@@ -304,9 +304,20 @@ class JobRepo:
         self.s.add(cp)
         self.s.flush()
 
-    def highest_checkpoint_iteration(self, job_id: str) -> int | None:
+    def highest_checkpoint_iteration(self, job_id: str, kind: str) -> int | None:
         return self.s.scalar(
-            select(func.max(m.Checkpoint.iteration)).where(m.Checkpoint.job_id == job_id)
+            select(func.max(m.Checkpoint.iteration)).where(
+                m.Checkpoint.job_id == job_id, m.Checkpoint.kind == kind
+            )
+        )
+
+    def newest_unnumbered_checkpoint_at(self, job_id: str, kind: str) -> datetime | None:
+        return self.s.scalar(
+            select(func.max(m.Checkpoint.at)).where(
+                m.Checkpoint.job_id == job_id,
+                m.Checkpoint.kind == kind,
+                m.Checkpoint.iteration.is_(None),
+            )
         )
 
     def checkpoint_below(self, job_id: str, iteration: int) -> m.Checkpoint | None:
