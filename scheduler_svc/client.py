@@ -39,8 +39,10 @@ from scheduler_svc.schemas import (
     IterationsOut,
     JobIn,
     JobOut,
+    JobPathsOut,
     MirrorFailureIn,
     MirrorFailureOut,
+    NodeOut,
 )
 
 T = TypeVar("T", bound=BaseModel)
@@ -104,6 +106,13 @@ class RailoverClient:
 
     def get_job(self, job_id: str) -> JobOut:
         return self._call("GET", f"/v1/jobs/{job_id}", JobOut)
+
+    def job_paths(self, job_id: str) -> JobPathsOut:
+        """Every rank's primary and backup RNIC, switch, and the one it uses now."""
+        return self._call("GET", f"/v1/jobs/{job_id}/paths", JobPathsOut)
+
+    def get_node(self, name: str) -> NodeOut:
+        return self._call("GET", f"/v1/nodes/{name}", NodeOut)
 
     def delete_job(self, job_id: str) -> None:
         self._request("DELETE", f"/v1/jobs/{job_id}", ok=(204, 404))
