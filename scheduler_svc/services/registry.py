@@ -242,6 +242,9 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     ]
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
+    # The new incarnation resumed from the posted checkpoint and FlowCheck rebuilds from
+    # it afresh: the iterations the old one lost are no longer behind its newest one.
+    JobRepo(session).clear_mirror_failures(job.job_id)
     for c in list(CoordinationRepo(session).communicators(job.job_id)):
         session.delete(c)
     session.flush()

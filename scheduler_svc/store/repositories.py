@@ -336,6 +336,9 @@ class JobRepo:
             )
         )
 
+    def clear_mirror_failures(self, job_id: str) -> None:
+        self.s.execute(delete(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id))
+
     def add_mirror_failure(self, row: m.MirrorFailure) -> None:
         self.s.add(row)
         self.s.flush()

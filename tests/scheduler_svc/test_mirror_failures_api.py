@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes
+from tests.scheduler_svc.helpers import CHECKPOINT, event, job_body, register_nodes
 
 JOB = "llama"
 
@@ -147,3 +147,22 @@ def test_bad_mirror_failure_is_422_naming_the_field(
     # Nothing was stored or asked for.
     assert commands(job) == []
     assert job.get(f"/v1/jobs/{JOB}").json()["checkpoint_requested_after"] is None
+
+
+def test_a_restarted_job_is_not_asked_for_its_old_incarnations_checkpoint(
+    job: httpx.Client,
+) -> None:
+    http = job
+    http.post(f"/v1/jobs/{JOB}/mirror-failures", json={"iteration": 500, "at": at(50)})
+    # 100 s into an hour's interval: restarting is cheaper. The abort replaces the request.
+    r = http.post("/v1/events", json={"events": [event("n0", after_s=100)]})
+    assert r.status_code == 202, r.text
+    (decision,) = http.get(f"/v1/jobs/{JOB}/decisions").json()["decisions"]
+    assert decision["action"] == "restart"
+    assert decision["inputs"]["t_elapsed_s"] == 100.0
+    assert [c["state"] for c in commands(http)] == ["superseded", "superseded"]
+    # The fleet manager posts the new incarnation, resumed from its newest checkpoint.
+    r = http.post("/v1/jobs", json=job_body(JOB, ["n0", "n1"]))
+    assert r.status_code == 201, r.text
+    assert r.json()["checkpoint_requested_after"] is None
+    assert len(commands(http)) == 2
