@@ -51,8 +51,13 @@ def options(settings: Settings) -> engine.Options:
 def mirror_failures(
     session: Session, job_id: str
 ) -> tuple[int | None, list[engine.MirrorFailureSeen]]:
-    """The highest iteration of a normal checkpoint, and the rebuild failures from it on."""
+    """The highest iteration of a normal checkpoint, and the rebuild failures from it on.
+
+    A job that never had one costs one indexed lookup per pass.
+    """
     repo = JobRepo(session)
+    if not repo.has_mirror_failures(job_id):
+        return None, []
     top = repo.highest_checkpoint_iteration(job_id, FULL)
     seen = []
     for f in repo.mirror_failures_from(job_id, top):

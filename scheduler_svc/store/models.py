@@ -245,6 +245,9 @@ class JobRank(Base):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
+    # FlowCheck: the newest normal checkpoint's iteration, read on every reconcile pass of
+    # a job with a rebuild failure, among one checkpoint per iteration.
+    __table_args__ = (Index("ix_checkpoints_job_kind_iteration", "job_id", "kind", "iteration"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"), index=True)

@@ -336,6 +336,12 @@ class JobRepo:
             )
         )
 
+    def has_mirror_failures(self, job_id: str) -> bool:
+        found = self.s.scalar(
+            select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == job_id).limit(1)
+        )
+        return found is not None
+
     def clear_mirror_failures(self, job_id: str) -> None:
         self.s.execute(delete(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id))
 

@@ -1,4 +1,4 @@
-"""FlowCheck rebuild failures, and the iteration a checkpoint_now command follows
+"""FlowCheck rebuild failures, checkpoint_now's iteration and a checkpoint index
 
 Revision ID: 0008
 Revises: 0007
@@ -38,9 +38,15 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("commands", schema=None) as batch_op:
         batch_op.add_column(sa.Column("iteration", sa.BigInteger(), nullable=True))
+    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
+        batch_op.create_index(
+            "ix_checkpoints_job_kind_iteration", ["job_id", "kind", "iteration"], unique=False
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
+        batch_op.drop_index("ix_checkpoints_job_kind_iteration")
     with op.batch_alter_table("commands", schema=None) as batch_op:
         batch_op.drop_column("iteration")
     op.drop_table("mirror_failures")
