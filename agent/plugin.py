@@ -146,6 +146,7 @@ def to_wire_command(cmd: dict[str, Any]) -> wire.Command | None:
         disabled_channels=_bitmask(list(cmd.get("disabled_channels") or [])),
         kind=int(kind),
         epoch=int(cmd.get("epoch") or 0),
+        iteration=int(cmd.get("iteration") or 0),
     )
 
 

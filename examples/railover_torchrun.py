@@ -7,6 +7,25 @@ checkpoints and iteration times. Reporting never stops training: a service
 that is down (or no RAILOVER_URL) costs a warning, not the job; the hook then
 stays quiet for the rest of the run.
 
+Checkpoint requests (FlowCheck): when a checkpoint node cannot rebuild an iteration,
+the service wants a normal checkpoint at the next iteration. Rank 0 learns it from
+the answers to its reports (the iteration batches, so within `report_every`
+iterations) and then calls `on_checkpoint_request(iteration)` if one was given and
+sets `checkpoint_requested_after`. A training loop whose checkpoint is collective
+calls `hook.checkpoint_due()` on every rank once per iteration (it broadcasts rank
+0's answer) and saves when it is True; reporting the saved checkpoint with
+`checkpoint_saved(step)` of a later iteration ends the request:
+
+    for step in ...:
+        train_one_step()
+        hook.iteration_done(seconds)
+        if step % every == 0 or hook.checkpoint_due():
+            save(step)
+            hook.checkpoint_saved(step)
+
+(The same request also reaches a failover-capable CCL as the plugin command
+CHECKPOINT_NOW, and the fleet manager as io.railover.job.checkpoint_requested.)
+
 Environment (beside torchrun's RANK, WORLD_SIZE, LOCAL_RANK):
     RAILOVER_URL              service base URL (unset: a warning, and no reports)
     RAILOVER_TOKEN            fleet token (optional on an open loopback service)
@@ -22,6 +41,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,17 +72,30 @@ def this_rank() -> dict[str, Any]:
 
 class RailoverHook:
     def __init__(
-        self, client: RailoverClient | None, job_id: str, rank: int, report_every: int = 10
+        self,
+        client: RailoverClient | None,
+        job_id: str,
+        rank: int,
+        report_every: int = 10,
+        on_checkpoint_request: Callable[[int], None] | None = None,
     ) -> None:
         # None: the job runs without Railover (no URL, or registration failed).
         self.client = client
         self.job_id = job_id
         self.rank = rank
         self.report_every = report_every
+        self.on_checkpoint_request = on_checkpoint_request
+        # Rank 0: the iteration a normal checkpoint must be newer than, while one is wanted.
+        self.checkpoint_requested_after: int | None = None
         self._times: list[float] = []
 
     @classmethod
-    def from_env(cls, *, replace: bool = True) -> RailoverHook:
+    def from_env(
+        cls,
+        *,
+        replace: bool = True,
+        on_checkpoint_request: Callable[[int], None] | None = None,
+    ) -> RailoverHook:
         """Collective: every rank must call it. Registers the job from rank 0."""
         job_id = job_id_from_env()
         me = this_rank()
@@ -74,7 +107,7 @@ class RailoverHook:
                 log.warning("railover: RAILOVER_URL is not set; training without Railover")
             return cls(None, job_id, me["rank"])
         client = RailoverClient(url, os.environ.get("RAILOVER_TOKEN"))
-        hook = cls(client, job_id, me["rank"])
+        hook = cls(client, job_id, me["rank"], on_checkpoint_request=on_checkpoint_request)
         if hook.rank == 0:
             body: dict[str, Any] = {
                 "job_id": job_id,
@@ -106,7 +139,29 @@ class RailoverHook:
 
     def checkpoint_saved(self, iteration: int) -> None:
         if self.rank == 0 and self.client is not None:
-            self._quietly(self.client.report_checkpoint, self.job_id, iteration=iteration)
+            out = self._quietly(self.client.report_checkpoint, self.job_id, iteration=iteration)
+            if out is not None:
+                self._requested(out.checkpoint_requested_after)
+
+    def checkpoint_due(self) -> bool:
+        """Whether the service wants a normal checkpoint now; collective when distributed.
+
+        Every rank calls it at the same point of each iteration: rank 0's answer is
+        broadcast so that all save together (one small broadcast per call).
+        """
+        due = [self.checkpoint_requested_after is not None]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(due, src=0)
+        return bool(due[0])
+
+    def _requested(self, after: int | None) -> None:
+        """Take the service's answer; a new request calls the callback once."""
+        new = after is not None and after != self.checkpoint_requested_after
+        self.checkpoint_requested_after = after
+        if new and after is not None:
+            log.info("railover: a normal checkpoint is wanted after iteration %d", after)
+            if self.on_checkpoint_request is not None:
+                self.on_checkpoint_request(after)
 
     def iteration_done(self, seconds: float) -> None:
         """Batched: one request per `report_every` iterations, not one per step."""
@@ -119,18 +174,21 @@ class RailoverHook:
     def flush(self) -> None:
         if self._times and self.client is not None:
             times, self._times = self._times, []
-            self._quietly(self.client.report_iteration_times, self.job_id, times)
+            out = self._quietly(self.client.report_iteration_times, self.job_id, times)
+            if out is not None:
+                self._requested(out.checkpoint_requested_after)
 
     def close(self) -> None:
         self.flush()
         if self.client is not None:
             self.client.close()
 
-    def _quietly(self, call: Any, *args: Any, **kw: Any) -> None:
+    def _quietly(self, call: Any, *args: Any, **kw: Any) -> Any:
         try:
-            call(*args, **kw)
+            return call(*args, **kw)
         except Exception as exc:  # the job goes on without the report
             log.warning("railover: %s failed: %s", getattr(call, "__name__", call), exc)
+            return None
 
 
 def _demo_training(steps: int, checkpoint_every: int) -> None:
@@ -152,7 +210,8 @@ def _demo_training(steps: int, checkpoint_every: int) -> None:
             p.grad /= dist.get_world_size()
         opt.step()
         hook.iteration_done(time.perf_counter() - started)
-        if step % checkpoint_every == 0:
+        # Also when the service asks (a FlowCheck node could not rebuild an iteration).
+        if step % checkpoint_every == 0 or hook.checkpoint_due():
             hook.checkpoint_saved(step)
     dist.barrier()
     hook.close()

@@ -137,6 +137,7 @@ class _CommandV2(ctypes.Structure):
         ("mb_per_channel", ctypes.c_uint32),
         ("transit_ranks", ctypes.c_uint32 * MAX_TRANSIT),
         ("transit_gpus", ctypes.c_uint32 * MAX_TRANSIT),
+        ("iteration", ctypes.c_uint64),
     )
 
 
@@ -158,6 +159,7 @@ class CclCommand:
     weights: tuple[float, ...] = ()
     mb_per_channel: int = 0
     transit: tuple[tuple[int, int], ...] = ()
+    iteration: int = 0  # CHECKPOINT_NOW: the iteration that could not be rebuilt
 
 
 class AgreeOutcome(IntEnum):
@@ -543,7 +545,11 @@ class Plugin:
         )
 
     def poll_command(self) -> Command | None:
-        """The oldest pending command, or ``None`` at once when there is none."""
+        """The oldest pending command, or ``None`` at once when there is none.
+
+        ``iteration`` is 0 even for CHECKPOINT_NOW: v1's ``railover_command_t`` has no
+        field for it; ``poll_command_v2`` hands it out.
+        """
         out = _Command()
         rc = self._api.poll_command(self.handle, ctypes.byref(out))
         if rc == NO_COMMAND:
@@ -581,6 +587,7 @@ class Plugin:
             weights=tuple(out.weights[:n_w]),
             mb_per_channel=out.mb_per_channel,
             transit=tuple(zip(out.transit_ranks[:n_t], out.transit_gpus[:n_t], strict=True)),
+            iteration=out.iteration,
         )
 
     def ack_command(self, command_id: int, status: int = AckStatus.APPLIED) -> bool:

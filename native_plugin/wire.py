@@ -110,7 +110,7 @@ class CommandKind(IntEnum):
     FAILBACK = 2
     ABORT = 3
     FAILOVER = 4
-    # 5: CHECKPOINT_NOW (another change)
+    CHECKPOINT_NOW = 5  # FlowCheck: checkpoint at the next iteration; ``iteration`` is set
     BALANCE = 6
     NVL_TRANSIT = 7
 
@@ -210,6 +210,9 @@ class Command:
     disabled_channels: int
     kind: int
     epoch: int
+    # CHECKPOINT_NOW: the iteration a checkpoint node could not rebuild; 0 otherwise
+    # (the v1 ``reserved`` slot, always 0 before kind 5).
+    iteration: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -432,7 +435,7 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("disabled_channels", "Q"),
         ("kind", "I"),
         ("epoch", "I"),
-        ("reserved", "Q"),
+        ("iteration", "Q"),
     ),
     MsgType.ACK: (
         ("command_id", "Q"),

@@ -128,6 +128,8 @@ class RankLog:
     transit_gpu: int | None = None
     # (ops_done, transit GPU) for every NVL_TRANSIT the rank acted on.
     transits: list[tuple[int, int | None]] = field(default_factory=list)
+    # (ops_done, command) for every CHECKPOINT_NOW: the op after which it "checkpointed".
+    checkpoints: list[tuple[int, CclCommand]] = field(default_factory=list)
 
 
 @dataclass
@@ -341,6 +343,7 @@ class SimulatedJob:
                     split_ratio=src.split_ratio,
                     transit_gpu=src.transit_gpu,
                     transits=list(src.transits),
+                    checkpoints=list(src.checkpoints),
                 )
         raise KeyError(rank)
 
@@ -462,6 +465,10 @@ class SimulatedJob:
             if mine is not None:
                 st.log.transit_gpu = mine
                 st.log.transits.append((st.ops_done, mine))
+            self._ack(st, cmd, AckStatus.APPLIED)
+        elif cmd.kind == CommandKind.CHECKPOINT_NOW:
+            # A training loop would save at its next iteration; the simulated one notes it.
+            st.log.checkpoints.append((st.ops_done, cmd))
             self._ack(st, cmd, AckStatus.APPLIED)
         elif cmd.kind in SWITCH_KINDS:
             if st.slow_left > 0:

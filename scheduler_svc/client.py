@@ -7,6 +7,11 @@
         rv.report_checkpoint("job-42", iteration=1000)
         decision = rv.wait_for_decision("job-42", timeout_s=60)
 
+FlowCheck: a checkpoint node that cannot rebuild an iteration calls
+`report_mirror_failure`; the job then learns that a normal checkpoint is wanted from
+`checkpoint_requested_after` on the answers to `report_iteration_times` and
+`report_checkpoint` (or `checkpoint_requested`), until it reports a newer one.
+
 Every call has a timeout; connection errors and 5xx answers are retried with
 exponential backoff (the service is idempotent for all of them: a job
 registration that was stored before the connection dropped answers 409, which
@@ -34,6 +39,10 @@ from scheduler_svc.schemas import (
     IterationsOut,
     JobIn,
     JobOut,
+    JobPathsOut,
+    MirrorFailureIn,
+    MirrorFailureOut,
+    NodeOut,
 )
 
 T = TypeVar("T", bound=BaseModel)
@@ -98,6 +107,13 @@ class RailoverClient:
     def get_job(self, job_id: str) -> JobOut:
         return self._call("GET", f"/v1/jobs/{job_id}", JobOut)
 
+    def job_paths(self, job_id: str) -> JobPathsOut:
+        """Every rank's primary and backup RNIC, switch, and the one it uses now."""
+        return self._call("GET", f"/v1/jobs/{job_id}/paths", JobPathsOut)
+
+    def get_node(self, name: str) -> NodeOut:
+        return self._call("GET", f"/v1/nodes/{name}", NodeOut)
+
     def delete_job(self, job_id: str) -> None:
         self._request("DELETE", f"/v1/jobs/{job_id}", ok=(204, 404))
 
@@ -119,6 +135,27 @@ class RailoverClient:
             CheckpointOut,
             json=body.model_dump(mode="json", exclude_none=True),
         )
+
+    def report_mirror_failure(
+        self, job_id: str, iteration: int, *, at: datetime | None = None
+    ) -> MirrorFailureOut:
+        """A checkpoint node could not rebuild `iteration`: the job is asked to checkpoint.
+
+        Safe to retry: a report of an iteration already recorded answers created=False.
+        """
+        body = MirrorFailureIn.model_validate(
+            {"iteration": iteration, "at": at or datetime.now(UTC)}
+        )
+        return self._call(
+            "POST",
+            f"/v1/jobs/{job_id}/mirror-failures",
+            MirrorFailureOut,
+            json=body.model_dump(mode="json"),
+        )
+
+    def checkpoint_requested(self, job_id: str) -> int | None:
+        """The iteration a normal checkpoint must now be newer than; None when none is wanted."""
+        return self.get_job(job_id).checkpoint_requested_after
 
     def report_iteration_times(self, job_id: str, seconds: Sequence[float]) -> IterationsOut:
         """Iteration wall times (a batch); the service derives the measured slowdown k."""

@@ -33,7 +33,7 @@ REQUEST_LATENCY = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0),
 )
 
-# kind: failover | rebalance | failback | abort
+# kind: failover | rebalance | failback | abort | checkpoint_now
 COMMANDS_ISSUED = Counter("railover_commands_issued_total", "Commands issued to nodes", ["kind"])
 
 # status: delivered | applied | failed
@@ -119,7 +119,7 @@ RETRIGGERS = Counter(
 COMMAND_RETRIES = Counter(
     "railover_command_retries_total", "Commands re-issued after their acknowledgement deadline"
 )
-# kind: failover | rebalance | failback | abort
+# kind: failover | rebalance | failback | abort | checkpoint_now
 COMMANDS_FAILED = Counter(
     "railover_commands_failed_total", "Commands given up after the last attempt", ["kind"]
 )
@@ -131,3 +131,12 @@ CCL_ANNOUNCEMENTS = Counter(
     ["result"],
 )
 CCL_STALLS = Counter("railover_ccl_stalls_total", "Collective stalls recorded on nodes")
+
+MIRROR_FAILURES = Counter(
+    "railover_mirror_failures_total",
+    "Iterations a checkpoint node reported it could not rebuild (replays not counted)",
+)
+CHECKPOINT_REQUESTS = Counter(
+    "railover_checkpoint_requests_total",
+    "Normal checkpoints asked of jobs after a mirror failure (checkpoint_now)",
+)

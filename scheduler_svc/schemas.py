@@ -414,6 +414,11 @@ class JobOut(BaseModel):
     measured_k: float | None = Field(default=None, description="k measured from iteration times")
     failed_over_at: datetime | None = None
     ccl: CclIn | None = None
+    checkpoint_requested_after: int | None = Field(
+        default=None,
+        description="FlowCheck: a normal checkpoint newer than this iteration is wanted "
+        "(a checkpoint node could not rebuild it); null when none is",
+    )
 
 
 class CheckpointIn(Strict):
@@ -429,6 +434,34 @@ class CheckpointOut(BaseModel):
     kind: str
     current: StrictBool = Field(
         description="True when this is now the job's newest usable checkpoint"
+    )
+    checkpoint_requested_after: int | None = Field(
+        default=None,
+        description="A normal checkpoint newer than this iteration is still wanted "
+        "(a mirror failure no checkpoint answers yet); null when none is",
+    )
+
+
+class MirrorFailureIn(Strict):
+    """A checkpoint node could not rebuild this iteration from the mirrored traffic."""
+
+    iteration: Count
+    at: UtcTime
+
+
+class MirrorFailureOut(BaseModel):
+    id: int
+    job_id: str
+    iteration: int
+    at: datetime
+    received_at: datetime
+    created: StrictBool = Field(
+        description="False when this iteration's failure was already reported (a replay): "
+        "nothing was applied again"
+    )
+    checkpoint_requested_after: int | None = Field(
+        description="The iteration a normal checkpoint must now be newer than; null when a "
+        "newer checkpoint was already reported"
     )
 
 
@@ -614,6 +647,11 @@ class IterationsOut(BaseModel):
     trustworthy: bool
     detail: str
     decision_id: str | None = Field(description="The re-decision this triggered, if any")
+    checkpoint_requested_after: int | None = Field(
+        default=None,
+        description="A normal checkpoint newer than this iteration is wanted (FlowCheck "
+        "could not rebuild it); null when none is",
+    )
 
 
 class SwitchFaultOut(BaseModel):
@@ -848,6 +886,9 @@ class CommandOut(BaseModel):
     ranks: list[int]
     state: CommandState
     created_at: datetime
+    iteration: int | None = Field(
+        default=None, description="checkpoint_now: the checkpoint must be newer than this"
+    )
 
 
 class CommandList(BaseModel):

@@ -123,6 +123,22 @@ typedef struct {
 } railover_command_t;
 
 /*
+ * RAILOVER_CMD_CHECKPOINT_NOW (kind 5, appended to v1 like FAILOVER): a FlowCheck
+ * checkpoint node could not rebuild an iteration, so the newest usable checkpoint is
+ * older than the job thinks. Take a normal checkpoint at the next iteration. It comes
+ * with ops_done 0 (now) and comm_id 0 (the process, not one communicator), and needs no
+ * agreement between ranks. The CCL hands it to the training framework (a flag its loop
+ * reads, a callback) and answers ack_command(command_id, RAILOVER_ACK_APPLIED) once
+ * handed over; RAILOVER_ACK_UNSUPPORTED when it has no way to reach the framework. A
+ * newer request supersedes an older one still unanswered; a checkpoint reported to the
+ * service (POST /v1/jobs/{id}/checkpoints) of a later iteration ends the request.
+ * The failed iteration travels in railover_wire_command.iteration and reaches a CCL
+ * through poll_command_v2 (railover_command_v2_t.iteration); v1's railover_command_t
+ * has no field for it (it is passed out by pointer and keeps its size). A CCL needs
+ * none to act: the checkpoint is due at the next iteration whatever it was.
+ */
+
+/*
  * Counters since init, all monotonic except `connected` and `queued`.
  * Appended only; stats() copies min(out_size, sizeof) bytes so a caller
  * built against an older, shorter struct keeps working.
@@ -361,9 +377,10 @@ typedef struct {
   uint32_t mb_per_channel; /* NVL_TRANSIT: transit memory per channel, MB */
   uint32_t transit_ranks[RAILOVER_WIRE_MAX_TRANSIT]; /* NVL_TRANSIT: rank within comm_id */
   uint32_t transit_gpus[RAILOVER_WIRE_MAX_TRANSIT];  /* NVL_TRANSIT: its transit GPU */
+  uint64_t iteration; /* CHECKPOINT_NOW: the iteration that could not be rebuilt; else 0 */
 } railover_command_v2_t;
 RAILOVER_STATIC_ASSERT(sizeof(railover_command_t) == 40, "railover_command_t size");
-RAILOVER_STATIC_ASSERT(sizeof(railover_command_v2_t) == 440, "railover_command_v2_t size");
+RAILOVER_STATIC_ASSERT(sizeof(railover_command_v2_t) == 448, "railover_command_v2_t size");
 RAILOVER_STATIC_ASSERT(offsetof(railover_command_v2_t, weights) == 48, "weights offset");
 
 /*

@@ -64,7 +64,10 @@ enum railover_wire_command_kind {
   RAILOVER_CMD_FAILOVER = 4,  /* move comm_id to its backup RNICs now, before this rank's
                                * own retransmission timeout fires (the service inferred a
                                * fault, e.g. a switch failure, that this rank has not seen) */
-  /* 5: RAILOVER_CMD_CHECKPOINT_NOW (another change) */
+  RAILOVER_CMD_CHECKPOINT_NOW = 5, /* take a normal checkpoint at the next iteration: a
+                                    * FlowCheck checkpoint node could not rebuild iteration
+                                    * `iteration` (see railover_wire_command). ops_done 0
+                                    * (now), comm_id 0 (the process, not one communicator) */
   RAILOVER_CMD_BALANCE = 6,     /* R2CCL-Balance at ops_done: per-channel weights and the
                                  * allreduce split in the COMMAND_WEIGHTS frame that follows;
                                  * disabled_channels is the DCR plan for a CCL without weights */
@@ -155,7 +158,10 @@ typedef struct railover_wire_command {
   uint64_t disabled_channels; /* REBALANCE: bit i set = disable channel i */
   uint32_t kind;              /* enum railover_wire_command_kind */
   uint32_t epoch;             /* trigger epoch; a newer epoch supersedes older ones */
-  uint64_t reserved;          /* 0 */
+  uint64_t iteration;         /* CHECKPOINT_NOW: the iteration that could not be rebuilt
+                               * (the checkpoint asked for is of a later one); 0 for every
+                               * other kind. This was `reserved` (always 0) before kind 5:
+                               * same offset and size, so the frame is unchanged. */
 } railover_wire_command;
 
 /* Type 17: the CCL's answer to a COMMAND. */

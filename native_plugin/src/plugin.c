@@ -611,6 +611,7 @@ static int known_kind(uint32_t kind) {
     case RAILOVER_CMD_FAILBACK:
     case RAILOVER_CMD_ABORT:
     case RAILOVER_CMD_FAILOVER:
+    case RAILOVER_CMD_CHECKPOINT_NOW:
     case RAILOVER_CMD_BALANCE:
     case RAILOVER_CMD_NVL_TRANSIT: return 1;
     default: return 0;
@@ -644,6 +645,7 @@ static void command_base(railover_command_v2_t* c, const railover_wire_command* 
   c->base.disabled_channels = w->disabled_channels;
   c->base.kind = w->kind;
   c->base.epoch = w->epoch;
+  c->iteration = w->iteration;
 }
 
 static void refuse_invalid(rv_plugin* p, uint64_t command_id, const char* why) {

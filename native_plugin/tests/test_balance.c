@@ -220,9 +220,19 @@ static void balance_and_transit(void* h, int fd) {
   expect_ack(fd, 13, RAILOVER_ACK_UNSUPPORTED);
   CHECK(stats_of(h).commands_unsupported == 1, "unsupported counted");
 
-  /* 5 is not a kind of this library. */
-  send_command(fd, 15, 5, 0, 0);
+  /* The kind after the last is not one of this library. */
+  send_command(fd, 15, RAILOVER_CMD_LAST + 1, 0, 0);
   expect_ack(fd, 15, RAILOVER_ACK_UNSUPPORTED);
+
+  /* CHECKPOINT_NOW hands its iteration out through v2 (v1 has no field for it). */
+  railover_wire_command ck = {16, 0, 0, 0, RAILOVER_CMD_CHECKPOINT_NOW, 4, 4200};
+  send_frame(fd, RAILOVER_MSG_COMMAND, &ck, sizeof(ck));
+  railover_command_v2_t c2;
+  deadline = now_s() + 5;
+  while (poll2(h, &c2) != RAILOVER_OK) CHECK(now_s() < deadline, "no checkpoint_now within 5 s");
+  CHECK(c2.base.command_id == 16 && c2.base.kind == RAILOVER_CMD_CHECKPOINT_NOW &&
+            c2.iteration == 4200 && c2.base.comm_id == 0,
+        "checkpoint_now: kind %u iteration %llu", c2.base.kind, (unsigned long long)c2.iteration);
 }
 
 static void refused_content(void* h, int fd) {

@@ -26,7 +26,7 @@ int main() {
   const railoverPlugin_v2_t* api2 = &railoverPlugin_v2;
   check(api2->abi_version == RAILOVER_PLUGIN_ABI_VERSION && api2->poll_command_v2 != nullptr,
         "abi 2 table");
-  static_assert(sizeof(railover_command_v2_t) == 440, "command v2 size");
+  static_assert(sizeof(railover_command_v2_t) == 448, "command v2 size");
   static_assert(sizeof(railover_wire_command_weights) == 272, "weights frame size");
   check(std::strcmp(api->name, "railover") == 0, "name");
 

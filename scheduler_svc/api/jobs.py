@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Query, Response
@@ -36,6 +37,8 @@ from scheduler_svc.schemas import (
     JobOut,
     JobPathsOut,
     JobProgressOut,
+    MirrorFailureIn,
+    MirrorFailureOut,
     Name,
     RankIn,
     RankProgressOut,
@@ -92,6 +95,7 @@ def job_out(session: Session, job: m.Job) -> JobOut:
         measured_k=job.measured_k,
         failed_over_at=job.failed_over_at,
         ccl=None if job.ccl is None else CclIn.model_validate(job.ccl),
+        checkpoint_requested_after=registry.checkpoint_requested_after(job),
     )
 
 
@@ -169,8 +173,56 @@ def report_checkpoint(
     """Report a checkpoint; the newest one sets t_elapsed for later decisions, and a
     restarting job's first one says its new incarnation runs."""
     current = registry.add_checkpoint(session, job_id, body, now, settings)
+    job = registry.get_job(session, job_id)
     return CheckpointOut(
-        job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, current=current
+        job_id=job_id,
+        at=body.at,
+        iteration=body.iteration,
+        kind=body.kind,
+        current=current,
+        checkpoint_requested_after=registry.checkpoint_requested_after(job),
+    )
+
+
+@router.post(
+    "/{job_id}/mirror-failures",
+    status_code=201,
+    operation_id="report_mirror_failure",
+    responses=responses(Unauthorized, Forbidden, NotFound)
+    | VALIDATION
+    | {200: {"description": "Already reported (a replay): nothing applied again"}},
+)
+def report_mirror_failure(
+    job_id: JobId,
+    body: MirrorFailureIn,
+    *,
+    response: Response,
+    session: SessionDep,
+    who: FleetAuth,
+    settings: SettingsDep,
+    now: NowDep,
+) -> MirrorFailureOut:
+    """A checkpoint node could not rebuild this iteration (FlowCheck): the job is asked for a
+    normal checkpoint at its next iteration, and restart cost counts from the last one rebuilt."""
+    skew = settings.observed_at_future_skew_s
+    if body.at > now + timedelta(seconds=skew):
+        raise Unprocessable(
+            f"at: {body.at.isoformat()} is more than {skew:g} s ahead of the service's clock"
+        )
+    row, created = registry.add_mirror_failure(
+        session, job_id, body, reported_by=who.token_id, now=now, settings=settings
+    )
+    if not created:
+        response.status_code = 200
+    job = registry.get_job(session, job_id)
+    return MirrorFailureOut(
+        id=row.id,
+        job_id=job_id,
+        iteration=row.iteration,
+        at=row.at,
+        received_at=row.received_at,
+        created=created,
+        checkpoint_requested_after=registry.checkpoint_requested_after(job),
     )
 
 
@@ -251,6 +303,9 @@ def report_iterations(
         trustworthy=measured.trustworthy,
         detail=measured.reason,
         decision_id=None if decision is None else decision.decision_id,
+        checkpoint_requested_after=registry.checkpoint_requested_after(
+            registry.get_job(session, job_id)
+        ),
     )
 
 

@@ -89,6 +89,9 @@ class Desired:
     checkpoint_id: int | None = None  # newest checkpoint already re-decided at
     verdict: str | None = None  # "keep" or "restart" at that checkpoint
     mitigation: Mapping[int, str] = field(default_factory=dict)
+    # FlowCheck: a normal checkpoint is wanted after this iteration (a checkpoint node
+    # could not rebuild it); None once a newer checkpoint was reported. Not a path outcome.
+    checkpoint_after: int | None = None
 
     def same_outcome(self, other: Desired) -> bool:
         return (
@@ -126,6 +129,7 @@ class Desired:
                 for c, t in sorted(self.transit.items())
                 if t
             },
+            "checkpoint_after": self.checkpoint_after,
         }
 
     @classmethod
@@ -149,6 +153,7 @@ class Desired:
                 int(c): {int(r): int(g) for r, g in t.items()}
                 for c, t in (data.get("transit") or {}).items()
             },
+            checkpoint_after=data.get("checkpoint_after"),
         )
 
 
@@ -162,6 +167,19 @@ class CheckpointSeen:
     at: datetime
     received_at: datetime
     kind: str = "full"
+    iteration: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorFailureSeen:
+    """A checkpoint node could not rebuild `iteration` from the mirrored traffic (FlowCheck)."""
+
+    id: int
+    iteration: int
+    at: datetime
+    # When the newest checkpoint below `iteration` (the last one rebuilt) was taken;
+    # None when the job reported none with an iteration number.
+    rebuilt_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +218,55 @@ class JobState:
     nccl: nccl.NcclSpec | None = None
     # GPU memory this job gives NVL transit on one GPU, MB; None: the service's setting.
     nvl_cap_mb: float | None = None
+    # FlowCheck (issue 15): rebuild failures not yet known to be answered; the highest
+    # iteration of a normal ("full") checkpoint, and when the newest normal one reported
+    # without an iteration number was taken.
+    mirror_failures: tuple[MirrorFailureSeen, ...] = ()
+    full_checkpoint_iteration: int | None = None
+    full_checkpoint_unnumbered_at: datetime | None = None
+
+
+def open_mirror_failures(job: JobState) -> tuple[MirrorFailureSeen, ...]:
+    """Rebuild failures no newer normal checkpoint answers yet, oldest iteration first.
+
+    A normal checkpoint answers a failure at iteration N when it is of a later
+    iteration, or, reported without an iteration number, when it was taken after the
+    failure. FlowCheck checkpoints of later iterations do not: they are rebuilt on top
+    of the state iteration N never reached.
+    """
+    top, unnumbered = job.full_checkpoint_iteration, job.full_checkpoint_unnumbered_at
+
+    def answered(f: MirrorFailureSeen) -> bool:
+        if top is not None and top > f.iteration:
+            return True
+        return unnumbered is not None and unnumbered > f.at
+
+    return tuple(
+        sorted((f for f in job.mirror_failures if not answered(f)), key=lambda f: f.iteration)
+    )
+
+
+def checkpoint_request(job: JobState) -> int | None:
+    """The iteration a normal checkpoint must follow, while some rebuild failure is open."""
+    still = open_mirror_failures(job)
+    return still[-1].iteration if still else None
+
+
+def usable_checkpoint_at(job: JobState) -> datetime:
+    """When the newest checkpoint a restart could resume from was taken: t_elapsed's origin.
+
+    Normally the newest reported one. After a rebuild failure at iteration N, and until a
+    normal checkpoint newer than N, it is the last iteration rebuilt (the newest checkpoint
+    below N): restart cost grows from there, whatever FlowCheck reported since.
+    """
+    still = open_mirror_failures(job)
+    if not still:
+        return job.last_checkpoint_at
+    first = still[0]
+    if first.rebuilt_at is not None:
+        return min(job.last_checkpoint_at, first.rebuilt_at)
+    # No checkpoint below N is known: iteration N-1, rebuilt, ended before N failed.
+    return min(job.last_checkpoint_at, first.at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +335,21 @@ def routes_of(job: JobState, fabric: FabricView) -> Connectivity:
 
 
 def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options) -> Reconciled:
-    """The job's desired state at `now`, and the decision when the outcome changed."""
+    """The job's desired state at `now`, and the decision when the outcome changed.
+
+    Beside the paths, the desired state says whether a normal checkpoint is wanted
+    (a FlowCheck rebuild failure no newer checkpoint answers yet).
+    """
+    out = _reconcile_paths(now, job, fabric, options)
+    wanted = checkpoint_request(job)
+    if out.desired.checkpoint_after == wanted:
+        return out
+    return replace(out, desired=replace(out.desired, checkpoint_after=wanted))
+
+
+def _reconcile_paths(
+    now: datetime, job: JobState, fabric: FabricView, options: Options
+) -> Reconciled:
     conn = routes_of(job, fabric)
     warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
     prev = job.previous
@@ -408,7 +489,7 @@ def _cost_decision(
     if job.nccl is not None:
         domain = nccl.assess_job(job.nccl, fabric.topologies, fabric.failed, conn.routes)
         path_available, affected = domain.path_available, domain.affected
-    elapsed = max(0.0, (at - job.last_checkpoint_at).total_seconds())
+    elapsed = max(0.0, (at - usable_checkpoint_at(job)).total_seconds())
     scaled = _scaled_plan(job, conn) if job.allow_scaling else None
     inputs = cost.DecisionInputs(
         checkpoint_interval_s=job.checkpoint_interval_s,
@@ -867,6 +948,7 @@ class IntentKind(enum.StrEnum):
     ABORT = "abort"
     BALANCE = "balance"
     NVL_TRANSIT = "nvl_transit"
+    CHECKPOINT_NOW = "checkpoint_now"
 
 
 @dataclass(frozen=True, slots=True)
@@ -883,6 +965,7 @@ class Intent:
     split_ratio: float = 0.0
     # NVL_TRANSIT: (rank, transit GPU) for each of `ranks`.
     transit: tuple[tuple[int, int], ...] = ()
+    iteration: int | None = None  # CHECKPOINT_NOW: the checkpoint must be newer than this
 
     @property
     def coordinated(self) -> bool:
@@ -898,6 +981,8 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
     its ranks, carrying the channels that stay disabled: a BALANCE with the channel
     weights and allreduce split when balance is the plan, else a REBALANCE. Ranks given
     a new transit GPU are told at once (NVL_TRANSIT: a rank's own path, no agreement).
+    A checkpoint request that changed goes to every rank (comm 0: the process, not one
+    communicator).
     """
     all_ranks = tuple(r for r, _, _ in job.ranks)
     comms = [(c.comm_id, c.ranks or all_ranks) for c in comms_of(job)]
@@ -954,6 +1039,16 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
                     transit=tuple(sorted(changed.items())),
                 )
             )
+    asked = desired.checkpoint_after
+    if asked is not None and asked != commanded.checkpoint_after:
+        intents.append(
+            Intent(
+                IntentKind.CHECKPOINT_NOW,
+                0,
+                tuple(sorted(all_ranks)),
+                iteration=asked,
+            )
+        )
     return intents
 
 
@@ -993,7 +1088,7 @@ def inputs_now(
     known = k is not None
     k = k if k is not None else options.default_k[0]
     return {
-        "t_elapsed_s": max(0.0, (at - job.last_checkpoint_at).total_seconds()),
+        "t_elapsed_s": max(0.0, (at - usable_checkpoint_at(job)).total_seconds()),
         "checkpoint_interval_s": job.checkpoint_interval_s,
         "k": k,
         "k_source": "measured" if known else "default",

@@ -21,6 +21,9 @@ class EventType(enum.StrEnum):
     MAINTENANCE_SCHEDULED = "io.railover.maintenance.scheduled"
     MAINTENANCE_STARTED = "io.railover.maintenance.started"
     MAINTENANCE_ENDED = "io.railover.maintenance.ended"
+    # FlowCheck: a checkpoint node could not rebuild an iteration; the job should take a
+    # normal checkpoint at its next one. data: after_iteration, failed_iterations, ranks.
+    JOB_CHECKPOINT_REQUESTED = "io.railover.job.checkpoint_requested"
 
 
 def command_type(state: str) -> str:

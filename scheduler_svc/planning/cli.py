@@ -502,7 +502,36 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
             "summarised (--json always has every row).",
         ),
     ] = False,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan for this registered job's real DP ring and rank-to-rail map, read "
+            "from the service (then --dp, --rails and --ranks-per-switch come from it)."
+        ),
+    ] = None,
+    url: Annotated[
+        str,
+        typer.Option(envvar="RAILOVER_URL", help="The service, for --job."),
+    ] = "http://127.0.0.1:8080",
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="RAILOVER_TOKEN", help="Bearer token for --job (any role)."),
+    ] = None,
 ) -> None:
+    layout = None
+    if job is not None:
+        for flag, value in (
+            ("--dp", dp),
+            ("--rails", rails),
+            ("--ranks-per-switch", ranks_per_switch),
+        ):
+            if value is not None:
+                refuse(
+                    f"{flag}: with --job it is the job's own; leave it out",
+                    "`railover mirror-plan --help` states every option and its default",
+                )
+        layout = _job_layout(url, token, job)
+        dp = len(layout.ring)
     flags: dict[str, object | None] = {
         "loss": loss,
         "dp": dp,
@@ -514,7 +543,7 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
     }
     with _param_errors("mirror-plan"):
         params = mirror_params(config, flags)
-    result = mirror.plan(params)
+    result = mirror.plan(params, layout)
     document = result.as_json()
     if json_out:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
@@ -540,16 +569,68 @@ def mirror_plan_command(  # noqa: PLR0917  # one parameter per option; click pas
             "lower the mirror-link loss or accept a higher target."
         )
         return
-    placement = Table(title="Where to mirror", title_justify="left", box=box.SIMPLE_HEAD)
-    for head in ("rank", "rail", "switch", "note"):
+    title = "Where to mirror" if layout is None else f"Where to mirror job {layout.job_id}"
+    placement = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    heads: tuple[str, ...] = ("rank", "rail", "switch", "note")
+    if layout is not None:
+        heads = ("ring", "rank", "node", "rnic", "rail", "switch", "note")
+    for head in heads:
         placement.add_column(head)
     monitors = result.placement if all_rows else result.placement[:SUMMARY_ROWS]
     for mon in monitors:
         note = "shares its switch with another monitor" if mon.shares_switch else ""
-        placement.add_row(str(mon.rank), str(mon.rail), mon.switch, note)
+        rail = "?" if mon.rail is None else str(mon.rail)
+        if layout is None:
+            placement.add_row(str(mon.rank), rail, mon.switch, note)
+        else:
+            placement.add_row(
+                str(mon.rank), str(mon.job_rank), mon.node, mon.rnic or "?", rail, mon.switch, note
+            )
     if len(monitors) < len(result.placement):
-        placement.add_row("…", "", "", f"{len(result.placement) - len(monitors):,} more (--all)")
+        more = f"{len(result.placement) - len(monitors):,} more (--all)"
+        placement.add_row("…", *[""] * (len(heads) - 2), more)
     console.print(placement)
+
+
+def _job_layout(url: str, token: str | None, job_id: str) -> mirror.JobLayout:
+    """The job's first DP ring and where each of its ranks leaves, as the service has it."""
+    import httpx  # noqa: PLC0415  # only --job talks to the service
+
+    from scheduler_svc.client import RailoverClient, RailoverError  # noqa: PLC0415
+
+    fix = "check --job, --url (RAILOVER_URL) and --token (RAILOVER_TOKEN)"
+    try:
+        with RailoverClient(url, token, retries=1) as rv:
+            info = rv.get_job(job_id)
+            paths = {p.rank: p for p in rv.job_paths(job_id).ranks}
+            try:
+                ring = mirror.dp_ring(info.dp_size, info.tp_size, info.pp_size, len(info.ranks))
+            except ValueError as exc:
+                refuse(f"--job: job {job_id!r}: {exc}", "register the job with its real layout")
+            rails: dict[tuple[str, str], int | None] = {}
+            for node in sorted({paths[r].node for r in ring}):
+                for rnic in rv.get_node(node).rnics:
+                    rails[(node, f"{rnic.name}/{rnic.port}")] = rnic.rail
+    except RailoverError as exc:
+        refuse(f"--job: the service answered {exc.status} for job {job_id!r}: {exc.body}", fix)
+    except httpx.HTTPError as exc:
+        refuse(f"--url: cannot reach the service at {url}: {exc}", fix)
+    return mirror.JobLayout(
+        job_id=job_id,
+        dp=info.dp_size,
+        tp=info.tp_size,
+        pp=info.pp_size,
+        ring=tuple(
+            mirror.RingRank(
+                rank=r,
+                node=paths[r].node,
+                rnic=paths[r].primary,
+                rail=rails.get((paths[r].node, paths[r].primary or "")),
+                switch=paths[r].primary_switch,
+            )
+            for r in ring
+        ),
+    )
 
 
 def _summary_rows(count: int, recommended: int | None, everything: bool) -> list[int]:

@@ -78,7 +78,7 @@ def ack_command(
         return cmd
     if status == AckStatus.FAILED:
         commands.transition(session, cmd, CommandState.FAILED, now)
-        if job is not None and cmd.kind != CommandKind.ABORT:
+        if job is not None and cmd.kind not in NOT_A_MOVE:
             detail = body.detail or "no detail"
             why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
             cannot_move(session, cmd, why, now, settings)
@@ -94,14 +94,20 @@ def ack_command(
     return cmd
 
 
+# Kinds whose failure says nothing about whether the ranks' traffic can move.
+NOT_A_MOVE = (CommandKind.ABORT, CommandKind.CHECKPOINT_NOW)
+
+
 def cannot_move(
     session: Session, cmd: m.Command, why: str, now: datetime, settings: Settings
 ) -> None:
     """Ranks that cannot be moved: their node is unreachable evidence; reconcile its jobs.
 
-    An abort needs nothing more: the job is already restarting.
+    An abort needs nothing more: the job is already restarting. A checkpoint request
+    moves no traffic: a rank that cannot take one says nothing about its paths (the
+    CloudEvent asked the fleet manager too).
     """
-    if cmd.kind == CommandKind.ABORT:
+    if cmd.kind in NOT_A_MOVE:
         return
     fault = FaultRepo(session).open_if_new(
         m.Fault(

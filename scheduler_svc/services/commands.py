@@ -93,6 +93,9 @@ def issue(
             )
             continue
         transit = dict(intent.transit)
+        if intent.kind == IntentKind.CHECKPOINT_NOW:
+            # One request stands: a newer failed iteration replaces the older ask.
+            withdraw(session, job, CommandKind.CHECKPOINT_NOW, now)
         by_node: dict[str, list[int]] = {}
         for r in intent.ranks:
             if r in rank_nodes:
@@ -112,6 +115,7 @@ def issue(
                 transit_mb_per_channel=transit_mb(settings) if transit else None,
                 created_at=now,
                 ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+                iteration=intent.iteration,
             )
             for node, ranks in sorted(by_node.items())
         ]
@@ -125,6 +129,12 @@ def issue(
 def transit_mb(settings: Settings) -> int:
     """MB a transit GPU gives one channel: the service's per-channel cost, whole MB."""
     return max(1, int(settings.nvl_mb_per_channel))
+
+
+def withdraw(session: Session, job: m.Job, kind: CommandKind, now: datetime) -> int:
+    """Supersede the job's commands of `kind` still on their way; how many there were."""
+    waiting = CoordinationRepo(session).job_commands(job.job_id, [kind.value], WAITING)
+    return sum(transition(session, c, CommandState.SUPERSEDED, now) for c in waiting)
 
 
 def switch_point(
@@ -285,6 +295,7 @@ def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Set
             created_at=now,
             attempt=cmd.attempt + 1,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+            iteration=cmd.iteration,
         )
         CommandRepo(session).add_all([retry])
         notify_nodes(session, [cmd.node])

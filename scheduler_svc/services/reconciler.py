@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.reconcile import Desired, Mode
 from scheduler_svc.errors import NotFound
-from scheduler_svc.fleet import emit_decision
+from scheduler_svc.fleet import EventType, emit, emit_decision
 from scheduler_svc.schemas import JobPathsOut, RankPathOut
 from scheduler_svc.services import ccl, commands, fabric
 from scheduler_svc.store import models as m
@@ -35,6 +35,9 @@ from scheduler_svc.store.repositories import (
 
 log = logging.getLogger(__name__)
 
+# The kind of checkpoint a job takes itself (not rebuilt by FlowCheck).
+FULL = "full"
+
 
 def options(settings: Settings) -> engine.Options:
     return engine.Options(
@@ -46,8 +49,29 @@ def options(settings: Settings) -> engine.Options:
     )
 
 
+def mirror_failures(
+    session: Session, job_id: str
+) -> tuple[int | None, list[engine.MirrorFailureSeen]]:
+    """The highest iteration of a normal checkpoint, and the rebuild failures from it on.
+
+    A job that never had one costs one indexed lookup per pass.
+    """
+    repo = JobRepo(session)
+    if not repo.has_mirror_failures(job_id):
+        return None, []
+    top = repo.highest_checkpoint_iteration(job_id, FULL)
+    seen = []
+    for f in repo.mirror_failures_from(job_id, top):
+        below = repo.checkpoint_below(job_id, f.iteration)
+        seen.append(
+            engine.MirrorFailureSeen(f.id, f.iteration, f.at, None if below is None else below.at)
+        )
+    return top, seen
+
+
 def job_state(session: Session, job: m.Job) -> engine.JobState:
     cp = JobRepo(session).newest_checkpoint(job.job_id)
+    top, failures = mirror_failures(session, job.job_id)
     return engine.JobState(
         job_id=job.job_id,
         mode=Mode(job.mode),
@@ -77,10 +101,17 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
         registering=job.desired is None,
         newest_checkpoint=None
         if cp is None
-        else engine.CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind),
+        else engine.CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind, cp.iteration),
         previous=Desired.from_json(job.desired),
         nccl=NcclSpec.from_declaration(job.ccl)
         if job.ccl is not None and ccl.is_stock_nccl(job)
+        else None,
+        mirror_failures=tuple(failures),
+        full_checkpoint_iteration=top,
+        full_checkpoint_unnumbered_at=JobRepo(session).newest_unnumbered_checkpoint_at(
+            job.job_id, FULL
+        )
+        if failures
         else None,
     )
 
@@ -151,6 +182,17 @@ def reconcile_job(
     job.mode = desired.mode.value
     commanded = Desired.from_json(job.commanded)
     intents = engine.command_diff(commanded, desired, state)
+    # A restarting job is asked nothing: its next incarnation is, if still wanted then.
+    asked = desired.checkpoint_after if desired.mode != Mode.RESTARTING else None
+    if asked is not None and asked != commanded.checkpoint_after:
+        # Told to the fleet even where no rank takes commands (stock NCCL); the
+        # checkpoint_now commands are among the intents.
+        request_checkpoint(session, job, asked, state, now)
+        job.commanded = replace(commanded, checkpoint_after=asked).to_json()
+    elif desired.checkpoint_after is None and commanded.checkpoint_after is not None:
+        # A checkpoint newer than the failed iteration came: nothing left to ask for.
+        commands.withdraw(session, job, m.CommandKind.CHECKPOINT_NOW, now)
+        job.commanded = replace(commanded, checkpoint_after=None).to_json()
     if state.nccl is not None:
         intents = []  # stock NCCL reads no commands: its own failover does the moving
         job.commanded = desired.to_json()
@@ -170,6 +212,31 @@ def reconcile_job(
     if job.desired != new_json:
         job.desired = new_json
     return row
+
+
+def request_checkpoint(
+    session: Session, job: m.Job, iteration: int, state: engine.JobState, now: datetime
+) -> None:
+    """io.railover.job.checkpoint_requested: the job should checkpoint at its next iteration."""
+    metrics.CHECKPOINT_REQUESTS.inc()
+    failures = engine.open_mirror_failures(state)
+    emit(
+        session,
+        EventType.JOB_CHECKPOINT_REQUESTED,
+        job_id=job.job_id,
+        subject=f"job/{job.job_id}",
+        data={
+            "job_id": job.job_id,
+            "after_iteration": iteration,
+            "failed_iterations": [f.iteration for f in failures],
+            "usable_checkpoint_at": engine.usable_checkpoint_at(state).isoformat(),
+            "ranks": [r for r, _, _ in state.ranks],
+            "reason": f"a checkpoint node could not rebuild iteration {iteration}: take a "
+            "normal checkpoint at the next iteration",
+        },
+        now=now,
+    )
+    log.info("job %s: checkpoint requested after iteration %d", job.job_id, iteration)
 
 
 def record_decision(

@@ -12,8 +12,9 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
+from scheduler_svc.engine.reconcile import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.schemas import CheckpointIn, JobIn, NodeIn
+from scheduler_svc.schemas import CheckpointIn, JobIn, MirrorFailureIn, NodeIn
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode
@@ -245,6 +246,9 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
     job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size
     job.allow_scaling = body.allow_scaling
+    # The new incarnation resumed from the posted checkpoint and FlowCheck rebuilds from
+    # it afresh: the iterations the old one lost are no longer behind its newest one.
+    JobRepo(session).clear_mirror_failures(job.job_id)
     for c in list(CoordinationRepo(session).communicators(job.job_id)):
         session.delete(c)
     session.flush()
@@ -321,6 +325,45 @@ def add_checkpoint(
     # incarnation) and, while failed over, a moment to restart cleanly: reconcile says.
     reconciler.reconcile_job(session, job, now, settings)
     return current
+
+
+def add_mirror_failure(
+    session: Session,
+    job_id: str,
+    body: MirrorFailureIn,
+    *,
+    reported_by: str | None,
+    now: datetime,
+    settings: Settings,
+) -> tuple[m.MirrorFailure, bool]:
+    """Record that a checkpoint node could not rebuild an iteration; reconcile the job.
+
+    The failure is evidence: reconcile then wants a normal checkpoint after that
+    iteration, which goes out as a checkpoint_now command and a CloudEvent. A report of
+    an iteration already recorded (a replay, or a second checkpoint node) changes
+    nothing and returns the stored one with created False.
+    """
+    job = lock_job(session, job_id)
+    repo = JobRepo(session)
+    known = repo.mirror_failure(job_id, body.iteration)
+    if known is not None:
+        return known, False
+    row = m.MirrorFailure(
+        job_id=job_id,
+        iteration=body.iteration,
+        at=body.at,
+        received_at=now,
+        reported_by=reported_by,
+    )
+    repo.add_mirror_failure(row)
+    metrics.MIRROR_FAILURES.inc()
+    reconciler.reconcile_job(session, job, now, settings)
+    return row, True
+
+
+def checkpoint_requested_after(job: m.Job) -> int | None:
+    """What the last reconcile pass wanted: a checkpoint newer than this iteration."""
+    return Desired.from_json(job.desired).checkpoint_after
 
 
 def record_iterations(

@@ -36,6 +36,8 @@ class CommandKind(enum.StrEnum):
     REBALANCE = "rebalance"
     FAILBACK = "failback"
     ABORT = "abort"
+    # FlowCheck: take a normal checkpoint at the next iteration (not a path change).
+    CHECKPOINT_NOW = "checkpoint_now"
     BALANCE = "balance"  # R²CCL balance: channel weights and allreduce split
     NVL_TRANSIT = "nvl_transit"  # ranks send through a peer GPU over NVLink
 
@@ -247,6 +249,9 @@ class JobRank(Base):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
+    # FlowCheck: the newest normal checkpoint's iteration, read on every reconcile pass of
+    # a job with a rebuild failure, among one checkpoint per iteration.
+    __table_args__ = (Index("ix_checkpoints_job_kind_iteration", "job_id", "kind", "iteration"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"), index=True)
@@ -375,6 +380,8 @@ class Command(Base):
     # Retries are new commands (the agent de-duplicates by id); this counts them.
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     ack_deadline_at: Mapped[datetime | None]
+    # CHECKPOINT_NOW: the iteration the requested checkpoint must be newer than.
+    iteration: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class CommandAck(Base):
@@ -630,3 +637,24 @@ class CclStall(Base):
     open_s: Mapped[float | None]
     job_id: Mapped[str | None] = mapped_column(String(128))
     observed_at: Mapped[datetime]
+
+
+# --- FlowCheck (issue 15): iterations a checkpoint node could not rebuild ---
+
+
+class MirrorFailure(Base):
+    """A checkpoint node's report that it could not rebuild one iteration of a job.
+
+    One row per (job, iteration): a replayed report, or the same loss reported by a
+    second checkpoint node, is the same failure.
+    """
+
+    __tablename__ = "mirror_failures"
+    __table_args__ = (UniqueConstraint("job_id", "iteration"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    reported_by: Mapped[str | None] = mapped_column(String(64))

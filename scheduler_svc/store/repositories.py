@@ -304,6 +304,65 @@ class JobRepo:
         self.s.add(cp)
         self.s.flush()
 
+    def highest_checkpoint_iteration(self, job_id: str, kind: str) -> int | None:
+        return self.s.scalar(
+            select(func.max(m.Checkpoint.iteration)).where(
+                m.Checkpoint.job_id == job_id, m.Checkpoint.kind == kind
+            )
+        )
+
+    def newest_unnumbered_checkpoint_at(self, job_id: str, kind: str) -> datetime | None:
+        return self.s.scalar(
+            select(func.max(m.Checkpoint.at)).where(
+                m.Checkpoint.job_id == job_id,
+                m.Checkpoint.kind == kind,
+                m.Checkpoint.iteration.is_(None),
+            )
+        )
+
+    def checkpoint_below(self, job_id: str, iteration: int) -> m.Checkpoint | None:
+        """The newest checkpoint of an iteration below `iteration` (the last one rebuilt)."""
+        return self.s.scalar(
+            select(m.Checkpoint)
+            .where(m.Checkpoint.job_id == job_id, m.Checkpoint.iteration < iteration)
+            .order_by(m.Checkpoint.iteration.desc(), m.Checkpoint.at.desc())
+            .limit(1)
+        )
+
+    def mirror_failure(self, job_id: str, iteration: int) -> m.MirrorFailure | None:
+        return self.s.scalar(
+            select(m.MirrorFailure).where(
+                m.MirrorFailure.job_id == job_id, m.MirrorFailure.iteration == iteration
+            )
+        )
+
+    def has_mirror_failures(self, job_id: str) -> bool:
+        found = self.s.scalar(
+            select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == job_id).limit(1)
+        )
+        return found is not None
+
+    def clear_mirror_failures(self, job_id: str) -> None:
+        self.s.execute(delete(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id))
+
+    def add_mirror_failure(self, row: m.MirrorFailure) -> None:
+        self.s.add(row)
+        self.s.flush()
+
+    def mirror_failures_from(
+        self, job_id: str, iteration: int | None, limit: int = 64
+    ) -> list[m.MirrorFailure]:
+        """The job's rebuild failures at `iteration` or later (all when None), newest last.
+
+        Failures below the highest checkpointed iteration are answered and never read;
+        the rest are few (a failure stops the rebuilds until the next checkpoint).
+        """
+        q = select(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id)
+        if iteration is not None:
+            q = q.where(m.MirrorFailure.iteration >= iteration)
+        rows = self.s.scalars(q.order_by(m.MirrorFailure.iteration.desc()).limit(limit))
+        return sorted(rows, key=lambda f: f.iteration)
+
 
 class EventRepo:
     def __init__(self, session: Session) -> None:

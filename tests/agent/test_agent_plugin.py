@@ -467,7 +467,8 @@ def test_nvl_transit_reaches_abi2_and_fails_where_only_abi1_listens(
     old.close()
 
 
-@pytest.mark.parametrize("kind", ["rebalance", "failback", "abort", "failover", "balance"])
+@pytest.mark.parametrize("kind", ["rebalance", "failback", "abort", "failover", "balance",
+                                  "checkpoint_now"])  # fmt: skip
 def test_every_service_command_kind_has_a_frame(kind: str) -> None:
     frame = to_wire_command(
         {
@@ -483,6 +484,19 @@ def test_every_service_command_kind_has_a_frame(kind: str) -> None:
     assert frame.kind == wire.CommandKind[kind.upper()]
     # Channels past the 64-bit mask cannot be named on the wire; 0 and 63 can.
     assert frame.disabled_channels == (1 | 1 << 63)
+    assert frame.iteration == 0
+
+
+def test_a_checkpoint_request_carries_its_iteration_byte_for_byte() -> None:
+    """checkpoint_now: kind 5 and the failed iteration in the command's last 8 bytes."""
+    frame = to_wire_command(
+        {"command_id": 7, "kind": "checkpoint_now", "comm_id": 0, "ops_done": 0, "epoch": 3,
+         "disabled_channels": [], "iteration": 2**40 + 5}
+    )  # fmt: skip
+    assert frame is not None
+    payload = wire.encode(frame)[wire.HEADER_SIZE :]
+    assert payload == struct.pack("<QQQQIIQ", 7, 0, 0, 0, 5, 3, 2**40 + 5)
+    assert wire.decode_frame(wire.encode(frame)) == frame
 
 
 def test_unknown_command_kind_is_acked_failed(

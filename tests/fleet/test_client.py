@@ -47,6 +47,41 @@ def test_client_registers_reports_and_waits(db_url: str) -> None:
         assert sub.secret and sub.job_id == "j1"
 
 
+def test_client_and_hook_take_a_checkpoint_request(db_url: str) -> None:
+    """FlowCheck: a node reports a lost iteration; rank 0's hook hears of it on its next
+    report, calls back once, says a checkpoint is due until one newer is saved."""
+    from examples.railover_torchrun import RailoverHook  # imports torch
+
+    settings = Settings(db_url=db_url, port=0)
+    with local_service(settings) as url, RailoverClient(url) as rv:
+        register_nodes(rv._http, ["n0", "n1"])
+        rv.register_job(JobIn.model_validate(job_body("j1", ["n0", "n1"])))
+        assert rv.checkpoint_requested("j1") is None
+        at = CHECKPOINT + timedelta(seconds=60)
+        out = rv.report_mirror_failure("j1", 700, at=at)
+        assert (out.created, out.checkpoint_requested_after) == (True, 700)
+        assert rv.report_mirror_failure("j1", 700, at=at).created is False  # a retry
+        assert rv.checkpoint_requested("j1") == 700
+        asked: list[int] = []
+        hook = RailoverHook(rv, "j1", rank=0, report_every=2, on_checkpoint_request=asked.append)
+        assert hook.checkpoint_due() is False  # not heard of yet: no report went out
+        hook.iteration_done(1.0)
+        assert asked == [] and hook.checkpoint_due() is False
+        hook.iteration_done(1.0)  # the batch goes out; its answer carries the request
+        assert asked == [700] and hook.checkpoint_due() is True
+        hook.iteration_done(1.0)
+        hook.iteration_done(1.0)
+        assert asked == [700]  # called back once per request
+        hook.checkpoint_saved(700)  # not newer than the lost iteration
+        assert hook.checkpoint_due() is True
+        hook.checkpoint_saved(701)
+        assert hook.checkpoint_due() is False and hook.checkpoint_requested_after is None
+        assert rv.checkpoint_requested("j1") is None
+        with pytest.raises(RailoverError) as err:
+            rv.report_mirror_failure("nope", 1)
+        assert err.value.status == 404
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")

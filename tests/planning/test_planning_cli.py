@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from scheduler_svc.planning.cli import register
 from scheduler_svc.planning.simulate import POLICIES, simulate
+from tests.scheduler_svc.helpers import job_body, register_nodes
 
 SMALL = ["--gpus", "1024", "--hours", "100", "--runs", "200", "--seed", "3"]
 QUANTS = {"median", "p90", "p99"}
@@ -332,3 +334,77 @@ def test_matplotlib_is_not_imported_without_plot(tmp_path: Path) -> None:
         "assert 'matplotlib' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=120)
+
+
+def test_mirror_plan_for_a_registered_job_reads_its_real_ring(
+    app: typer.Typer, service: str, http: httpx.Client
+) -> None:
+    """DP 8 × TP 4 on four 8-GPU nodes: the DP ring is ranks 0, 4, ..., 28, i.e. GPUs 0 and 4
+    of every node, so it leaves on two rails only, not on the eight the invented layout
+    stripes a ring of 8 over."""
+    nodes = ["n0", "n1", "n2", "n3"]
+    register_nodes(http, nodes)
+    r = http.post("/v1/jobs", json=job_body("big", nodes, dp_size=8, tp_size=4))
+    assert r.status_code == 201, r.text
+    paths = {p["rank"]: p for p in http.get("/v1/jobs/big/paths").json()["ranks"]}
+    args = ["--loss", "1e-4", "--packets", "100000"]
+    doc = run_json(app, "mirror-plan", "--job", "big", "--url", service, *args)
+    ring = [4 * d for d in range(8)]
+    assert doc["job"] == {
+        "job_id": "big",
+        "dp": 8,
+        "tp": 4,
+        "pp": 1,
+        "ring": [
+            {
+                "rank": r,
+                "node": nodes[r // 8],
+                "rnic": paths[r]["primary"],
+                "rail": r % 8,
+                "switch": f"rail{r % 8}-leaf",
+            }
+            for r in ring
+        ],
+    }
+    assert [paths[r]["primary"] for r in ring] == ["mlx5_0/1", "mlx5_4/1"] * 4
+    assert doc["parameters"]["dp"] == 8
+    assert "rails" not in doc["parameters"]
+    placement = doc["placement"]
+    m = doc["recommended_monitors"]
+    assert m == len(placement) and m >= 3  # more monitors than the ring has switches
+    for mon in placement:
+        assert mon["job_rank"] == ring[mon["rank"]]
+        assert (mon["node"], mon["rnic"]) == (
+            nodes[mon["job_rank"] // 8],
+            paths[mon["job_rank"]]["primary"],
+        )
+        assert mon["switch"] == f"rail{mon['rail']}-leaf"
+    # The ring has two switches: four monitors share them evenly, two on each.
+    assert [(mon["rank"], mon["job_rank"], mon["switch"]) for mon in placement] == [
+        (0, 0, "rail0-leaf"),
+        (1, 4, "rail4-leaf"),
+        (4, 16, "rail0-leaf"),
+        (5, 20, "rail4-leaf"),
+    ]
+    assert all(mon["shares_switch"] for mon in placement)
+    # The invented layout for the same N would have put every monitor on a switch of its own.
+    invented = run_json(app, "mirror-plan", "--dp", "8", "--rails", "8", *args)
+    assert invented["recommended_monitors"] == m
+    assert not any(mon["shares_switch"] for mon in invented["placement"])
+    table = run(app, "mirror-plan", "--job", "big", "--url", service, *args)
+    assert table.exit_code == 0, table.output
+    assert "Where to mirror job big" in table.output
+
+
+def test_mirror_plan_job_errors_name_the_flag(
+    app: typer.Typer, service: str, http: httpx.Client
+) -> None:
+    missing = run(app, "mirror-plan", "--job", "nope", "--url", service)
+    assert missing.exit_code == 2
+    assert "--job" in missing.output and "404" in missing.output
+    both = run(app, "mirror-plan", "--job", "nope", "--url", service, "--dp", "8")
+    assert both.exit_code == 2 and "--dp" in both.output
+    register_nodes(http, ["n0"])
+    assert http.post("/v1/jobs", json=job_body("solo", ["n0"])).status_code == 201
+    solo = run(app, "mirror-plan", "--job", "solo", "--url", service)  # dp_size 1
+    assert solo.exit_code == 2 and "dp" in solo.output

@@ -8,6 +8,7 @@ import mpmath
 import numpy as np
 import pytest
 
+from scheduler_svc.planning import mirror
 from scheduler_svc.planning.mirror import p_fail, place, plan, switch_of
 from scheduler_svc.planning.params import MirrorParams
 
@@ -83,3 +84,25 @@ def test_placement_flags_sharing_when_there_are_more_monitors_than_switches() ->
     chosen = place(8, 3, rails=2, ranks_per_switch=4)
     assert len(chosen) == 3
     assert sum(mon.shares_switch for mon in chosen) == 2
+
+
+def test_dp_ring_is_tensor_rank_0_of_pipeline_stage_0() -> None:
+    assert mirror.dp_ring(4, 2, 2, 16) == [0, 2, 4, 6]
+    assert mirror.dp_ring(8, 1, 1, 8) == list(range(8))
+    with pytest.raises(ValueError, match="but the job has 12 ranks"):
+        mirror.dp_ring(4, 2, 2, 12)
+
+
+def test_placement_on_a_real_ring_keeps_monitors_off_shared_switches_while_it_can() -> None:
+    # Ring positions 0-3 on one switch, 4-5 on a second, 6 on a third, 7 on an unknown one.
+    switches = ["a", "a", "a", "a", "b", "b", "c", None]
+    ring = tuple(
+        mirror.RingRank(10 + i, f"n{i}", f"mlx5_{i}/1", i % 2, sw) for i, sw in enumerate(switches)
+    )
+    placed = mirror.place_on(ring, 4)
+    assert [(m.rank, m.job_rank, m.switch, m.shares_switch) for m in placed] == [
+        (0, 10, "a", False),
+        (5, 15, "b", False),  # rank 4 is on the rail rank 0 already uses
+        (6, 16, "c", False),
+        (7, 17, "unknown", False),
+    ]

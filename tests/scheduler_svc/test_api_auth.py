@@ -82,6 +82,14 @@ def test_roles(secured: str, tokens: dict[str, str]) -> None:
         assert viewer.delete("/v1/jobs/j1").status_code == 403
         assert viewer.post("/v1/events", json={"events": [event("n0")]}).status_code == 403
         assert viewer.get("/readyz").json()["detail"]["auth"] == "tokens"
+    # A rebuild failure is a checkpoint node's word: fleet role only.
+    failure = {"iteration": 7, "at": "2026-11-01T12:00:00Z"}
+    for role in ("agent0", "viewer"):
+        with client(secured, tokens[role]) as other:
+            r = other.post("/v1/jobs/j1/mirror-failures", json=failure)
+            assert r.status_code == 403, (role, r.text)
+    with client(secured, tokens["fleet"]) as fleet:
+        assert fleet.post("/v1/jobs/j1/mirror-failures", json=failure).status_code == 201
 
 
 def _now_event(node: str, kind: str, **extra: Any) -> dict[str, Any]:

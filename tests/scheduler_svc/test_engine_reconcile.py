@@ -36,6 +36,7 @@ from scheduler_svc.engine.reconcile import (
     Intent,
     IntentKind,
     JobState,
+    MirrorFailureSeen,
     Mode,
     Options,
     Reconciled,
@@ -84,6 +85,7 @@ class Story:
     failed_over_at: datetime | None = None
     restart_decided_at: datetime | None = None
     checkpoint: CheckpointSeen | None = None
+    last_checkpoint_at: datetime = T0
     measured_k: float | None = None
     decisions: list[Reconciled] = field(default_factory=list)
     intents: list[list[Intent]] = field(default_factory=list)
@@ -102,7 +104,7 @@ class Story:
             job_id="j",
             mode=self.mode,
             ranks=ranks,
-            last_checkpoint_at=T0,
+            last_checkpoint_at=self.last_checkpoint_at,
             communicators=comms,
             measured_k=self.measured_k,
             failed_over_at=self.failed_over_at,
@@ -581,3 +583,82 @@ def test_dcr_or_balance_disables_the_lost_rails_channels_for_the_whole_communica
     assert comm["mitigation"] in ("dcr", "balance")
     assert comm["disabled_channels"] == [3, 11]
     assert ("balance", tuple(range(16)), (3, 11)) in kinds(s.intents[-1])
+
+
+# --- FlowCheck: a lost iteration asks for a checkpoint and makes restarting dearer ----------------
+
+
+def test_a_mirror_failure_asks_every_rank_for_a_checkpoint_until_a_newer_normal_one() -> None:
+    s = Story(["n0", "n1"])
+    s.job_kw["mirror_failures"] = (MirrorFailureSeen(1, 500, at(100), rebuilt_at=at(94)),)
+    out = s.step(101)
+    assert out.decision is None  # not a path outcome: nothing to decide, only to ask
+    assert out.desired.checkpoint_after == 500
+    assert out.desired.mode == Mode.NORMAL and dict(out.desired.moved) == {}
+    assert s.intents[-1] == [Intent(IntentKind.CHECKPOINT_NOW, 0, tuple(range(16)), iteration=500)]
+    s.step(102)
+    assert s.intents[-1] == []  # asked once
+    # FlowCheck checkpoints of later iterations are rebuilt on the lost one: still open.
+    s.checkpoint = CheckpointSeen(7, at(106), at(106), "flowcheck", iteration=501)
+    s.step(106)
+    assert (s.desired.checkpoint_after, s.intents[-1]) == (500, [])
+    # A second loss before the checkpoint came: the request moves on to it.
+    s.job_kw["mirror_failures"] += (MirrorFailureSeen(2, 510, at(160)),)
+    s.step(161)
+    assert kinds(s.intents[-1]) == [("checkpoint_now", tuple(range(16)), ())]
+    assert s.intents[-1][0].iteration == 510
+    # A normal checkpoint of 510 is not newer than 510; one of 511 ends the request.
+    s.job_kw["full_checkpoint_iteration"] = 510
+    assert s.step(170).desired.checkpoint_after == 510 and s.intents[-1] == []
+    s.job_kw["full_checkpoint_iteration"] = 511
+    done = s.step(180)
+    assert done.desired.checkpoint_after is None and s.intents[-1] == []
+    assert done.decision is None
+    # Stored and read back, the request survives the round trip.
+    assert Desired.from_json(out.desired.to_json()) == out.desired
+
+
+def test_a_normal_checkpoint_without_an_iteration_answers_the_failures_before_it() -> None:
+    s = Story(["n0", "n1"])
+    s.job_kw["mirror_failures"] = (MirrorFailureSeen(1, 500, at(100)),)
+    s.job_kw["full_checkpoint_unnumbered_at"] = at(100)  # not after the failure
+    assert s.step(101).desired.checkpoint_after == 500
+    s.job_kw["full_checkpoint_unnumbered_at"] = at(130)
+    assert s.step(131).desired.checkpoint_after is None
+
+
+def test_a_restarting_job_is_not_asked_for_a_checkpoint() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    s.step(1000)
+    assert mode(s) == Mode.RESTARTING
+    s.job_kw["mirror_failures"] = (MirrorFailureSeen(1, 500, at(1005)),)
+    s.step(1010)
+    assert s.intents[-1] == []
+
+
+@pytest.mark.parametrize(
+    ("failure", "action", "t_elapsed_s"),
+    [
+        # FlowCheck checkpointed 10 s before the fault: restarting loses almost nothing.
+        (None, Action.RESTART, 10.0),
+        # Iteration 300 was lost at 1506 s; FlowCheck kept reporting later iterations,
+        # but the last one rebuilt is from 1500 s: 1500 s of work to redo, past the
+        # threshold of 1200 s (k = 1.5, an hour's interval), so failing over is cheaper.
+        (MirrorFailureSeen(1, 300, at(1506), rebuilt_at=at(1500)), Action.FAILOVER, 1500.0),
+        # No checkpoint below 300 known: the loss itself bounds the last rebuilt one.
+        (MirrorFailureSeen(1, 300, at(1700)), Action.FAILOVER, 1300.0),
+    ],
+)
+def test_t_elapsed_counts_from_the_last_rebuilt_iteration_while_a_failure_is_open(
+    failure: MirrorFailureSeen | None, action: Action, t_elapsed_s: float
+) -> None:
+    s = Story(["n0", "n1"], last_checkpoint_at=at(2990))
+    s.checkpoint = CheckpointSeen(9, at(2990), at(2990), "flowcheck", iteration=600)
+    if failure is not None:
+        s.job_kw["mirror_failures"] = (failure,)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    out = s.step(3000)
+    assert out.decision is not None
+    assert out.decision.action == action
+    assert out.decision.inputs["t_elapsed_s"] == t_elapsed_s
