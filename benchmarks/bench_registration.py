@@ -1,0 +1,100 @@
+"""Registration at scale: an 8,192-node fleet's PUT /v1/nodes, then a 65,536-rank POST /v1/jobs.
+
+The service runs as its own process (`railover serve`). Nodes register from 8 client
+threads, as agents starting together would; then one client posts the whole job (its
+JSON encoded beforehand, so the figure is the service's), deletes it, and posts it
+again, `--posts` times. Each POST returns after the job is validated and committed.
+
+    .venv/bin/python benchmarks/bench_registration.py [--nodes 8192] [--posts 5]
+        [--backend sqlite,postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import benchlib
+import httpx
+
+from railover_testing.cluster_shapes import hgx_node
+
+THREADS = 8
+
+
+def register(url: str, names: list[str]) -> list[float]:
+    """PUT every node from THREADS clients; each request's seconds."""
+    local = threading.local()
+    body = hgx_node()
+
+    def put(name: str) -> float:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=url, timeout=60)
+        started = time.perf_counter()
+        local.http.put(f"/v1/nodes/{name}", json=body).raise_for_status()
+        return time.perf_counter() - started
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        return list(pool.map(put, names))
+
+
+def run(db_url: str, nodes: int, posts: int) -> dict[str, float]:
+    with benchlib.served(db_url) as url, httpx.Client(base_url=url, timeout=120) as http:
+        names = [f"n{i:05d}" for i in range(nodes)]
+        started = time.perf_counter()
+        puts = register(url, names)
+        fleet_s = time.perf_counter() - started
+        checkpoint = datetime.now(UTC) - timedelta(hours=1)
+        body = json.dumps(benchlib.job_body("big", names, checkpoint)).encode()
+        headers = {"Content-Type": "application/json"}
+        seconds = []
+        for _ in range(posts):
+            started = time.perf_counter()
+            r = http.post("/v1/jobs", content=body, headers=headers)
+            seconds.append(time.perf_counter() - started)
+            if r.status_code != 201:
+                raise RuntimeError(f"POST /v1/jobs: {r.status_code} {r.text[:500]}")
+            http.delete("/v1/jobs/big").raise_for_status()
+        return {
+            "nodes": nodes,
+            "ranks": nodes * 8,
+            "fleet_s": fleet_s,
+            "put_p50_ms": benchlib.percentile(puts, 50) * 1e3,
+            "put_p99_ms": benchlib.percentile(puts, 99) * 1e3,
+            "job_body_mb": len(body) / 1e6,
+            "post_min_s": min(seconds),
+            "post_median_s": statistics.median(seconds),
+            "post_max_s": max(seconds),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=8192, help="8 GPUs each")
+    ap.add_argument("--posts", type=int, default=5, help="POSTs of the whole job")
+    ap.add_argument("--backend", default="sqlite,postgres")
+    args = ap.parse_args()
+    print(f"machine: {benchlib.machine()}")
+    print(
+        "| store | nodes | ranks | fleet registered s | PUT p50 ms | PUT p99 ms | job MB "
+        "| POST min s | POST median s | POST max s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for backend in args.backend.split(","):
+        with benchlib.scratch_store(backend) as db_url:
+            r = run(db_url, args.nodes, args.posts)
+        print(
+            f"| {backend} | {r['nodes']:,} | {r['ranks']:,} | {r['fleet_s']:.1f} "
+            f"| {r['put_p50_ms']:.1f} | {r['put_p99_ms']:.1f} | {r['job_body_mb']:.1f} "
+            f"| {r['post_min_s']:.2f} | {r['post_median_s']:.2f} | {r['post_max_s']:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
