@@ -50,6 +50,7 @@ from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (
     CclRepo,
     CoordinationRepo,
+    JobRepo,
 )
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
@@ -67,7 +68,11 @@ OnNode = Annotated[Name | None, Query(description="Only the ranks on this node")
 def job_out(session: Session, job: m.Job) -> JobOut:
     return JobOut(
         job_id=job.job_id,
-        ranks=[RankIn(rank=r.rank, node=r.node, gpu=r.gpu) for r in job.ranks],
+        # Stored ranks were validated on the way in: built without validating again.
+        ranks=[
+            RankIn.model_construct(rank=r, node=n, gpu=g)
+            for r, n, g in JobRepo(session).rank_tuples(job.job_id)
+        ],
         checkpoint_interval_s=job.checkpoint_interval_s,
         reload_s=job.reload_s,
         detect_s=job.detect_s,

@@ -121,6 +121,22 @@ class PlanCache:
                         self._entries.popitem(last=False)
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
 
+    def plan_of(self, node: m.Node, backup_cap: int | None) -> NodePlan:
+        """The plan of `node` with nothing lost, kept under the key `get` looks up: the plan
+        a registration answers with is then the one a job on the node starts from."""
+        key = (node.name, node.topology_version, node.registered_at, (), backup_cap)
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None:
+            return hit[1]
+        topo = node_topology(node)
+        entry = (topo, plan_node(topo, backup_cap))
+        with self._lock:
+            self._entries[key] = entry
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        return entry[1]
+
 
 PLANS = PlanCache()
 

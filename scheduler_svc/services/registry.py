@@ -185,16 +185,13 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         mode=JobMode.NORMAL.value,
         decision_count=0,
     )
-    job.ranks = [
-        m.JobRank(job_id=body.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
-    ]
     job.repair_estimate_s = body.repair_estimate_s
     job.ccl = None if body.ccl is None else body.ccl.model_dump(mode="json")
     taken = CoordinationRepo(session).jobs_of_comm(c.comm_id for c in body.communicators)
     if taken:
         comm_id, other = next(iter(taken.items()))
         raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
-    jobs.add(job)
+    jobs.add(job, ((r.rank, r.node, r.gpu) for r in body.ranks))
     session.add_all(
         m.Communicator(
             job_id=body.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
@@ -207,13 +204,13 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
 
 
 def _validate_ranks(session: Session, body: JobIn) -> None:
-    nodes = NodeRepo(session).get_many({r.node for r in body.ranks})
+    gpus = NodeRepo(session).gpu_indexes({r.node for r in body.ranks})
     problems = []
     for i, r in enumerate(body.ranks):
-        node = nodes.get(r.node)
-        if node is None:
+        on_node = gpus.get(r.node)
+        if on_node is None:
             problems.append(f"ranks[{i}].node: node {r.node!r} is not registered")
-        elif r.gpu not in {g.index for g in node.gpus}:
+        elif r.gpu not in on_node:
             problems.append(f"ranks[{i}].gpu: node {r.node!r} has no GPU {r.gpu}")
         if len(problems) >= 20:
             problems.append("... (first 20 problems shown)")

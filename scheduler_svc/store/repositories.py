@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, or_, select, tuple_, update
+from sqlalchemy import delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -125,6 +125,18 @@ class NodeRepo:
         rows = self.s.scalars(select(m.Node).where(m.Node.name.in_(list(names)))).all()
         return {n.name: n for n in rows}
 
+    def gpu_indexes(self, names: Iterable[str]) -> dict[str, set[int]]:
+        """Each registered node's GPU indexes (a node with none maps to an empty set), as
+        plain rows: a 65,536-rank job names 8,192 nodes."""
+        wanted = list(names)
+        out: dict[str, set[int]] = {
+            n: set() for n in self.s.scalars(select(m.Node.name).where(m.Node.name.in_(wanted)))
+        }
+        rows = self.s.execute(select(m.Gpu.node, m.Gpu.index).where(m.Gpu.node.in_(wanted)))
+        for node, index in rows:
+            out[node].add(index)
+        return out
+
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 
@@ -230,9 +242,14 @@ class JobRepo:
             .execution_options(populate_existing=True)
         )
 
-    def add(self, job: m.Job) -> None:
+    def add(self, job: m.Job, ranks: Iterable[tuple[int, str, int]] = ()) -> None:
+        """Store the job and its (rank, node, gpu) placement; the ranks go in as one
+        executemany, not as ORM objects (65,536 of them for a large job)."""
         self.s.add(job)
         self.s.flush()
+        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in ranks]
+        if rows:
+            self.s.execute(insert(m.JobRank), rows)
 
     def delete(self, job: m.Job) -> None:
         self.s.delete(job)
