@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from scheduler_svc.api import routing
 from scheduler_svc.deps import AgentAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.schemas import GpuIn, GpuPathOut, Name, NodeIn, NodeOut, RnicIn
 from scheduler_svc.services import registry
-from scheduler_svc.services.fabric import PLANS
+from scheduler_svc.services.fabric import node_topology
 from scheduler_svc.store import models as m
 
 router = routing.router(prefix="/v1/nodes", tags=["nodes"])
 
 
 def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:
-    plan = PLANS.plan_of(node, backup_cap)
+    plan = plan_node(node_topology(node), backup_cap)
     return NodeOut(
         name=node.name,
         registered_at=node.registered_at,

@@ -75,7 +75,8 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
 
 
 class PlanCache:
-    """Node topologies and s-Bond plans by (node, topology version, registration, losses, cap).
+    """Node topologies and s-Bond plans by (store, node, topology version, registration,
+    losses, cap).
 
     A plan is a pure function of the topology, and a topology never changes under a
     version number of one registration (plus the set of lost parts kept in), so
@@ -98,8 +99,11 @@ class PlanCache:
     ) -> tuple[dict[str, NodeTopology], dict[str, NodePlan]]:
         repo = NodeRepo(session)
         versions = repo.versions(names)
+        # The store too: two stores in one process (tests, a migration tool) may each hold
+        # a node of the same name, version and registration time, cabled differently.
+        store = session.get_bind().engine.url.render_as_string(hide_password=True)
         keys = {
-            name: (name, *stamp, tuple(f.id for f in lost.get(name, ())), backup_cap)
+            name: (store, name, *stamp, tuple(f.id for f in lost.get(name, ())), backup_cap)
             for name, stamp in versions.items()
         }
         found: dict[str, tuple[NodeTopology, NodePlan]] = {}
@@ -120,22 +124,6 @@ class PlanCache:
                     while len(self._entries) > self._max:
                         self._entries.popitem(last=False)
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
-
-    def plan_of(self, node: m.Node, backup_cap: int | None) -> NodePlan:
-        """The plan of `node` with nothing lost, kept under the key `get` looks up: the plan
-        a registration answers with is then the one a job on the node starts from."""
-        key = (node.name, node.topology_version, node.registered_at, (), backup_cap)
-        with self._lock:
-            hit = self._entries.get(key)
-        if hit is not None:
-            return hit[1]
-        topo = node_topology(node)
-        entry = (topo, plan_node(topo, backup_cap))
-        with self._lock:
-            self._entries[key] = entry
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
-        return entry[1]
 
 
 PLANS = PlanCache()
