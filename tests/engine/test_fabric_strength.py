@@ -183,3 +183,16 @@ def test_touching_keeps_the_nodes_and_every_switch_wide_piece_in_order() -> None
     assert [x.key for x in touching(pieces, {"n1", "n3"})] == ["a", "b", "d", "e"]
     assert [x.key for x in touching(pieces, set())] == ["b"]
     assert touching(iter(pieces), {"n2"}) == [pieces[1], pieces[2]]
+
+
+def test_a_window_cancelled_exactly_at_its_start_clears_without_damping() -> None:
+    """The target was never worked on: the window never opened."""
+    w = window(cancelled_at=s(100))
+    assert w.phase(s(99), 10.0) == MaintenancePhase.MOVING
+    assert w.phase(s(100), 10.0) == MaintenancePhase.DONE
+    assert w.next_change(s(50), 10.0) == s(100)
+    assert w.next_change(s(100), 10.0) is None
+    # One second into the window, the damping applies.
+    opened = window(cancelled_at=s(101))
+    assert opened.phase(s(101), 10.0) == MaintenancePhase.ENDED
+    assert opened.phase(s(111), 10.0) == MaintenancePhase.DONE

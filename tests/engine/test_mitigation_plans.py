@@ -60,8 +60,9 @@ def plans_for(
     nvl_cap_mb: float | None = None,
     comm_share: float | None = 0.45,
     ranks: tuple[tuple[int, str, int], ...] = RANKS,
+    gpus: frozenset[tuple[str, int]] = frozenset(),
 ) -> list[CommPlan]:
-    failed = FailedSet(links=frozenset(links))
+    failed = FailedSet(links=frozenset(links), gpus=gpus)
     fabric = FabricView(TOPOS, PLANS, failed)
     routes = tuple(route_ranks(ranks, PLANS, TOPOS, failed))
     job = JobState(
@@ -254,3 +255,40 @@ def test_a_rank_without_a_path_adds_a_rail_of_its_own_sorted_last() -> None:
             {},
         )
     ]
+
+
+def test_balance_weights_follow_the_worst_nodes_rnics() -> None:
+    # Three channels over rails [0, 1]: on a every channel leaves through mlx5_1 now
+    # (node b, untouched, would still send channels 0 and 2 through mlx5_0).
+    got = plans_for({("a", "mlx5_0", 1)}, (CommSpec(9, 3),))
+    expected = coord.plan_mitigation(
+        comm_share=0.45,
+        rails_per_node=2,
+        failed_rails=1,
+        channels=3,
+        nodes=2,
+        backup_load=3,
+        backup_crosses_root_complex=True,
+        nvl_mb_per_channel=30.0,
+        nvl_cap_mb=300.0,
+    )
+    assert expected.chosen.mitigation == coord.Mitigation.BALANCE
+    handoff = 0.5 / (1 + 0.5)
+    assert got == [CommPlan(9, (0, 1, 2, 3, 4, 5), expected, (0, 2), (1 / 3,) * 3, handoff, {})]
+
+
+def test_s_bond_chosen_over_two_rails_disables_no_channel() -> None:
+    # GPU 0 of a is lost: rank 0 has no path, rank 1 alone uses mlx5_1 (load 1).
+    got = plans_for(set(), (CommSpec(10, 4, ranks=(0, 1)),), gpus=frozenset({("a", 0)}))
+    expected = coord.plan_mitigation(
+        comm_share=0.45,
+        rails_per_node=2,
+        failed_rails=1,
+        channels=4,
+        nodes=1,
+        backup_load=1,
+        nvl_mb_per_channel=30.0,
+        nvl_cap_mb=300.0,
+    )
+    assert expected.chosen.mitigation == coord.Mitigation.SBOND
+    assert got == [CommPlan(10, (0, 1), expected, (), (), 0.0, {})]

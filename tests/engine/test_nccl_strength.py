@@ -255,3 +255,57 @@ def test_virtual_nics_by_rail_and_by_pcie_switch() -> None:
         frozenset({"d3"}),
         frozenset({"d4"}),
     )
+
+
+def test_assess_job_pcie_switch_merge_uses_each_devices_switch() -> None:
+    spec = NcclSpec((2, 29, 7), port_failover=True, merge="pcie_switch")
+    got = assess_job(spec, TOPOS, FailedSet(rnics=frozenset({("a", "mlx5_1")})), ROUTES)
+    # mlx5_0 and mlx5_1 share PCIe switch p0; mlx5_2 (p1) stands alone.
+    assert got.vnics == (
+        VnicState("a", ("mlx5_0", "mlx5_1"), ("mlx5_1",), Outcome.FAILS_OVER, (0, 1)),
+    )
+
+
+def test_assess_orders_virtual_nics_by_node_then_members_not_by_rank() -> None:
+    pairs = (frozenset({"mlx5_0", "mlx5_1"}), frozenset({"mlx5_2", "mlx5_3"}))
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=pairs)
+    broken = [Device(f"mlx5_{i}", i in (1, 2)) for i in range(4)]
+    nodes = {
+        "h": [Device(f"mlx5_{i}", True) for i in range(4)],  # healthy: not looked at
+        "b": broken,
+        "a": broken,
+    }
+    ranks = [
+        RankDevice(0, "b", "mlx5_3"),
+        RankDevice(1, "a", "mlx5_3"),
+        RankDevice(2, "a", "mlx5_0"),
+        RankDevice(3, "h", "mlx5_0"),
+    ]
+    got = assess(spec, nodes, ranks)
+    assert got.vnics == (
+        VnicState("a", ("mlx5_0", "mlx5_1"), ("mlx5_0",), Outcome.FAILS_OVER, (2,)),
+        VnicState("a", ("mlx5_2", "mlx5_3"), ("mlx5_3",), Outcome.FAILS_OVER, (1,)),
+        VnicState("b", ("mlx5_2", "mlx5_3"), ("mlx5_3",), Outcome.FAILS_OVER, (0,)),
+    )
+    # A healthy node listed first does not stop the others being looked at.
+    first = assess(spec, {"h": nodes["h"], "a": broken}, [RankDevice(2, "a", "mlx5_0")])
+    assert first.degraded_ranks == (2,)
+
+
+def test_from_declaration_defaults_and_values() -> None:
+    bare = NcclSpec.from_declaration({"version": "2.30"})
+    assert bare == NcclSpec((2, 30, 0), port_failover=False, merge="explicit", merged_nics=())
+    full = NcclSpec.from_declaration(
+        {
+            "version": "2.29.7",
+            "port_failover": True,
+            "merge": "rail",
+            "merged_nics": [["mlx5_1", "mlx5_0"], ["mlx5_2"]],
+        }
+    )
+    assert full == NcclSpec(
+        (2, 29, 7),
+        port_failover=True,
+        merge="rail",
+        merged_nics=(frozenset({"mlx5_0", "mlx5_1"}), frozenset({"mlx5_2"})),
+    )
