@@ -8,16 +8,22 @@ import pytest
 
 from scheduler_svc.engine.fabric import (
     ClearingRules,
+    Evidence,
+    FabricHealth,
     FaultEvidence,
     FaultHealth,
     FaultKind,
     Health,
     Maintenance,
     MaintenancePhase,
+    Quarantine,
+    SwitchEvidence,
     Unhealthy,
+    assess,
     fault_health,
     touching,
 )
+from scheduler_svc.engine.paths import FailedSet
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 RULES = ClearingRules(damping_s=2.5, quiet_s=90.0)
@@ -196,3 +202,115 @@ def test_a_window_cancelled_exactly_at_its_start_clears_without_damping() -> Non
     opened = window(cancelled_at=s(101))
     assert opened.phase(s(101), 10.0) == MaintenancePhase.ENDED
     assert opened.phase(s(111), 10.0) == MaintenancePhase.DONE
+
+
+def test_assess_puts_each_piece_of_evidence_where_it_belongs() -> None:
+    faults = (
+        fault(FaultKind.LINK_DOWN, id=1, opened_at=s(5), recovered_at=s(10)),  # recovering
+        fault(FaultKind.LINK_DOWN, id=2, recovered_at=s(1)),  # cleared at 3.5
+        fault(FaultKind.GPU_LOST, id=3, port=2, opened_at=s(3)),
+        fault(FaultKind.UNREACHABLE, id=4, node="n2", opened_at=s(4), note="no acks"),
+        fault(FaultKind.UNREACHABLE, id=5, node="n3", opened_at=s(4)),
+        fault(FaultKind.RNIC_FATAL, id=6, device="mlx5_1", port=0, opened_at=s(2)),
+        fault(FaultKind.COUNTER_ERRORS, id=7, device="mlx5_2", port=1, opened_at=s(6)),
+    )
+    evidence = Evidence(
+        faults=faults,
+        switches=(SwitchEvidence(8, "s9", s(1), "all links down"),),
+        quarantines=(Quarantine(9, "n4", "mlx5_0", 2, s(7), "flapped"),),
+        maintenance=(
+            Maintenance(10, s(0), s(100), switch="s7", reason="fw"),
+            Maintenance(11, s(0), s(100), node="n5", moves_at=s(-5)),
+            Maintenance(12, s(0), s(100), node="n6", device="mlx5_3", reason="card"),
+            Maintenance(13, s(0), s(100), node="n7", device="mlx5_4", port=2),
+            Maintenance(14, s(50), s(100), node="n8"),  # not yet
+            Maintenance(15, s(0), s(11), node="n9", device="mlx5_5"),  # ended, damping
+        ),
+    )
+    h = assess(evidence, s(12), RULES)
+    assert h.failed == FailedSet(
+        rnics=frozenset(
+            {
+                ("n2", "*"),
+                ("n3", "*"),
+                ("n1", "mlx5_1"),
+                ("n5", "*"),
+                ("n6", "mlx5_3"),
+                ("n9", "mlx5_5"),
+            }
+        ),
+        links=frozenset(
+            {("n1", "mlx5_0", 1), ("n1", "mlx5_2", 1), ("n4", "mlx5_0", 2), ("n7", "mlx5_4", 2)}
+        ),
+        switches=frozenset({"s9", "s7"}),
+        gpus=frozenset({("n1", 2)}),
+    )
+    assert h.cleared == (h.healths[2],)
+    assert h.healths[2].health == Health.HEALTHY
+    assert sorted(h.healths) == [1, 2, 3, 4, 5, 6, 7]
+    # Fault 1 clears at 12.5; the earliest change of anything.
+    assert h.next_change_at == s(12.5)
+    window = f"{s(0).isoformat(timespec='seconds')} to {s(100).isoformat(timespec='seconds')}"
+    assert [(u.key, u.label, u.kind, u.since, u.reason) for u in h.unhealthy] == [
+        ("maintenance:11", "n5", "maintenance", s(-5), f"planned maintenance 11 () from {window}"),
+        ("maintenance:10", "s7", "maintenance", s(0), f"planned maintenance 10 (fw) from {window}"),
+        (
+            "maintenance:12",
+            "n6/mlx5_3",
+            "maintenance",
+            s(0),
+            f"planned maintenance 12 (card) from {window}",
+        ),
+        (
+            "maintenance:13",
+            "n7/mlx5_4/2",
+            "maintenance",
+            s(0),
+            f"planned maintenance 13 () from {window}",
+        ),
+        (
+            "maintenance:15",
+            "n9/mlx5_5",
+            "maintenance",
+            s(0),
+            "planned maintenance 15 () over, damping 2.5 s",
+        ),
+        ("switch:8", "s9", "switch", s(1), "all links down"),
+        ("fault:6", "n1/mlx5_1", "rnic_fatal", s(2), "port is down"),
+        ("fault:3", "n1/gpu2", "gpu_lost", s(3), "missing from the node's registration"),
+        ("fault:4", "n2", "unreachable", s(4), "no acks"),
+        ("fault:5", "n3", "unreachable", s(4), "until an operator resolves it"),
+        ("fault:1", "n1/mlx5_0/1", "link_down", s(5), "up again, damping 2.5 s"),
+        ("fault:7", "n1/mlx5_2/1", "counter_errors", s(6), "port ACTIVE, quiet period 90 s"),
+        ("flag:9", "n4/mlx5_0/2", "quarantine", s(7), "flapped"),
+    ]
+    where = {u.key: (u.node, u.device, u.port, u.switch) for u in h.unhealthy}
+    assert where["fault:3"] == ("n1", "mlx5_0", 2, None)
+    assert where["switch:8"] == (None, None, None, "s9")
+    assert where["flag:9"] == ("n4", "mlx5_0", 2, None)
+    assert where["maintenance:13"] == ("n7", "mlx5_4", 2, None)
+    assert where["maintenance:10"] == (None, None, 0, "s7")
+    assert where["maintenance:11"] == ("n5", None, 0, None)
+    assert where["fault:7"] == ("n1", "mlx5_2", 1, None)
+
+
+def test_assess_next_change_is_the_earliest_of_faults_and_windows() -> None:
+    early_window = Evidence(
+        faults=(fault(FaultKind.LINK_DOWN, recovered_at=s(10)),),  # clears at 12.5
+        maintenance=(Maintenance(1, s(12), s(20), node="n5"),),
+    )
+    assert assess(early_window, s(11), RULES).next_change_at == s(12)
+    late_window = Evidence(
+        faults=(fault(FaultKind.LINK_DOWN, recovered_at=s(10)),),
+        maintenance=(Maintenance(1, s(13), s(20), node="n5"),),
+    )
+    assert assess(late_window, s(11), RULES).next_change_at == s(12.5)
+    two_faults = Evidence(
+        faults=(
+            fault(FaultKind.LINK_DOWN, id=1, recovered_at=s(10)),
+            fault(FaultKind.LINK_DOWN, id=2, recovered_at=s(9)),
+            fault(FaultKind.LINK_DOWN, id=3, recovered_at=s(11)),
+        )
+    )
+    assert assess(two_faults, s(11), RULES).next_change_at == s(11.5)
+    assert assess(Evidence(), s(11), RULES) == FabricHealth(FailedSet(), (), (), None, {})
