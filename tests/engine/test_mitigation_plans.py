@@ -10,6 +10,7 @@ worked out by hand below.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.paths import (
@@ -24,10 +25,12 @@ from scheduler_svc.engine.paths import (
 from scheduler_svc.engine.reconcile import (
     CommPlan,
     CommSpec,
+    Desired,
     FabricView,
     JobState,
     Mode,
     Options,
+    _describe,
     plan_mitigations,
 )
 
@@ -292,3 +295,102 @@ def test_s_bond_chosen_over_two_rails_disables_no_channel() -> None:
     )
     assert expected.chosen.mitigation == coord.Mitigation.SBOND
     assert got == [CommPlan(10, (0, 1), expected, (), (), 0.0, {})]
+
+
+def describe(comms: tuple[CommSpec, ...], links: set[tuple[str, str, int]]) -> dict[str, Any]:
+    failed = FailedSet(links=frozenset(links))
+    fabric = FabricView(TOPOS, PLANS, failed)
+    routes = tuple(route_ranks(RANKS, PLANS, TOPOS, failed))
+    job = JobState(
+        job_id="j",
+        mode=Mode.NORMAL,
+        ranks=RANKS,
+        checkpoint_interval_s=3600.0,
+        reload_s=600.0,
+        detect_s=0.0,
+        timeout_s=30.0,
+        last_checkpoint_at=T0,
+        communicators=comms,
+        comm_share=0.45,
+    )
+    conn = Connectivity(routes, 0, 0, (), (), ())
+    return _describe(Desired(), fabric, job, conn, OPTIONS)
+
+
+def test_describe_records_each_plan_with_every_option() -> None:
+    got = describe((CommSpec(5, 4, ranks=(0, 2, 3, 5)), CommSpec(3, 4)), {("a", "mlx5_0", 1)})
+    nvl, balance = (
+        p.plan
+        for p in plans_for(
+            {("a", "mlx5_0", 1)}, (CommSpec(5, 4, ranks=(0, 2, 3, 5)), CommSpec(3, 4))
+        )
+    )
+    assert nvl.chosen.mitigation == coord.Mitigation.NVL
+    assert balance.chosen.mitigation == coord.Mitigation.BALANCE
+    sbond, dcr, _, balance_option = balance.options
+    assert got == {
+        "communicators": [
+            {
+                "comm_id": 5,
+                "mitigation": "nvl",
+                "predicted_k": nvl.chosen.k,
+                "why": nvl.reason,
+                "disabled_channels": [],
+                "channel_weights": [],
+                "allreduce_split": None,
+                "transit": [{"rank": 0, "gpu": 1}, {"rank": 2, "gpu": 1}],
+                "options": [
+                    {
+                        "mitigation": o.mitigation.value,
+                        "applicable": o.applicable,
+                        "k": o.k,
+                        "why": o.why,
+                        **o.detail,
+                    }
+                    for o in nvl.options
+                ],
+            },
+            {
+                "comm_id": 3,
+                "mitigation": "balance",
+                "predicted_k": balance.chosen.k,
+                "why": balance.reason,
+                "disabled_channels": [0, 2],
+                "channel_weights": [0.25, 0.25, 0.25, 0.25],
+                "allreduce_split": 1 / 3,
+                "transit": [],
+                "options": [
+                    {
+                        "mitigation": "s-bond",
+                        "applicable": True,
+                        "k": sbond.k,
+                        "why": sbond.why,
+                        "load": 3,
+                    },
+                    {
+                        "mitigation": "dcr",
+                        "applicable": True,
+                        "k": dcr.k,
+                        "why": dcr.why,
+                        "disabled_channels": 2,
+                    },
+                    {
+                        "mitigation": "nvl",
+                        "applicable": False,
+                        "k": None,
+                        "why": "no peer GPU with NVLink and a healthy RNIC",
+                    },
+                    {
+                        "mitigation": "balance",
+                        "applicable": True,
+                        "k": balance_option.k,
+                        "why": balance_option.why,
+                        "bandwidth_left": 0.5,
+                        "allreduce_handoff": 1 / 3,
+                    },
+                ],
+            },
+        ]
+    }
+    assert type(got["communicators"][1]["disabled_channels"]) is list
+    assert describe((CommSpec(3, 4),), set()) == {"communicators": []}
