@@ -40,6 +40,8 @@ def test_a_long_repair_ahead_restarts_at_the_checkpoint() -> None:
     assert out.desired.mitigation == {}
     assert out.desired.channel_plan() == ({}, {}, {})
     assert (out.desired.checkpoint_id, out.desired.verdict) == (5, "restart")
+    assert out.conn is not None and out.conn.failed_over_ranks == (3,)
+    assert out.warnings == ()
 
 
 def test_a_short_repair_keeps_running_degraded_and_decides_once() -> None:
@@ -63,6 +65,8 @@ def test_a_short_repair_keeps_running_degraded_and_decides_once() -> None:
     s.checkpoint = CheckpointSeen(7, at(3200), at(3200))
     again = s.step(3200)
     assert again.decision is None
+    assert again.conn is not None and again.conn.failed_over_ranks == (3,)
+    assert again.warnings == ()
     assert (again.desired.checkpoint_id, again.desired.verdict) == (7, "keep")
 
 
@@ -87,3 +91,26 @@ def test_the_default_repair_estimate_is_a_day() -> None:
     d = s.step(3100).decision
     assert d is not None
     assert d.plan == {"repair_in_s": 86300.0, "k": 1.5}
+
+
+def test_degraded_time_counts_fractions_of_a_second() -> None:
+    s = failed_over(repair_estimate_s=1200)
+    s.checkpoint = CheckpointSeen(10, at(3000.5), at(3000.5))
+    d = s.step(3000.5).decision
+    assert d is not None
+    assert d.plan == {"repair_in_s": 1199.5, "k": 1.5}
+
+
+def test_the_inputs_use_the_k_of_the_failover() -> None:
+    s = Story(
+        ["n0", "n1"], job_kw={"comm_share": 0.4, "slowdown_k": None, "repair_estimate_s": 86400}
+    )
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    k = s.desired.k
+    assert k is not None and k != 1.03
+    s.checkpoint = CheckpointSeen(11, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    assert (d.inputs["k"], d.inputs["k_source"]) == (k, "measured")
+    assert d.plan["k"] == k

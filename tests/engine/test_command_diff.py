@@ -138,3 +138,11 @@ def test_a_checkpoint_request_goes_once_and_not_when_withdrawn() -> None:
     assert command_diff(Desired(), Desired(checkpoint_after=0), TWO) == [
         Intent(IntentKind.CHECKPOINT_NOW, 0, ALL, iteration=0)
     ]
+
+
+def test_a_registered_communicator_numbered_0_gets_switch_points() -> None:
+    zero = job(CommSpec(0, 4))
+    desired = Desired(mode=FAILED_OVER, disabled={0: (1,)})
+    assert command_diff(Desired(mode=FAILED_OVER), desired, zero) == [
+        Intent(IntentKind.REBALANCE, 0, (0, 1, 2, 3), (1,))
+    ]

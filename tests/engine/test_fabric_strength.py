@@ -314,3 +314,10 @@ def test_assess_next_change_is_the_earliest_of_faults_and_windows() -> None:
     )
     assert assess(two_faults, s(11), RULES).next_change_at == s(11.5)
     assert assess(Evidence(), s(11), RULES) == FabricHealth(FailedSet(), (), (), None, {})
+
+
+def test_a_window_naming_a_device_but_no_node_takes_nothing_out() -> None:
+    w = Maintenance(1, s(0), s(100), device="mlx5_0")
+    h = assess(Evidence(maintenance=(w,)), s(50), RULES)
+    assert h.failed == FailedSet()
+    assert [u.key for u in h.unhealthy] == ["maintenance:1"]

@@ -167,3 +167,12 @@ def test_node_failure_note_names_nodes_whose_every_fabric_port_failed() -> None:
         ev("link_down", node="n2", device="mlx5_1", port=1),
     ]
     assert _node_failure_note(mixed, FABRIC, {"n1", "n2"}) is None
+    # A whole-device fault takes that device's ports only.
+    card_and_link = [
+        ev("rnic_fatal", node="n1", device="mlx5_0", port=0),
+        ev("link_down", node="n1", device="mlx5_1", port=1),
+    ]
+    assert _node_failure_note(card_and_link, FABRIC, {"n1"}) == (
+        "node failure: every fabric RNIC of n1 failed (a dead peer, not the network)"
+    )
+    assert _node_failure_note(card_and_link[:1], FABRIC, {"n1"}) is None

@@ -1,0 +1,101 @@
+"""The cost decision's exact record: inputs, costs, reason, plan and GPU time saved."""
+
+from __future__ import annotations
+
+from scheduler_svc.engine.fabric import SwitchEvidence
+from scheduler_svc.engine.reconcile import Action
+from tests.scheduler_svc.test_engine_reconcile import Story, at, down
+
+
+def test_a_modelled_k_failover_record() -> None:
+    s = Story(["n0", "n1"], job_kw={"comm_share": 0.4, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000.5, switch="x")
+    d = s.step(3001).decision
+    assert d is not None
+    assert (d.trigger, d.fault_key, d.action) == ("fault:1", "fault:1", Action.FAILOVER)
+    # k = 1 + 0.4 * (1 / 0.5 - 1): 40 % communication at half the bandwidth.
+    assert d.inputs == {
+        "t_elapsed_s": 3000.0,
+        "checkpoint_interval_s": 3600,
+        "k": 1.4,
+        "k_source": "model",
+        "detect_s": 0,
+        "reload_s": 600,
+        "timeout_s": 30,
+        "threshold_s": (3600 * (1.4 - 1) - 0) / 1.4,
+        "gpus": 16,
+        "concurrent_faults": 2,
+        "path_available": True,
+        "dp_size": 1,
+        "new_dp_size": None,
+        "allow_scaling": False,
+        "spare_nodes": True,
+        "node_replace_s": 0.0,
+        "planned": False,
+    }
+    assert d.costs_s == {
+        "failover": 1470.0,
+        "restart": 4230.0,
+        "restart_scaled": None,
+        "none": None,
+    }
+    assert d.costs_gpu_s == {
+        "failover": 1470.0 * 16,
+        "restart": 4230.0 * 16,
+        "restart_scaled": None,
+        "none": None,
+    }
+    assert d.saved_gpu_s == (4230.0 - 1470.0) * 16
+    assert d.reason == (
+        "fail over: 50.0 min since the last checkpoint is past the 17.1 min threshold at "
+        "k=1.4: failing over costs 24.5 min, restart 1.18 h"
+    )
+    assert d.plan["bandwidth_left"] == 0.5
+    assert d.plan["k_detail"] == "communication share 40% at 50% of the bandwidth"
+    assert d.plan["failed_over"] == [
+        {"rank": 3, "node": "n0", "gpu": 3, "from": "mlx5_3/1", "to": "mlx5_2/1"},
+        {"rank": 11, "node": "n1", "gpu": 3, "from": "mlx5_3/1", "to": "mlx5_2/1"},
+    ]
+    assert [c["evidence"] for c in d.plan["failed_components"]] == ["fault:1", "fault:2"]
+    assert (d.plan["isolated_ranks"], d.plan["broken_pairs"], d.plan["notes"]) == ([], 0, [])
+
+
+def test_ranks_without_any_path_restart_and_say_how_many_pairs_broke() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n0", "mlx5_2", 3000.5)
+    d = s.step(3001).decision
+    assert d is not None
+    assert d.action == Action.RESTART
+    assert d.reason == (
+        "2 rank pair(s) across nodes have no path left (2 rank(s) lost both RNICs): no usable "
+        "path is left for some GPU (primary and backup both lost); restart (1.18 h) is the "
+        "only way forward"
+    )
+    assert d.inputs["concurrent_faults"] == 2
+    assert d.inputs["path_available"] is False
+    assert (d.plan["isolated_ranks"], d.plan["broken_pairs"]) == ([2, 3], 2)
+    assert d.plan["example_broken_pairs"][:2] == [[2, 10], [3, 11]]
+    assert d.plan["bandwidth_left"] is None
+    assert d.plan["k_detail"] == "measured by the job"
+    assert d.saved_gpu_s == 0.0
+
+
+def test_port_faults_on_a_failed_switch_count_as_that_one_failure() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n0", "mlx5_5", 3000.2, switch="rail5-leaf")
+    s.faults[3] = down(3, "n1", "mlx5_5", 3000.4, switch="rail5-leaf")
+    s.switches[1] = SwitchEvidence(1, "rail5-leaf", at(3000.6), "2 nodes lost their port")
+    d = s.step(3001).decision
+    assert d is not None
+    assert d.trigger == "switch:1"
+    assert d.inputs["concurrent_faults"] == 2
+    assert (d.inputs["k"], d.inputs["k_source"]) == (1.5, "measured")
+    assert d.reason == (
+        "switch rail5-leaf inferred failed (2 nodes lost their port); all its links count as "
+        "failed: fail over: 50.0 min since the last checkpoint is past the 20.0 min threshold "
+        "at k=1.5: failing over costs 25.5 min, restart 1.18 h"
+    )
+    assert sorted(s.desired.moved) == [3, 5, 13]
