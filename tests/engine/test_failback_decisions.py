@@ -94,3 +94,38 @@ def test_a_cleared_switch_names_itself_in_the_trigger() -> None:
         "fail back: the primary paths on n0, n1 are healthy again; "
         "2 rank(s) return to their primary at one op count"
     )
+
+
+def test_failback_clears_the_plan_and_keeps_the_failovers_k_in_its_inputs() -> None:
+    s = Story(["n0", "n1"], job_kw={"comm_share": 0.4, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    k = s.desired.k
+    assert k is not None and k != 1.03
+    assert s.desired.mitigation == {77: "balance"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    out = s.step(3220)
+    assert out.decision is not None
+    assert (out.decision.inputs["k"], out.decision.inputs["k_source"]) == (k, "measured")
+    assert out.desired.mitigation == {}
+    assert out.desired.disabled == {}
+    assert out.conn is not None and out.conn.failed_over_ranks == ()
+    assert out.warnings == ()
+
+
+def test_stock_nccl_with_port_recovery_returns_to_normal_on_every_node() -> None:
+    new = NcclSpec((2, 30, 0), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], comm_channels=None, job_kw={"nccl": new})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.mode == Mode.FAILED_OVER
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None
+    assert d.reason == (
+        "fail back: NCCL 2.30.0 with port failover recovers n0/mlx5_3/1, n1/mlx5_3/1 by "
+        "itself (port recovery); recorded, no commands sent"
+    )
+    assert s.desired.mode == Mode.NORMAL

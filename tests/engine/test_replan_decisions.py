@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.reconcile import Action, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, down
 
@@ -41,3 +42,17 @@ def test_a_job_registered_on_open_faults_records_a_replan() -> None:
     assert out.desired.disabled == {77: (3, 11)}
     assert out.conn is not None and out.conn.failed_over_ranks == (3,)
     assert out.warnings == ()
+
+
+def test_a_stock_nccl_job_registered_on_open_faults_has_no_channel_plan() -> None:
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], job_kw={"registering": True, "nccl": spec, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(210)
+    d = out.decision
+    assert d is not None
+    assert d.action == Action.FAILOVER
+    assert d.plan["mitigation"] == "s-bond"
+    # Nothing known about k: the first default.
+    assert (d.inputs["k"], d.inputs["k_source"]) == (1.03, "default")
+    assert out.desired.mitigation == {}
