@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from scheduler_svc.engine.fabric import SwitchEvidence
-from scheduler_svc.engine.reconcile import Action
+from scheduler_svc.engine.nccl import NcclSpec
+from scheduler_svc.engine.reconcile import Action, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 
@@ -52,6 +53,7 @@ def test_a_modelled_k_failover_record() -> None:
         "k=1.4: failing over costs 24.5 min, restart 1.18 h"
     )
     assert d.plan["bandwidth_left"] == 0.5
+    assert d.plan["mitigation"] == "balance"
     assert d.plan["k_detail"] == "communication share 40% at 50% of the bandwidth"
     assert d.plan["failed_over"] == [
         {"rank": 3, "node": "n0", "gpu": 3, "from": "mlx5_3/1", "to": "mlx5_2/1"},
@@ -99,3 +101,77 @@ def test_port_faults_on_a_failed_switch_count_as_that_one_failure() -> None:
         "at k=1.5: failing over costs 25.5 min, restart 1.18 h"
     )
     assert sorted(s.desired.moved) == [3, 5, 13]
+
+
+def test_stock_nccl_failover_is_nccls_own_plan() -> None:
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], job_kw={"nccl": spec})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    out = s.step(3000)
+    d = out.decision
+    assert d is not None
+    assert d.action == Action.FAILOVER
+    assert d.reason == (
+        "NCCL 2.29.7 with port failover: n0 virtual NIC [mlx5_2, mlx5_3] lost mlx5_3; NCCL "
+        "fails over to its healthy partner itself (2 rank(s) run degraded): fail over: 50.0 "
+        "min since the last checkpoint is past the 20.0 min threshold at k=1.5: failing over "
+        "costs 25.5 min, restart 1.18 h"
+    )
+    assert d.plan["mitigation"] == "nccl"
+    assert d.plan["failed_over"] == []
+    assert d.plan["nccl"] == {
+        "outcome": "fails_over",
+        "degraded_ranks": [2, 3],
+        "fatal_ranks": [],
+        "bandwidth_left": 0.5,
+        "virtual_nics": [
+            {
+                "node": "n0",
+                "members": ["mlx5_2", "mlx5_3"],
+                "failed": ["mlx5_3"],
+                "outcome": "fails_over",
+            }
+        ],
+    }
+    assert out.desired.k == 1.5
+    assert out.desired.mitigation == {}
+    assert out.desired.moved == {3: "mlx5_2/1"}
+
+
+def test_a_dead_node_is_named_first() -> None:
+    s = Story(["n0", "n1"])
+    for i in range(8):
+        s.faults[i + 1] = down(i + 1, "n0", f"mlx5_{i}", 3000)
+    d = s.step(3000).decision
+    assert d is not None
+    assert d.action == Action.RESTART
+    assert d.reason == (
+        "node failure: every fabric RNIC of n0 failed (a dead peer, not the network): 8 rank "
+        "pair(s) across nodes have no path left (8 rank(s) lost both RNICs): no usable path is "
+        "left for some GPU (primary and backup both lost); restart (1.18 h) is the only way "
+        "forward"
+    )
+
+
+def test_a_fault_at_the_checkpoint_has_no_time_elapsed() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 0)
+    d = s.step(0).decision
+    assert d is not None
+    assert d.inputs["t_elapsed_s"] == 0.0
+
+
+def test_a_restart_after_a_failover_clears_every_plan_and_keeps_its_k() -> None:
+    s = Story(["n0", "n1"], job_kw={"slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 1500)
+    s.step(1500)
+    assert s.desired.mitigation == {77: "balance"}
+    s.measured_k = 2.5
+    out = s.step(1600)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.desired.mode == Mode.RESTARTING
+    assert out.desired.moved == {}
+    assert out.desired.disabled == {}
+    assert out.desired.mitigation == {}
+    assert out.desired.channel_plan() == ({}, {}, {})
+    assert out.desired.k == 2.5
