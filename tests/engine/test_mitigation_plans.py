@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import (
     Connectivity,
     FailedSet,
@@ -31,6 +32,7 @@ from scheduler_svc.engine.reconcile import (
     Mode,
     Options,
     _describe,
+    _with_mitigations,
     plan_mitigations,
 )
 
@@ -394,3 +396,54 @@ def test_describe_records_each_plan_with_every_option() -> None:
     }
     assert type(got["communicators"][1]["disabled_channels"]) is list
     assert describe((CommSpec(3, 4),), set()) == {"communicators": []}
+
+
+def with_mitigations(comms: tuple[CommSpec, ...], base: Desired, **job_kw: Any) -> Desired:
+    failed = FailedSet(links=frozenset({("a", "mlx5_0", 1)}))
+    fabric = FabricView(TOPOS, PLANS, failed)
+    routes = tuple(route_ranks(RANKS, PLANS, TOPOS, failed))
+    job = JobState(
+        job_id="j",
+        mode=Mode.FAILED_OVER,
+        ranks=RANKS,
+        checkpoint_interval_s=3600.0,
+        reload_s=600.0,
+        detect_s=0.0,
+        timeout_s=30.0,
+        last_checkpoint_at=T0,
+        communicators=comms,
+        comm_share=0.45,
+        **job_kw,
+    )
+    conn = Connectivity(routes, 0, 0, (), (), ())
+    moved = {0: "mlx5_1/1", 2: "mlx5_1/1"}
+    return _with_mitigations(job, fabric, conn, base, moved, options=OPTIONS)
+
+
+STALE = Desired(
+    mode=Mode.FAILED_OVER,
+    disabled={9: (1,)},
+    mitigation={9: "dcr"},
+    weights={9: (1.0,)},
+    split={9: 0.5, 3: 0.9},
+    transit={9: {1: 1}},
+)
+
+
+def test_with_mitigations_replaces_every_plan_of_the_communicators() -> None:
+    got = with_mitigations((CommSpec(5, 4, ranks=(0, 2, 3, 5)), CommSpec(3, 4)), STALE)
+    assert got == Desired(
+        mode=Mode.FAILED_OVER,
+        moved={0: "mlx5_1/1", 2: "mlx5_1/1"},
+        disabled={3: (0, 2)},
+        mitigation={5: "nvl", 3: "balance"},
+        weights={3: (0.25, 0.25, 0.25, 0.25)},
+        split={3: 1 / 3},
+        transit={5: {0: 1, 2: 1}},
+    )
+
+
+def test_with_mitigations_for_stock_nccl_clears_every_plan() -> None:
+    spec = NcclSpec((2, 29, 7), port_failover=True)
+    got = with_mitigations((CommSpec(3, 4),), STALE, nccl=spec)
+    assert got == Desired(mode=Mode.FAILED_OVER, moved={0: "mlx5_1/1", 2: "mlx5_1/1"})
