@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.reconcile import Action, Mode
+from scheduler_svc.engine.reconcile import Action, Mode, Options, reconcile
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 
@@ -175,3 +175,27 @@ def test_a_restart_after_a_failover_clears_every_plan_and_keeps_its_k() -> None:
     assert out.desired.mitigation == {}
     assert out.desired.channel_plan() == ({}, {}, {})
     assert out.desired.k == 2.5
+
+
+def test_without_scaling_allowed_no_new_dp_size_is_recorded() -> None:
+    # With scaling allowed this layout restarts at DP 3 (one replica per node).
+    layout = {"dp_size": 4, "tp_size": 8, "spare_nodes": False, "node_replace_s": 7200}
+    allowed = Story(["n0", "n1", "n2", "n3"], job_kw=layout | {"allow_scaling": True})
+    allowed.faults[1] = down(1, "n0", "mlx5_3", 100)
+    scaled = allowed.step(100).decision
+    assert scaled is not None and scaled.inputs["new_dp_size"] == 3
+    s = Story(["n0", "n1", "n2", "n3"], job_kw=layout | {"allow_scaling": False})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    d = s.step(100).decision
+    assert d is not None
+    assert (d.inputs["dp_size"], d.inputs["new_dp_size"]) == (4, None)
+    assert d.costs_s["restart_scaled"] is None
+
+
+def test_the_default_k_table_comes_from_the_options() -> None:
+    s = Story(["n0", "n1"], job_kw={"slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    now = at(3000)
+    out = reconcile(now, s.job(), s.fabric(now), Options(default_k=(1.1, 1.2, 1.3)))
+    assert out.decision is not None
+    assert (out.decision.inputs["k"], out.decision.inputs["k_source"]) == (1.1, "default")
