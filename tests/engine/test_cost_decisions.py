@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from scheduler_svc.engine.fabric import SwitchEvidence
+from scheduler_svc.engine.fabric import Evidence, Maintenance, SwitchEvidence, assess
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.reconcile import Action, Mode, Options, reconcile
-from tests.scheduler_svc.test_engine_reconcile import Story, at, down
+from scheduler_svc.engine.paths import plan_node
+from scheduler_svc.engine.reconcile import Action, FabricView, Mode, Options, reconcile
+from tests.scheduler_svc.test_engine_reconcile import RULES, SCALED, Story, at, down, topo
 
 
 def test_a_modelled_k_failover_record() -> None:
@@ -199,3 +200,37 @@ def test_the_default_k_table_comes_from_the_options() -> None:
     out = reconcile(now, s.job(), s.fabric(now), Options(default_k=(1.1, 1.2, 1.3)))
     assert out.decision is not None
     assert (out.decision.inputs["k"], out.decision.inputs["k_source"]) == (1.1, "default")
+
+
+def test_a_scaled_restart_names_the_nodes_and_replicas_it_drops() -> None:
+    layout = {"dp_size": 4, "tp_size": 4, "pp_size": 2}
+    s = Story(["n0", "n1", "n2", "n3"], job_kw=SCALED | layout)
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    d = s.step(100).decision
+    assert d is not None
+    assert d.reason == (
+        "restart_scaled: only 1.7 min since the last checkpoint, before the 40.0 min "
+        "threshold at k=3: restart_scaled costs 2.17 h, failing over 3.09 h; drop n0 (DP "
+        "replicas 0, 1): DP 4 -> 2"
+    )
+
+
+def test_planned_maintenance_moves_ahead_of_its_window() -> None:
+    s = Story(["n0", "n1"])
+    window = Maintenance(
+        1, at(3000), at(4000), node="n0", device="mlx5_3", port=1, moves_at=at(2900), reason="fw"
+    )
+    now = at(2950)
+    health = assess(Evidence(maintenance=(window,)), now, RULES)
+    nodes = {n: topo(n) for n in s.nodes}
+    fabric = FabricView(
+        nodes, {n: plan_node(t) for n, t in nodes.items()}, health.failed, health.unhealthy
+    )
+    d = reconcile(now, s.job(), fabric, Options()).decision
+    assert d is not None
+    assert (d.trigger, d.action, d.inputs["planned"]) == ("maintenance:1", Action.FAILOVER, True)
+    assert d.reason == (
+        "n0/mlx5_3/1: planned maintenance 1 (fw) from 2026-11-01T12:50:00+00:00 to "
+        "2026-11-01T13:06:40+00:00: fail over ahead of it: every GPU keeps a path, so the "
+        "ranks move to their backups before the window opens and nothing restarts"
+    )
