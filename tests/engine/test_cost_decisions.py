@@ -215,7 +215,7 @@ def test_a_scaled_restart_names_the_nodes_and_replicas_it_drops() -> None:
     )
 
 
-def test_a_scaled_restart_without_two_nodes_lists_both() -> None:
+def test_a_scaled_restart_that_drops_two_nodes_names_both() -> None:
     s = Story(["n0", "n1", "n2", "n3"], job_kw=SCALED | {"dp_size": 4, "tp_size": 8})
     s.faults[1] = down(1, "n0", "mlx5_3", 100)
     s.faults[2] = down(2, "n2", "mlx5_5", 100)
