@@ -1,0 +1,116 @@
+"""The re-decision at a checkpoint while failed over: its exact record and desired state."""
+
+from __future__ import annotations
+
+from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode
+from tests.scheduler_svc.test_engine_reconcile import Story, at, down
+
+
+def failed_over(**job_kw: object) -> Story:
+    s = Story(["n0", "n1"], job_kw=dict(job_kw))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    first = s.step(3000)
+    assert first.decision is not None and first.decision.action == Action.FAILOVER
+    assert s.desired.k == 1.5
+    return s
+
+
+def test_a_long_repair_ahead_restarts_at_the_checkpoint() -> None:
+    s = failed_over(repair_estimate_s=86400)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    out = s.step(3100)
+    d = out.decision
+    assert d is not None
+    assert d.trigger == "checkpoint:5"
+    assert d.action == Action.RESTART
+    # 100 s degraded of the 86400 s repair: 86300 s left at k=1.5.
+    assert d.reason == (
+        "restart at this checkpoint: reload 600 s < 43150 s lost running degraded "
+        "(k=1.500) until the repair in 86300 s"
+    )
+    assert d.costs_s == {"restart": 600, "failover": 43150.0}
+    assert d.costs_gpu_s == {}
+    assert d.plan == {"repair_in_s": 86300.0, "k": 1.5}
+    assert d.inputs["k"] == 1.5
+    assert d.inputs["t_elapsed_s"] == 3100.0
+    assert d.fault_key is None
+    assert out.desired.mode == Mode.RESTARTING
+    assert out.desired.moved == {}
+    assert out.desired.disabled == {}
+    assert out.desired.mitigation == {}
+    assert out.desired.channel_plan() == ({}, {}, {})
+    assert (out.desired.checkpoint_id, out.desired.verdict) == (5, "restart")
+    assert out.conn is not None and out.conn.failed_over_ranks == (3,)
+    assert out.warnings == ()
+
+
+def test_a_short_repair_keeps_running_degraded_and_decides_once() -> None:
+    s = failed_over(repair_estimate_s=1200)
+    moved = dict(s.desired.moved)
+    s.checkpoint = CheckpointSeen(6, at(3100), at(3100))
+    out = s.step(3100)
+    d = out.decision
+    assert d is not None
+    assert d.trigger == "checkpoint:6"
+    assert d.action == Action.NONE
+    assert d.reason == (
+        "keep running degraded: 550 s lost until the repair in 1100 s (k=1.500) <= reload 600 s"
+    )
+    assert d.costs_s == {"restart": 600, "failover": 550.0}
+    assert d.plan == {"repair_in_s": 1100.0, "k": 1.5}
+    assert out.desired.mode == Mode.FAILED_OVER
+    assert dict(out.desired.moved) == moved
+    assert (out.desired.checkpoint_id, out.desired.verdict) == (6, "keep")
+    # The next checkpoint gives the same answer: recorded, no decision.
+    s.checkpoint = CheckpointSeen(7, at(3200), at(3200))
+    again = s.step(3200)
+    assert again.decision is None
+    assert again.conn is not None and again.conn.failed_over_ranks == (3,)
+    assert again.warnings == ()
+    assert (again.desired.checkpoint_id, again.desired.verdict) == (7, "keep")
+
+
+def test_the_measured_k_and_a_repair_already_past_decide() -> None:
+    s = failed_over(repair_estimate_s=50)
+    s.measured_k = 1.25
+    s.step(3050)
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    assert d.trigger == "checkpoint:8"
+    assert d.plan == {"repair_in_s": 0.0, "k": 1.25}
+    assert d.costs_s == {"restart": 600, "failover": 0.0}
+    assert d.reason == (
+        "keep running degraded: 0 s lost until the repair in 0 s (k=1.250) <= reload 600 s"
+    )
+
+
+def test_the_default_repair_estimate_is_a_day() -> None:
+    s = failed_over()
+    s.checkpoint = CheckpointSeen(9, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    assert d.plan == {"repair_in_s": 86300.0, "k": 1.5}
+
+
+def test_degraded_time_counts_fractions_of_a_second() -> None:
+    s = failed_over(repair_estimate_s=1200)
+    s.checkpoint = CheckpointSeen(10, at(3000.5), at(3000.5))
+    d = s.step(3000.5).decision
+    assert d is not None
+    assert d.plan == {"repair_in_s": 1199.5, "k": 1.5}
+
+
+def test_the_inputs_use_the_k_of_the_failover() -> None:
+    s = Story(
+        ["n0", "n1"], job_kw={"comm_share": 0.4, "slowdown_k": None, "repair_estimate_s": 86400}
+    )
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    k = s.desired.k
+    assert k is not None and k != 1.03
+    s.checkpoint = CheckpointSeen(11, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    assert (d.inputs["k"], d.inputs["k_source"]) == (k, "measured")
+    assert d.plan["k"] == k

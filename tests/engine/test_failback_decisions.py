@@ -1,0 +1,131 @@
+"""Fail-back decisions: the exact record when primaries come back, whole or in part."""
+
+from __future__ import annotations
+
+from scheduler_svc.engine.fabric import SwitchEvidence
+from scheduler_svc.engine.nccl import NcclSpec
+from scheduler_svc.engine.reconcile import Action, Mode
+from tests.scheduler_svc.test_engine_reconcile import Story, at, down
+
+
+def test_whole_failback_record() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.desired.moved == {3: "mlx5_2/1"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    assert s.step(3150).decision is None  # damping (120 s) not over
+    out = s.step(3220)
+    d = out.decision
+    assert d is not None
+    assert d.trigger == "failback:1"
+    assert d.fault_key == "fault:1"
+    assert d.action == Action.FAILBACK
+    assert d.reason == (
+        "fail back: the primary paths on n0 are healthy again; "
+        "1 rank(s) return to their primary at one op count"
+    )
+    assert d.plan == {
+        "mitigation": "failback",
+        "returning": [{"rank": 3, "node": "n0", "gpu": 3, "to": "mlx5_3/1"}],
+        "still_failed_over": [],
+        "disabled_channels": {},
+        "cleared": ["fault:1"],
+    }
+    assert d.costs_s == {} and d.costs_gpu_s == {}
+    assert d.inputs["k"] == 1.5
+    assert out.desired.mode == Mode.NORMAL
+    assert out.desired.moved == {}
+    assert out.desired.k is None
+    assert out.desired.channel_plan() == ({}, {}, {})
+
+
+def test_partial_failback_keeps_the_still_failed_rank_and_its_channels() -> None:
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_5", 3000)
+    s.step(3000)
+    assert s.desired.moved == {3: "mlx5_2/1", 13: "mlx5_4/1"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None
+    assert d.trigger == "failback:1"
+    assert d.reason == (
+        "fail back: the primary paths on n0 are healthy again; 1 rank(s) return to their "
+        "primary at one op count; 1 rank(s) stay on their backup (their primary is still failed)"
+    )
+    assert d.plan["returning"] == [{"rank": 3, "node": "n0", "gpu": 3, "to": "mlx5_3/1"}]
+    assert d.plan["still_failed_over"] == [13]
+    assert d.plan["disabled_channels"] == {"77": [5, 13]}
+    assert d.plan["cleared"] == ["fault:1"]
+    assert s.desired.mode == Mode.FAILED_OVER
+    assert s.desired.moved == {13: "mlx5_4/1"}
+
+
+def test_stock_nccl_failback_is_recorded_and_without_port_recovery_stays_failed_over() -> None:
+    old = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], comm_channels=None, job_kw={"nccl": old})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.mode == Mode.FAILED_OVER
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None
+    assert d.reason == (
+        "fail back: n0/mlx5_3/1 is back, but NCCL 2.29.7 with port failover has no port "
+        "recovery (2.30+): its ranks stay on the partner device until the job restarts"
+    )
+    assert s.desired.mode == Mode.FAILED_OVER
+    assert s.desired.moved == {}
+
+
+def test_a_cleared_switch_names_itself_in_the_trigger() -> None:
+    s = Story(["n0", "n1"])
+    s.switches[4] = SwitchEvidence(4, "rail3-leaf", at(3000), "2 nodes lost their port")
+    s.step(3000)
+    assert s.desired.moved == {3: "mlx5_2/1", 11: "mlx5_2/1"}
+    del s.switches[4]
+    d = s.step(3100).decision
+    assert d is not None
+    assert d.trigger == "failback:switch:4"
+    assert d.fault_key == "switch:4"
+    assert d.plan["cleared"] == ["switch:4"]
+    assert d.reason == (
+        "fail back: the primary paths on n0, n1 are healthy again; "
+        "2 rank(s) return to their primary at one op count"
+    )
+
+
+def test_failback_clears_the_plan_and_keeps_the_failovers_k_in_its_inputs() -> None:
+    s = Story(["n0", "n1"], job_kw={"comm_share": 0.4, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    k = s.desired.k
+    assert k is not None and k != 1.03
+    assert s.desired.mitigation == {77: "balance"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    out = s.step(3220)
+    assert out.decision is not None
+    assert (out.decision.inputs["k"], out.decision.inputs["k_source"]) == (k, "measured")
+    assert out.desired.mitigation == {}
+    assert out.desired.disabled == {}
+    assert out.conn is not None and out.conn.failed_over_ranks == ()
+    assert out.warnings == ()
+
+
+def test_stock_nccl_with_port_recovery_returns_to_normal_on_every_node() -> None:
+    new = NcclSpec((2, 30, 0), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], comm_channels=None, job_kw={"nccl": new})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.mode == Mode.FAILED_OVER
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None
+    assert d.reason == (
+        "fail back: NCCL 2.30.0 with port failover recovers n0/mlx5_3/1, n1/mlx5_3/1 by "
+        "itself (port recovery); recorded, no commands sent"
+    )
+    assert s.desired.mode == Mode.NORMAL
