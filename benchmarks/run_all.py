@@ -15,6 +15,7 @@ BENCHMARKS = [
     ["bench_nccl_profiler.py"],
     ["bench_decision_latency.py"],
     ["bench_switch_storm.py"],
+    ["bench_registration.py"],
     # Old path beside new at the agent's default wait; then 8,192 agents at the longest one.
     ["bench_idle_polls.py", "--runs", "old"],
     ["bench_idle_polls.py", "--runs", "sqlite,postgres", "--wait-s", "120", "--samples", "50"],
