@@ -418,7 +418,19 @@ def _reconcile_paths(
         return _failback(p, prev, base, moved, returning)
 
     desired = _with_mitigations(job, fabric, conn, base, moved, options=options) if moved else base
-    # 3. While failed over, a steady measured k that changes the input re-decides.
+    # 3. A checkpoint while failed over: restart cleanly now, or keep running degraded?
+    # First, and with the newest k: a k measured in the same pass is decided with it here,
+    # not in a second decision on the next pass.
+    cp = job.newest_checkpoint
+    if (
+        prev.mode == Mode.FAILED_OVER
+        and cp is not None
+        and job.failed_over_at is not None
+        and cp.at > job.failed_over_at
+        and cp.id != prev.checkpoint_id
+    ):
+        return _at_checkpoint(p, desired, prev, cp)
+    # 4. While failed over, a steady measured k that changes the input re-decides.
     if (
         prev.mode == Mode.FAILED_OVER
         and job.measured_k is not None
@@ -435,16 +447,6 @@ def _reconcile_paths(
             note=note,
             trigger=f"measured_k:{job.measured_k:.4f}",
         )
-    # 4. A checkpoint while failed over: restart cleanly now, or keep running degraded?
-    cp = job.newest_checkpoint
-    if (
-        prev.mode == Mode.FAILED_OVER
-        and cp is not None
-        and job.failed_over_at is not None
-        and cp.at > job.failed_over_at
-        and cp.id != prev.checkpoint_id
-    ):
-        return _at_checkpoint(p, desired, prev, cp)
     if not desired.same_outcome(prev) and prev.mode == Mode.FAILED_OVER and moved:
         # Same ranks off their primary, another channel plan (a second rail of a node).
         return _failover(p, base, moved, note=None)
@@ -715,10 +717,11 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
     remaining = max(0.0, repair - degraded_for)
     restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
     verdict = "restart" if restart else "keep"
-    seen = replace(desired, checkpoint_id=cp.id, verdict=verdict)
+    k_changed = prev.k is not None and abs(k - prev.k) > options.measured_k_tolerance * prev.k
+    seen = replace(desired, checkpoint_id=cp.id, verdict=verdict, k=k)
     if restart:
         seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, **_NO_PLAN)
-    elif prev.verdict == "keep":
+    elif prev.verdict == "keep" and not k_changed:
         # The answer stands: a FlowCheck job checkpointing every iteration gets one decision.
         return Reconciled(seen, None, conn, warnings)
     return Reconciled(

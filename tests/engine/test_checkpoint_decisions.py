@@ -114,3 +114,32 @@ def test_the_inputs_use_the_k_of_the_failover() -> None:
     assert d is not None
     assert (d.inputs["k"], d.inputs["k_source"]) == (k, "measured")
     assert d.plan["k"] == k
+
+
+def test_a_measured_k_and_a_checkpoint_in_one_pass_are_one_decision() -> None:
+    """Both arrive before the same pass: the checkpoint is decided with the measured k, and
+    an identical pass after it decides nothing (it used to decide measured_k, then the
+    checkpoint, on two passes)."""
+    s = failed_over(repair_estimate_s=50)
+    s.measured_k = 1.25
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.trigger == "checkpoint:8" and d.plan["k"] == 1.25
+    assert s.desired.k == 1.25
+    assert s.step(3101).decision is None
+    assert s.step(3102).decision is None
+
+
+def test_a_new_k_at_a_checkpoint_is_recorded_even_when_the_verdict_stands() -> None:
+    """"keep" again at a later checkpoint is no decision, unless k changed since: then the
+    same verdict is recorded with the k it now rests on."""
+    s = failed_over(repair_estimate_s=50)
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    assert s.step(3100).decision is not None  # keep
+    s.checkpoint = CheckpointSeen(9, at(3110), at(3110))
+    assert s.step(3110).decision is None  # keep again, same k
+    s.measured_k = 1.25
+    s.checkpoint = CheckpointSeen(10, at(3120), at(3120))
+    d = s.step(3120).decision
+    assert d is not None and d.trigger == "checkpoint:10" and d.plan["k"] == 1.25
+    assert s.step(3121).decision is None

@@ -6,8 +6,9 @@ bounded by examples per operation. On PostgreSQL the examples and coverage
 phases: what a store answers differently is the edge of a value (the largest
 integer, the longest name, the odd character), which those two derive from the
 schema deterministically; the random and stateful phases drive the service's
-logic, the same code on either store. Together they take about a minute. The exclusions, each with its reason, are in schemathesis.toml here; a job
-registered first (fzjob) lets the job routes reach their real work.
+logic, the same code on either store. Together they take about a minute. The
+exclusions, each with its reason, are in schemathesis.toml here; a job registered
+first (fzjob) lets the job routes reach their real work.
 """
 
 from __future__ import annotations
