@@ -131,7 +131,7 @@ def test_a_measured_k_and_a_checkpoint_in_one_pass_are_one_decision() -> None:
 
 
 def test_a_new_k_at_a_checkpoint_is_recorded_even_when_the_verdict_stands() -> None:
-    """ "keep" again at a later checkpoint is no decision, unless k changed since: then the
+    """A "keep" again at a later checkpoint is no decision, unless k changed since: then the
     same verdict is recorded with the k it now rests on."""
     s = failed_over(repair_estimate_s=50)
     s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
