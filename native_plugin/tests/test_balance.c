@@ -20,34 +20,12 @@
 #include <unistd.h>
 
 #include "railover_plugin.h"
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      exit(1);                                                       \
-    }                                                                \
-  } while (0)
+#include "check.h"
 
 #define COMM 77u
 #define FUZZ_ROUNDS 300
 
 static const railoverPlugin_v2_t* api = &railoverPlugin_v2;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-#define WAIT_UNTIL(cond, seconds)                                     \
-  do {                                                                \
-    double deadline_ = now_s() + (seconds);                           \
-    while (!(cond) && now_s() < deadline_) usleep(1000);              \
-    CHECK(cond, "timed out after %.0f s", (double)(seconds));         \
-  } while (0)
 
 /* ------------------------------------------------------ the stand-in agent */
 

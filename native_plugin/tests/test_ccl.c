@@ -24,16 +24,7 @@
 #include <unistd.h>
 
 #include "railover_plugin.h"
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      exit(1);                                                       \
-    }                                                                \
-  } while (0)
+#include "check.h"
 
 static const railoverPlugin_v1_t* api;
 static void* handle;
@@ -215,19 +206,6 @@ static railover_stats_t get_stats(void) {
   CHECK(api->stats(handle, &s, sizeof(s)) == RAILOVER_OK, "stats");
   return s;
 }
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-#define WAIT_UNTIL(cond, seconds)                                     \
-  do {                                                                \
-    double deadline_ = now_s() + (seconds);                           \
-    while (!(cond) && now_s() < deadline_) usleep(1000);              \
-    CHECK(cond, "timed out after %.0f s", (double)(seconds));         \
-  } while (0)
 
 static _Atomic int log_lines;
 static void log_fn(int level, const char* msg) {

@@ -37,20 +37,12 @@
 
 #include "railover_nccl_abi.h"
 #include "railover_wire.h"
+#include "check.h"
 
 extern const rvn_profiler_v5 ncclProfiler_v5;
 extern const rvn_profiler_v4 ncclProfiler_v4;
 extern const rvn_profiler_v6 ncclProfiler_v6;
 
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                             \
-      fprintf(stderr, "\n");                                    \
-      exit(1);                                                  \
-    }                                                           \
-  } while (0)
 
 #define COMM_A 0x0A11CE0000000001ULL
 #define COMM_B 0x0B0B000000000002ULL

@@ -25,16 +25,7 @@
 #include <unistd.h>
 
 #include "railover_plugin.h"
-
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      exit(1);                                                       \
-    }                                                                \
-  } while (0)
+#include "check.h"
 
 #define RANKS 4
 #define LATE_RANK 3
@@ -47,19 +38,6 @@
 #define CHANNELS2 0xF0u
 
 static const railoverPlugin_v1_t* api;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-#define WAIT_UNTIL(cond, seconds)                                     \
-  do {                                                                \
-    double deadline_ = now_s() + (seconds);                           \
-    while (!(cond) && now_s() < deadline_) usleep(1000);              \
-    CHECK(cond, "timed out after %.0f s", (double)(seconds));         \
-  } while (0)
 
 /* ------------------------------------------------------- agree(), by table */
 
