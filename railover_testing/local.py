@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -41,6 +42,17 @@ class ManualClock:
             return self._now
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, looking for `should_exit` every 10 ms rather than every 100 ms:
+    a test stops hundreds of services, each after its last request."""
+
+    async def main_loop(self) -> None:
+        ticks = 0
+        while not await self.on_tick(ticks // 10):  # on_tick counts its own 100 ms ticks
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+
 @contextmanager
 def local_service(
     settings: Settings, startup_timeout_s: float = 30.0, clock: Clock = system_clock
@@ -58,7 +70,7 @@ def local_service(
         log_level="warning",
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     thread = threading.Thread(target=server.run, name=f"railover-svc-{port}", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
