@@ -83,10 +83,6 @@ class StatusQuery:
     after_node: str | None = None
     limit: int = NODE_PAGE
 
-    @property
-    def filtered(self) -> bool:
-        return self.rail is not None or self.switch is not None or self.health != "all"
-
 
 # The first page of every node, as the page at / shows it without parameters.
 FIRST_PAGE = StatusQuery()
@@ -210,8 +206,10 @@ def snapshot(
     the caller's session is only read from."""
     faults = FaultRepo(session).all(open_only=True, limit=MAX_OPEN_FAULTS)
     ports = port_health(session, faults)
-    nodes = session.execute(select(m.Node.name, m.Node.updated_at).order_by(m.Node.name)).all()
-    page, matching, next_after = _node_page([(n, at) for n, at in nodes], ports, query)
+    nodes = (
+        session.execute(select(m.Node.name, m.Node.updated_at).order_by(m.Node.name)).tuples().all()
+    )
+    page, matching, next_after = _node_page(nodes, ports, query)
     switches, switches_total = _switches(ports)
     decisions = DecisionRepo(session)
     latest = decisions.latest_per_job()
