@@ -16,7 +16,7 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +25,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from agent.config import AgentSettings
 from agent.runner import Agent
+from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.waiting import wait_for
 
 
 def short_socket_path() -> Path:
@@ -124,6 +126,35 @@ class AgentThread:
 
 async def _wrap(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+@contextlib.contextmanager
+def node_agents(
+    built: Mapping[str, tuple[FixtureNode, Path]],
+    work: Path,
+    service_url: str,
+    *,
+    register_timeout_s: float,
+    **overrides: Any,
+) -> Iterator[dict[str, AgentThread]]:
+    """One running agent per node of `built` (sysfs_fixture.build_cluster), each with its
+    work directory under `work`; yields them once every one has registered its node, and
+    stops every one on the way out, even when another fails to stop."""
+    agents: dict[str, AgentThread] = {}
+    with contextlib.ExitStack() as running:
+        for name, (node, rail_map) in built.items():
+            settings = settings_for(
+                node.root, work / name, service_url, rail_map, node_name=name, **overrides
+            )
+            agents[name] = AgentThread(settings).start()
+            running.callback(agents[name].stop)
+        wait_for(
+            "every agent to register its node",
+            lambda: all(a.agent.registered for a in agents.values()),
+            register_timeout_s,
+            lambda: {n: a.agent.registered for n, a in agents.items()},
+        )
+        yield agents
 
 
 @dataclass

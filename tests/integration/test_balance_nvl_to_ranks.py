@@ -21,7 +21,7 @@ import pytest
 
 from native_plugin.wire import AckStatus, CommandKind
 from railover_testing import waiting
-from railover_testing.agents import AgentThread, settings_for
+from railover_testing.agents import AgentThread, node_agents
 from railover_testing.processes import Service
 from railover_testing.simjob import SimulatedJob
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
@@ -82,35 +82,23 @@ def start_cluster(db_url: str, tmp_path: Path, **shape: int) -> Iterator[Cluster
     built = build_cluster(tmp_path / "nodes", NODES, **shape)
     env = {f"RAILOVER_{k.upper()}": str(v) for k, v in SERVICE.items()}
     service = Service(db_url, tmp_path, env=env).start()
-    with httpx.Client(base_url=service.url, timeout=10) as http:
-        agents: dict[str, AgentThread] = {}
-        try:
-            for name, (node, rail_map) in built.items():
-                settings = settings_for(
-                    node.root,
-                    tmp_path / "agents" / name,
-                    service.url,
-                    rail_map,
-                    node_name=name,
-                    poll_interval_s=0.2,
-                    command_wait_s=0.5,
-                    command_hold_s=5.0,
-                    request_timeout_s=10.0,
-                )
-                agents[name] = AgentThread(settings).start()
-            waiting.wait_for(
-                "every agent to register its node",
-                lambda: all(a.agent.registered for a in agents.values()),
-                10,
-                lambda: {n: a.agent.registered for n, a in agents.items()},
-            )
+    try:
+        with (
+            httpx.Client(base_url=service.url, timeout=10) as http,
+            node_agents(
+                built,
+                tmp_path / "agents",
+                service.url,
+                register_timeout_s=10,
+                poll_interval_s=0.2,
+                command_wait_s=0.5,
+                command_hold_s=5.0,
+                request_timeout_s=10.0,
+            ) as agents,
+        ):
             yield Cluster(http, {n: node for n, (node, _) in built.items()}, agents)
-        finally:
-            try:
-                for a in agents.values():
-                    a.stop()
-            finally:
-                service.stop()
+    finally:
+        service.stop()
 
 
 @pytest.fixture

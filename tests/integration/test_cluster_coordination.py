@@ -20,7 +20,7 @@ import pytest
 
 from native_plugin.wire import AckStatus, CommandKind
 from railover_testing import waiting
-from railover_testing.agents import AgentThread, settings_for
+from railover_testing.agents import AgentThread, node_agents
 from railover_testing.processes import Service
 from railover_testing.simjob import Applied, SimulatedJob
 from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
@@ -91,30 +91,22 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
     url = service.url
     # Idle connections go before the server's 5 s keep-alive could close one under a request.
     limits = httpx.Limits(keepalive_expiry=1.0)
-    with httpx.Client(base_url=url, timeout=10, limits=limits) as http:
-        agents: dict[str, AgentThread] = {}
-        try:
-            for name, (node, rail_map) in built.items():
-                settings = settings_for(
-                    node.root,
-                    tmp_path / "agents" / name,
-                    url,
-                    rail_map,
-                    node_name=name,
-                    poll_interval_s=0.2,
-                    command_wait_s=0.5,
-                    command_hold_s=5.0,
-                    # Generous: a starved 2-core box can take seconds to answer, and a retried
-                    # ack only adds to the queue it waited in.
-                    request_timeout_s=10.0,
-                )
-                agents[name] = AgentThread(settings).start()
-            wait_for(
-                "every agent to register its node",
-                lambda: all(a.agent.registered for a in agents.values()),
-                10,
-                lambda: {n: a.agent.registered for n, a in agents.items()},
-            )
+    try:
+        with (
+            httpx.Client(base_url=url, timeout=10, limits=limits) as http,
+            node_agents(
+                built,
+                tmp_path / "agents",
+                url,
+                register_timeout_s=10,
+                poll_interval_s=0.2,
+                command_wait_s=0.5,
+                command_hold_s=5.0,
+                # Generous: a starved 2-core box can take seconds to answer, and a retried
+                # ack only adds to the queue it waited in.
+                request_timeout_s=10.0,
+            ) as agents,
+        ):
             # Fifty minutes into an hour between checkpoints: failing over beats restarting.
             checkpoint = datetime.now(UTC) - timedelta(seconds=3000)
             body = {
@@ -135,12 +127,8 @@ def cluster(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Cluster]:
             r = http.post("/v1/jobs", json=body)
             assert r.status_code == 201, r.text
             yield Cluster(http, {n: node for n, (node, _) in built.items()}, agents)
-        finally:
-            try:
-                for a in agents.values():
-                    a.stop()
-            finally:
-                service.stop()
+    finally:
+        service.stop()
 
 
 def warm_up(cluster: Cluster, job: SimulatedJob) -> None:

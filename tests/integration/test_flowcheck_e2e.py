@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from native_plugin.wire import AckStatus, CommandKind
-from railover_testing.agents import AgentThread, settings_for
+from railover_testing.agents import AgentThread, node_agents
 from railover_testing.local import local_service
 from railover_testing.simjob import SimulatedJob
 from railover_testing.sysfs_fixture import build_cluster
@@ -103,46 +103,31 @@ def stack(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Stack]:
     with (
         local_service(settings) as url,
         httpx.Client(base_url=url, timeout=10) as http,
+        node_agents(
+            built,
+            tmp_path / "agents",
+            url,
+            register_timeout_s=15,
+            poll_interval_s=0.1,
+            command_wait_s=0.5,
+        ) as agents,
     ):
-        agents: dict[str, AgentThread] = {}
-        try:
-            for name, (node, rail_map) in built.items():
-                agents[name] = AgentThread(
-                    settings_for(
-                        node.root,
-                        tmp_path / "agents" / name,
-                        url,
-                        rail_map,
-                        node_name=name,
-                        poll_interval_s=0.1,
-                        command_wait_s=0.5,
-                    )
-                ).start()
-            wait_for(
-                "every agent to register its node",
-                lambda: all(a.agent.registered for a in agents.values()),
-                15,
-                lambda: {n: a.agent.registered for n, a in agents.items()},
-            )
-            body = {
-                "job_id": JOB,
-                "ranks": [
-                    {"rank": i * GPUS + g, "node": n, "gpu": g}
-                    for i, n in enumerate(NODES)
-                    for g in range(GPUS)
-                ],
-                "checkpoint_interval_s": 3600,
-                "reload_s": 600,
-                "timeout_s": 30,
-                "last_checkpoint_at": (datetime.now(UTC) - timedelta(seconds=60)).isoformat(),
-                "communicators": [{"comm_id": COMM, "channels": 4, "ranks": []}],
-            }
-            r = http.post("/v1/jobs", json=body)
-            assert r.status_code == 201, r.text
-            yield Stack(http, agents)
-        finally:
-            for a in agents.values():
-                a.stop()
+        body = {
+            "job_id": JOB,
+            "ranks": [
+                {"rank": i * GPUS + g, "node": n, "gpu": g}
+                for i, n in enumerate(NODES)
+                for g in range(GPUS)
+            ],
+            "checkpoint_interval_s": 3600,
+            "reload_s": 600,
+            "timeout_s": 30,
+            "last_checkpoint_at": (datetime.now(UTC) - timedelta(seconds=60)).isoformat(),
+            "communicators": [{"comm_id": COMM, "channels": 4, "ranks": []}],
+        }
+        r = http.post("/v1/jobs", json=body)
+        assert r.status_code == 201, r.text
+        yield Stack(http, agents)
 
 
 def test_a_mirror_failure_reaches_every_rank_through_the_plugin_and_the_fleet(
