@@ -62,9 +62,12 @@ tools:
 deploy-check: venv tools
 	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q tests/deploy tests/web
 
+# The suite on TEST_WORKERS processes; a test file stays on one worker, so module
+# fixtures (the throw-away Slurm cluster, one service per module) are made once.
+TEST_WORKERS ?= 2
 test-python: venv plugin tools
 	bash scripts/ensure-postgres.sh
-	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q
+	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test: lint typecheck test-plugin test-python
 

@@ -2,7 +2,8 @@
 
 Service down; the agent records 1,000 events (port flips from sysfs and CQE
 errors from a plugin client) and is restarted halfway; then the service
-starts. All 1,000 must be in the service's database, none twice.
+starts. All 1,000 must be in the service's database, none twice. Every test here
+runs on both stores (the `db_url` fixture: SQLite and PostgreSQL).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 
 from native_plugin import wire
 from railover_testing.agents import AgentThread, settings_for
+from railover_testing.processes import store_rows
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
 from railover_testing.waiting import wait_until
 from tests.agent.polls import PollLog
@@ -39,9 +40,11 @@ def _free_port() -> int:
 
 
 class Service:
-    def __init__(self, port: int, db: Path, log: Path) -> None:
+    """`railover serve` as its own process on `db_url` (each store backend)."""
+
+    def __init__(self, port: int, db_url: str, log: Path) -> None:
         self.port = port
-        self.db = db
+        self.db_url = db_url
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -57,7 +60,7 @@ class Service:
                     "--port",
                     str(self.port),
                     "--db",
-                    f"sqlite:///{self.db}",
+                    self.db_url,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -88,9 +91,9 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
+def service(tmp_path: Path, db_url: str) -> Iterator[Service]:
     need_console_script("railover")
-    svc = Service(_free_port(), tmp_path / "svc.db", tmp_path / "svc.log")
+    svc = Service(_free_port(), db_url, tmp_path / "svc.log")
     yield svc
     svc.stop()
 
@@ -159,16 +162,20 @@ def test_outage_restart_1000_events_all_arrive_once(
     finally:
         a.stop()
 
-    with sqlite3.connect(service.db) as db:
-        rows = db.execute(
-            "SELECT event_id, kind, device, payload FROM events WHERE node = 'n0'"
-        ).fetchall()
+    rows = store_rows(
+        service.db_url, "SELECT event_id, kind, device, payload FROM events WHERE node = 'n0'"
+    )
     assert len(rows) == 1000
-    assert {r[0] for r in rows} == want_ids
-    cqe_qps = [json.loads(r[3])["detail"]["qp_num"] for r in rows if r[1] == "cqe_error"]
+    assert {str(r[0]) for r in rows} == want_ids
+    cqe_qps = [_json(r[3])["detail"]["qp_num"] for r in rows if r[1] == "cqe_error"]
     assert sorted(cqe_qps) == list(range(990))  # each generated once, none twice
     ports = sorted((r[2], r[1]) for r in rows if r[1] != "cqe_error")
     assert ports == sorted((f"mlx5_{i}", k) for i in range(5) for k in ("port_down", "port_up"))
+
+
+def _json(value: Any) -> Any:
+    """A JSON column as read: text on SQLite, already decoded on PostgreSQL."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def refused() -> float:
@@ -240,13 +247,13 @@ def test_live_service_plan_fault_and_command_relay(
         set_port_state(node_a.root, "mlx5_0", 1, "DOWN")
 
         def fault_open() -> bool:
-            with sqlite3.connect(service.db) as db:
-                return bool(
-                    db.execute(
-                        "SELECT 1 FROM faults WHERE node='n0' AND device='mlx5_0' "
-                        "AND cleared_at IS NULL"
-                    ).fetchall()
+            return bool(
+                store_rows(
+                    service.db_url,
+                    "SELECT 1 FROM faults WHERE node='n0' AND device='mlx5_0' "
+                    "AND cleared_at IS NULL",
                 )
+            )
 
         # Generous (a hung test's stop): the poll count below is the bound.
         assert wait_until(fault_open, timeout=30)
@@ -299,7 +306,7 @@ def _token(service: Service, node: str) -> str:
             "--node",
             node,
             "--db",
-            f"sqlite:///{service.db}",
+            service.db_url,
         ],
         check=True,
         capture_output=True,
@@ -336,6 +343,5 @@ def test_wrong_token_keeps_events_until_the_right_one(
         assert wait_until(lambda: a.agent.spool.depth() == 0, timeout=10)
     finally:
         a.stop()
-    with sqlite3.connect(service.db) as db:
-        rows = db.execute("SELECT kind, device FROM events WHERE node = 'n0'").fetchall()
+    rows = store_rows(service.db_url, "SELECT kind, device FROM events WHERE node = 'n0'")
     assert rows == [("port_down", "mlx5_2")]

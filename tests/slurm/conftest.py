@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.deploy.tools import need_tool, tool_missing
-from tests.slurm.cluster import SlurmCluster, slurm_cluster
+from tests.slurm.cluster import NODES, RUNS_JOBS, SlurmCluster, slurm_cluster
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         tool_missing("the throw-away Slurm cluster runs its daemons as root (SlurmUser=root)")
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as c:
+        _park_nodes_without_slurmd(c)
         yield c
+
+
+def _park_nodes_without_slurmd(cluster: SlurmCluster) -> None:
+    """Mark the slurmd-less nodes DOWN, so that no job is ever placed on them.
+
+    A node that a test resumed from drain is IDLE (not responding) until SlurmdTimeout
+    and schedulable meanwhile: a job submitted while gpu01 is still completing the last
+    one would start there, on a node that can never run it. DOWN keeps the drain,
+    comment and resume state the tests look at, and the scheduler away.
+    """
+    for node in NODES:
+        if node != RUNS_JOBS and "DOWN" not in cluster.node(node).get("State", ""):
+            cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=no slurmd")
 
 
 @pytest.fixture
@@ -32,7 +46,8 @@ def slurm(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sl
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     yield cluster
     cluster.run("scancel", "--full", "-u", "root", check=False)
-    for node in ("gpu01", "gpu02", "gpu03"):
+    for node in NODES:
         cluster.run("scontrol", "update", f"NodeName={node}", "Comment=", check=False)
         if "DRAIN" in cluster.node(node).get("State", ""):
             cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    _park_nodes_without_slurmd(cluster)
