@@ -1,13 +1,23 @@
-"""ToR-switch storm: 64 nodes x 8 RNIC faults within one second.
+"""Switch storms: many nodes report port faults within one second.
 
-The service runs as its own process (`railover serve`). Every node has an
-agent stand-in: one thread long-polling the node's commands, one posting the
-node's 8 port_down events (spread over a second, as eight failing switches
-would be seen). Measured per round: the time from the storm's start until
-every job has its decision, and until each node's poll returned its
-commands (p50/p99 over the 64 nodes).
+The service runs as its own process (`railover serve`). Two scenarios:
+
+- `tor` (the default): 64 nodes x 8 RNIC faults. Every node has an agent
+  stand-in: one thread long-polling the node's commands, one posting the node's
+  8 port_down events (spread over a second, as eight failing switches would be
+  seen); 8 jobs of 64 GPUs. Measured per round: the time from the storm's start
+  until every job has its decision, and until each node's poll returned its
+  commands (p50/p99 over the 64 nodes).
+- `leaf`: one leaf switch of one big job fails. `--nodes` HGX nodes (8,192 by
+  default: a 65,536-GPU job) are registered, 64 to a leaf switch per rail; the
+  64 nodes under rail 3's first leaf each post one port_down within one second,
+  each with its commands long-polled. Measured from the last report's send:
+  until every post was answered (each answer follows its decision's commit),
+  until the switch failure is listed in GET /v1/fabric, and until the job's
+  last command row was written (its `created_at`, read from the store).
 
     .venv/bin/python benchmarks/bench_switch_storm.py [--rounds 3] [--backend sqlite,postgres]
+    .venv/bin/python benchmarks/bench_switch_storm.py --scenario leaf [--nodes 8192]
 """
 
 from __future__ import annotations
@@ -16,14 +26,17 @@ import argparse
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import benchlib
 import httpx
 
 from railover_testing.cluster_shapes import hgx_node
+from railover_testing.processes import store_rows
 
 NODES, RAILS, NODES_PER_JOB = 64, 8, 8
+LEAF_SIZE, LEAF_RAIL = 64, 3
 
 
 def one_round(url: str, round_no: int) -> dict[str, float]:
@@ -100,14 +113,121 @@ def one_round(url: str, round_no: int) -> dict[str, float]:
     }
 
 
+def leaf_storm(url: str, db_url: str, nodes: int) -> dict[str, float]:
+    names = [f"n{i:05d}" for i in range(nodes)]
+    checkpoint = datetime.now(UTC) - timedelta(seconds=2400)
+
+    def put(i_name: tuple[int, str]) -> None:
+        i, name = i_name
+        body = hgx_node(switch_name=f"leaf{i // LEAF_SIZE}-rail{{rail}}")
+        with httpx.Client(base_url=url, timeout=120) as c:
+            c.put(f"/v1/nodes/{name}", json=body).raise_for_status()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, enumerate(names)))
+    print(f"  {nodes} nodes registered in {time.perf_counter() - started:.1f} s", flush=True)
+    with httpx.Client(base_url=url, timeout=600) as http:
+        body = benchlib.job_body("big", names, checkpoint)
+        http.post("/v1/jobs", json=body).raise_for_status()
+    print(f"  job of {nodes * 8} ranks registered", flush=True)
+    storm = names[:LEAF_SIZE]
+    sent: dict[str, datetime] = {}
+    answered: dict[str, datetime] = {}
+    got_commands: dict[str, datetime] = {}
+    ready = threading.Barrier(len(storm) * 2 + 1)
+
+    def poll(node: str) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            ready.wait()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                got = c.get(f"/v1/nodes/{node}/commands", params={"wait_s": 20}).json()
+                if got["commands"]:
+                    got_commands[node] = datetime.now(UTC)
+                    return
+
+    def report(i: int, node: str) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            ready.wait()
+            time.sleep(i / len(storm))  # the 64 reports land within the storm's one second
+            event = {
+                "event_id": str(uuid.uuid4()),
+                "node": node,
+                "kind": "port_down",
+                "device": f"mlx5_{LEAF_RAIL}",
+                "port": 1,
+                "observed_at": datetime.now(UTC).isoformat(),
+            }
+            sent[node] = datetime.now(UTC)
+            c.post("/v1/events", json={"events": [event]}).raise_for_status()
+            answered[node] = datetime.now(UTC)
+
+    threads = [threading.Thread(target=poll, args=(n,)) for n in storm]
+    threads += [threading.Thread(target=report, args=(i, n)) for i, n in enumerate(storm)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    leaf = f"leaf0-rail{LEAF_RAIL}"
+    switch_seen: datetime | None = None
+    with httpx.Client(base_url=url, timeout=120) as http:
+        deadline = time.monotonic() + 180
+        while switch_seen is None and time.monotonic() < deadline:
+            fabric = http.get("/v1/fabric").json()
+            if any(leaf in str(sf) for sf in fabric["switch_faults"]):
+                switch_seen = datetime.now(UTC)
+    for t in threads:
+        t.join(timeout=180)
+    if len(answered) != len(storm):
+        raise RuntimeError(f"only {len(answered)} of {len(storm)} posts answered")
+    if switch_seen is None:
+        raise RuntimeError(f"no switch failure of {leaf} in GET /v1/fabric")
+    (last_cmd, n_cmds, n_nodes), *_ = store_rows(
+        db_url.replace("postgresql://", "postgresql+psycopg://", 1),
+        "SELECT MAX(created_at), COUNT(*), COUNT(DISTINCT node) FROM commands WHERE job_id = 'big'",
+    )
+    if isinstance(last_cmd, str):
+        last_cmd = datetime.fromisoformat(last_cmd)
+    if last_cmd.tzinfo is None:
+        last_cmd = last_cmd.replace(tzinfo=UTC)
+    last_report = max(sent.values())
+
+    def after(t: datetime) -> float:
+        return (t - last_report).total_seconds()
+
+    answers = [(answered[n] - sent[n]).total_seconds() for n in storm]
+    return {
+        "post_p50_s": benchlib.percentile(answers, 50),
+        "post_p99_s": benchlib.percentile(answers, 99),
+        "all_answered_s": after(max(answered.values())),
+        "switch_listed_s": after(switch_seen),
+        "last_command_s": after(last_cmd),
+        "polls_with_commands": float(len(got_commands)),
+        "command_rows": float(n_cmds),
+        "command_nodes": float(n_nodes),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend", default="sqlite,postgres")
+    ap.add_argument("--scenario", choices=("tor", "leaf"), default="tor")
+    ap.add_argument("--nodes", type=int, default=8192, help="leaf: nodes of the one job")
     args = ap.parse_args()
     m = benchlib.machine()
+    if args.scenario == "leaf":
+        print(
+            f"machine: {m['nproc']} cores, {m['cpu']}; one job of {args.nodes * 8} GPUs; "
+            f"{LEAF_SIZE} nodes lose rail {LEAF_RAIL} (one leaf switch) within 1 s"
+        )
+        for backend in args.backend.split(","):
+            with benchlib.scratch_store(backend) as db_url, benchlib.served(db_url) as url:
+                res = leaf_storm(url, db_url, args.nodes)
+            print(f"{backend}: " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()), flush=True)
+        return
     print(
         f"machine: {m['nproc']} cores, {m['cpu']}; {NODES} nodes x {RAILS} RNIC faults in 1 s; "
         f"{NODES // NODES_PER_JOB} jobs of {NODES_PER_JOB * 8} GPUs"

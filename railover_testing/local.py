@@ -81,7 +81,9 @@ def local_service(
             raise RuntimeError(f"the service did not start on {url}")
         time.sleep(0.02)
     # urllib, not httpx: a new httpx client builds a TLS context first (20 ms, each test).
-    with urllib.request.urlopen(f"{url}/readyz", timeout=5) as ready:  # noqa: S310  loopback
+    # The whole start-up budget for the first answer: on a loaded machine it can be slow.
+    remaining = max(1.0, deadline - time.monotonic())
+    with urllib.request.urlopen(f"{url}/readyz", timeout=remaining) as ready:  # noqa: S310
         if ready.status != 200:
             raise RuntimeError(f"the service on {url} is not ready: {ready.status}")
     try:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from scheduler_svc.config import Settings, is_loopback
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.schemas import Role
+from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
 
@@ -56,6 +57,14 @@ def now(request: Request) -> datetime:
 
 
 NowDep = Annotated[datetime, Depends(now)]
+
+
+def get_passes(request: Request) -> ReconcilePasses:
+    passes: ReconcilePasses = request.app.state.passes
+    return passes
+
+
+PassesDep = Annotated[ReconcilePasses, Depends(get_passes)]
 
 
 def get_settings(request: Request) -> Settings:

@@ -29,6 +29,7 @@ from scheduler_svc.config import Settings, get_settings, is_loopback
 from scheduler_svc.error_handlers import document_errors, install_error_handlers, limit_body
 from scheduler_svc.fleet.service import Fleet, audit_requests
 from scheduler_svc.notify import CommandListener, CommandNotifier
+from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.store.db import (
     make_engine,
@@ -89,6 +90,13 @@ def create_app(
             clock,
         )
         coordinator.start()
+        # Reports of one storm share their jobs' reconcile passes (services/passes.py).
+        app.state.passes = ReconcilePasses(
+            app.state.sessionmaker,
+            settings,
+            app.state.clock,
+            app.state.notifier.notify_threadsafe,
+        )
         try:
             yield
         finally:

@@ -19,6 +19,16 @@ EVENTS_REFUSED = Counter(
 
 FAULTS_OPENED = Counter("railover_faults_opened_total", "Faults opened, by kind", ["kind"])
 
+# A storm's reports share their jobs' reconcile passes (services/passes.py): the ratio
+# of these two is how many reports one pass answered for.
+REPORT_PASSES = Counter(
+    "railover_report_reconcile_passes_total", "Reconcile passes of a job run for agents' reports"
+)
+REPORTS_RECONCILED = Counter(
+    "railover_report_reconcile_requests_total",
+    "Jobs an agent's report asked to have reconciled (each covered by one shared pass)",
+)
+
 DECISION_LATENCY = Histogram(
     "railover_decision_latency_seconds",
     "Time from receiving an event batch to its decisions being stored",

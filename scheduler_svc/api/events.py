@@ -1,4 +1,9 @@
-"""Agents' reports: batched, idempotent by event id, decided on at once."""
+"""Agents' reports: batched, idempotent by event id, decided on at once.
+
+The evidence commits first; then the jobs it touched are reconciled by a pass
+that started after that commit, shared with the other reports of a storm
+(services/passes.py). The answer comes after both.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import time
 
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, NowDep, SessionDep, SettingsDep
+from scheduler_svc.deps import AgentAuth, NowDep, PassesDep, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -19,6 +24,7 @@ from scheduler_svc.schemas import EventBatch, EventIn, EventsAccepted, Role
 from scheduler_svc.services import targets
 from scheduler_svc.services.events import ingest
 from scheduler_svc.store.repositories import NodeRepo
+from scheduler_svc.store.uow import commit
 
 router = routing.router(prefix="/v1", tags=["events"])
 
@@ -30,9 +36,19 @@ router = routing.router(prefix="/v1", tags=["events"])
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
 def post_events(
-    body: EventBatch, session: SessionDep, who: AgentAuth, settings: SettingsDep, now: NowDep
+    body: EventBatch,
+    *,
+    session: SessionDep,
+    who: AgentAuth,
+    settings: SettingsDep,
+    now: NowDep,
+    passes: PassesDep,
 ) -> EventsAccepted:
-    """Report events; a fault reconciles at once every job with a rank on the node."""
+    """Report events; a fault reconciles at once every job with a rank on the node.
+
+    `decisions` lists what the pass that covered this batch decided; when many
+    nodes report at once, one pass covers many batches and decides once.
+    """
     started = time.perf_counter()
     if len(body.events) > settings.max_events_per_request:
         raise Unprocessable(
@@ -61,11 +77,14 @@ def post_events(
         now=now,
         settings=settings,
     )
-    if result.decisions:
+    faults_opened = len(result.faults_opened)
+    commit(session)  # the evidence, before any pass that is to see it starts
+    decisions = passes.reconcile(result.jobs) if result.jobs else []
+    if decisions:
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
     return EventsAccepted(
         accepted=result.accepted,
         duplicates=result.duplicates,
-        faults_opened=len(result.faults_opened),
-        decisions=[d.decision_id for d in result.decisions],
+        faults_opened=faults_opened,
+        decisions=decisions,
     )

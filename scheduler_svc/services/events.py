@@ -1,11 +1,13 @@
-"""Agents' reports: store each once, record the evidence it carries, reconcile the jobs it touches.
+"""Agents' reports: store each once, record the evidence it carries, name the jobs it touches.
 
 An event opens a fault (a link down, an RNIC fatal error, a CQE error that
 means the path is gone), refreshes one (a new error on a component already
 failed), or starts clearing one (a port up). Flapping ports are quarantined
 and correlated port faults become a switch failure here too. None of this
 decides anything: the jobs on the touched nodes (and, for a switch, on every
-node cabled to it) are handed to services.reconciler.
+node cabled to it) are marked due and returned; once the evidence has committed,
+the caller has them reconciled (services.passes, which shares one pass among the
+reports of a storm).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.schemas import EventIn, EventKind
-from scheduler_svc.services import ccl, fabric, reconciler
+from scheduler_svc.services import ccl, fabric
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
     CoordinationRepo,
@@ -44,6 +46,9 @@ PATH_LOSS_WC_STATUS = {
 IBV_EVENT_DEVICE_FATAL = 8
 IBV_EVENT_PORT_ACTIVE = 9
 IBV_EVENT_PORT_ERR = 10
+# A report's jobs are reconciled by a pass right after its commit; if that never
+# happens (the process died between the two), the coordinator does it this much later.
+REPORT_PASS_GRACE = timedelta(seconds=10)
 # Faults a port_up starts clearing; the others clear by quiet, registration or operator.
 CLEARED_BY_PORT_UP = (FaultKind.LINK_DOWN.value, FaultKind.RNIC_FATAL.value)
 
@@ -53,7 +58,7 @@ class IngestResult:
     accepted: int = 0
     duplicates: int = 0
     faults_opened: list[m.Fault] = field(default_factory=list)
-    decisions: list[m.Decision] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)  # to reconcile once this commits
 
 
 def _row(e: EventIn, now: datetime) -> dict[str, Any]:
@@ -95,7 +100,8 @@ def _recovers(e: EventIn) -> bool:
 def ingest(
     session: Session, events: list[EventIn], *, now: datetime, settings: Settings
 ) -> IngestResult:
-    """Store new events, record their evidence in order of observation, reconcile touched jobs."""
+    """Store new events and record their evidence in order of observation; the jobs it
+    touched are marked due (the coordinator's fallback) and returned, to reconcile."""
     result = IngestResult()
     # A batch may carry one id twice; the first copy counts, the rest are duplicates.
     first: dict[str, EventIn] = {}
@@ -122,9 +128,8 @@ def ingest(
         nodes = {n for n in touched if not n.startswith("@")}
         for sw in (n[1:] for n in touched if n.startswith("@")):
             nodes |= {n for n, _, _ in CoordinationRepo(session).ports_on_switch(sw)}
-        result.decisions = reconciler.reconcile_jobs(
-            session, JobRepo(session).job_ids_on_nodes(nodes), now, settings
-        )
+        result.jobs = JobRepo(session).job_ids_on_nodes(nodes)
+        JobRepo(session).mark_due(result.jobs, now + REPORT_PASS_GRACE)
     return result
 
 
@@ -253,6 +258,7 @@ def infer_switch(session: Session, fault: m.Fault, settings: Settings) -> m.Swit
     if fault.switch is None:
         return None
     repo = CoordinationRepo(session)
+    repo.lock_switch(fault.switch)  # the fault is in: count with the others' committed
     since = fault.opened_at - timedelta(seconds=settings.correlation_window_s)
     recent = [
         coord.PortFault(f.node, f.device, f.port, f.switch, f.opened_at)

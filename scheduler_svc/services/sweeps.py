@@ -39,7 +39,7 @@ def sweep_once(
     with reads() as session:
         overdue = [c.command_id for c in CoordinationRepo(session).overdue_commands(now)]
         due = fabric.has_cleared(session, now, settings)
-        retry = JobRepo(session).due_for_reconcile()
+        retry = JobRepo(session).due_for_reconcile(now)
         windows = maintenance.due(session, now)
     notify: set[str] = set()
     for command_id in overdue:

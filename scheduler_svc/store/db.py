@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import sqlite3
+import threading
+import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +30,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
             pool_size=10,
             max_overflow=40,
             **kwargs,
@@ -36,14 +40,77 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=35, **kwargs)
 
 
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+class FifoLock:
+    """A lock handed to its waiters in the order they asked, each waiting at most a timeout.
+
+    SQLite's own busy handler is not fair: a waiting connection sleeps and retries
+    (every 100 ms once it has waited a while), and whoever retries at the right
+    moment wins. Under a storm of writers one of them could lose for the whole
+    busy timeout and fail with "database is locked" while the lock was free
+    most of the time. The writers of one process queue here first, in order;
+    only writers of other processes (the CLI) still meet the busy handler.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._queue: deque[threading.Event] = deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._held and not self._queue:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._queue.append(turn)
+        turn.wait(timeout)
+        with self._mutex:
+            if turn.is_set():  # handed over, possibly just as the wait timed out
+                return True
+            self._queue.remove(turn)
+            return False
+
+    @property
+    def waiting(self) -> int:
+        """Writers queued behind the holder now."""
+        with self._mutex:
+            return len(self._queue)
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._queue:
+                self._queue.popleft().set()  # held throughout: straight to the next
+            else:
+                self._held = False
+
+
+_WRITE_LOCK = "railover_write_lock"
+_WRITERS: weakref.WeakKeyDictionary[Engine, FifoLock] = weakref.WeakKeyDictionary()
+
+
+def sqlite_writers(engine: Engine) -> FifoLock | None:
+    """The queue of a SQLite engine's writers (None for PostgreSQL): for tests and probes."""
+    return _WRITERS.get(engine)
+
+
 def _sqlite_immediate_transactions(engine: Engine) -> None:
-    """Take SQLite's write lock at BEGIN.
+    """Take SQLite's write lock at BEGIN, after this process's earlier writers.
 
     A deferred transaction that reads and then writes cannot wait for the lock
     in WAL mode (SQLite answers "database is locked" at once to avoid a
     deadlock); BEGIN IMMEDIATE waits for it up to the busy timeout instead, so
-    concurrent requests queue rather than fail.
+    concurrent requests queue rather than fail. They queue in a FifoLock of the
+    engine first, released when the transaction ends however it ends (commit,
+    rollback, the pool's reset or an invalidated connection).
     """
+    writers = _WRITERS[engine] = FifoLock()
+
+    def release(info: dict[str, Any]) -> None:
+        if info.pop(_WRITE_LOCK, False):
+            writers.release()
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _record: Any) -> None:
@@ -60,8 +127,37 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
         # in WAL mode their plain BEGIN never waits for, or blocks, a writer.
         if conn.get_execution_options().get(READ_ONLY_OPTION):
             conn.exec_driver_sql("BEGIN")
-        else:
+            return
+        if not writers.acquire(SQLITE_BUSY_TIMEOUT_S):
+            raise sqlite3.OperationalError(
+                f"database is locked: this process's other writers held it for "
+                f"{SQLITE_BUSY_TIMEOUT_S:.0f} s"
+            )
+        conn.info[_WRITE_LOCK] = True
+        try:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            release(conn.info)
+            raise
+
+    @event.listens_for(engine, "commit")
+    def _commit(conn: Any) -> None:
+        # Before the COMMIT runs: the next writer then waits in SQLite's busy
+        # handler only for the commit itself. Released after it, the lock would
+        # stay held if the COMMIT raised; the rollback that follows finds it gone.
+        release(conn.info)
+
+    @event.listens_for(engine, "rollback")
+    def _rollback(conn: Any) -> None:
+        release(conn.info)
+
+    @event.listens_for(engine.pool, "reset")
+    def _reset(_dbapi_conn: Any, record: Any, _reset_state: Any) -> None:
+        release(record.info)
+
+    @event.listens_for(engine.pool, "invalidate")
+    def _invalidate(_dbapi_conn: Any, record: Any, *_: Any) -> None:
+        release(record.info)
 
 
 READ_ONLY_OPTION = "railover_read_only"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import delete, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -291,15 +291,38 @@ class JobRepo:
             ).all()
         )
 
-    def due_for_reconcile(self, limit: int = 100) -> list[str]:
-        """Jobs whose last reconcile failed, oldest first."""
+    def due_for_reconcile(self, now: datetime, limit: int = 100) -> list[str]:
+        """Jobs the coordinator must reconcile by `now` (a pass failed, or a report's
+        own pass never ran), the longest due first."""
         return list(
             self.s.scalars(
                 select(m.Job.job_id)
-                .where(m.Job.reconcile_due_at.is_not(None))
+                .where(m.Job.reconcile_due_at <= now)
                 .order_by(m.Job.reconcile_due_at)
                 .limit(limit)
             ).all()
+        )
+
+    def mark_due(self, job_ids: Sequence[str], at: datetime) -> None:
+        """Have the coordinator reconcile these jobs at `at` unless a pass does first.
+
+        Only jobs not already due (an earlier mark, or a failed pass, keeps its
+        time). On PostgreSQL a job whose row a pass holds locked is skipped rather
+        than waited for: the pass, or the next one the caller asks for, covers it,
+        and a report must not queue behind a whole-job pass to record its evidence.
+        """
+        if not job_ids:
+            return
+        unmarked = select(m.Job.job_id).where(
+            m.Job.job_id.in_(list(job_ids)), m.Job.reconcile_due_at.is_(None)
+        )
+        if self.s.get_bind().dialect.name == "postgresql":
+            unmarked = unmarked.with_for_update(skip_locked=True)
+        self.s.execute(
+            update(m.Job)
+            .where(m.Job.job_id.in_(unmarked))
+            .values(reconcile_due_at=at)
+            .execution_options(synchronize_session=False)
         )
 
     def nodes_of(self, job_id: str) -> list[str]:
@@ -741,6 +764,23 @@ class CoordinationRepo:
             select(m.Rnic.name, m.Rnic.port).where(m.Rnic.node == node, m.Rnic.switch.is_not(None))
         )
         return list(rows.tuples().all())
+
+    def lock_switch(self, switch: str) -> None:
+        """Serialise the correlation of one switch's faults until this transaction ends.
+
+        Reports from the nodes under a failing switch arrive together. Each inserts
+        its fault and then counts the switch's open faults; on PostgreSQL (READ
+        COMMITTED) two of them could each miss the other's uncommitted fault, and
+        the switch failure would never be inferred. With a transaction advisory
+        lock per switch, taken after the insert and before the count, the last
+        to take it sees every fault committed before it. SQLite has one writer
+        already.
+        """
+        if self.s.get_bind().dialect.name == "postgresql":
+            self.s.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"railover switch {switch}"},
+            )
 
     def recent_switch_faults(self, switch: str, since: datetime) -> Sequence[m.Fault]:
         return self.s.scalars(

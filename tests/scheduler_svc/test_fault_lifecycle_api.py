@@ -388,3 +388,47 @@ def test_a_job_whose_reconcile_failed_is_reconciled_by_the_coordinator(
         assert conn.execute(select(m.Job.reconcile_due_at)).scalar_one() is None
     engine.dispose()
     assert [d["action"] for d in decisions(http, "j")] == ["failback", "failover"]
+
+
+def test_a_report_whose_pass_never_ran_is_reconciled_once_its_grace_is_over(
+    make: Callable[..., tuple[httpx.Client, ManualClock, str]], db_url: str
+) -> None:
+    """A report commits its evidence, then has its jobs reconciled; a process that
+    dies between the two leaves the job marked due, and the coordinator takes over
+    only after the report's own pass would have ended (no second pass per report)."""
+    from sqlalchemy import select
+
+    from scheduler_svc.schemas import EventIn
+    from scheduler_svc.services.events import REPORT_PASS_GRACE, ingest
+    from scheduler_svc.services.sweeps import sweep_once
+    from scheduler_svc.store import models as m
+    from scheduler_svc.store.db import make_read_sessionmaker
+
+    http, clock, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    start_job(http, "j", ["n0", "n1"])
+    settings = Settings(db_url=db_url)
+    engine = make_engine(settings.sqlalchemy_url)
+    sessions, reads = make_sessionmaker(engine), make_read_sessionmaker(engine)
+    try:
+        with sessions() as s:
+            report = EventIn.model_validate(ev("n0", "port_down", T0))
+            result = ingest(s, [report], now=clock(), settings=settings)
+            s.commit()  # ... and the process dies here, before the pass
+        assert result.jobs == ["j"]
+        with reads() as s:
+            due = s.scalar(select(m.Job.reconcile_due_at))
+        assert due is not None and due.replace(tzinfo=UTC) == clock() + REPORT_PASS_GRACE
+        # Within the grace the coordinator leaves the job to the report's pass.
+        sweep_once(sessions, reads, clock(), settings)
+        assert http.get("/v1/jobs/j").json()["mode"] == "normal" and decisions(http, "j") == []
+        clock.advance(REPORT_PASS_GRACE.total_seconds())
+        waiting.wait_for(
+            "the coordinator's failover",
+            lambda: [d["action"] for d in decisions(http, "j")] == ["failover"],
+            30,
+        )
+        with reads() as s:
+            assert s.scalar(select(m.Job.reconcile_due_at)) is None
+    finally:
+        engine.dispose()
