@@ -710,7 +710,7 @@ def _failback(
 def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen) -> Reconciled:
     """Restart onto healthy hardware at this checkpoint, or run degraded until the repair."""
     job, conn, options, warnings = p.job, p.conn, p.options, p.warnings
-    k = job.measured_k or prev.k or options.default_k[0]
+    k = job.measured_k or prev.k or job.slowdown_k or options.default_k[0]
     repair = job.repair_estimate_s or options.default_repair_s
     assert job.failed_over_at is not None
     degraded_for = max(0.0, (cp.at - job.failed_over_at).total_seconds())
