@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from scheduler_svc.engine.fabric import Evidence, Maintenance, SwitchEvidence, assess
+from dataclasses import replace
+
+from scheduler_svc.engine.fabric import (
+    Evidence,
+    FaultEvidence,
+    FaultKind,
+    Maintenance,
+    SwitchEvidence,
+    assess,
+)
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import plan_node
-from scheduler_svc.engine.reconcile import Action, FabricView, Mode, Options, reconcile
+from scheduler_svc.engine.reconcile import (
+    Action,
+    CheckpointSeen,
+    FabricView,
+    Mode,
+    Options,
+    reconcile,
+)
 from tests.scheduler_svc.test_engine_reconcile import RULES, SCALED, Story, at, down, topo
 
 
@@ -296,3 +312,48 @@ def test_the_node_plans_warnings_travel_with_the_failover() -> None:
     )
     assert out.warnings == warned + plan_node(topo("n1", switch_name="leaf")).warnings
     assert out.decision.plan["warnings"] == list(out.warnings)
+
+
+def test_a_stock_nccl_job_that_lost_a_gpu_restarts() -> None:
+    """No virtual NIC lost a device, but a GPU is gone: NCCL has no path for its rank (it
+    used to decide "none", and again on every pass)."""
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], job_kw={"nccl": spec})
+    s.faults[1] = FaultEvidence(1, "n0", "gpu7", 7, FaultKind.GPU_LOST, at(3000))
+    s.lost_gpus["n0"] = 7
+    d = s.step(3000).decision
+    assert d is not None
+    assert (d.trigger, d.action) == ("fault:1", Action.RESTART)
+    assert (d.inputs["path_available"], d.costs_s["none"]) == (False, None)
+    assert d.plan["nccl"]["outcome"] == "untouched"
+    assert s.desired.mode == Mode.RESTARTING
+
+
+def test_a_measured_k_that_decides_none_is_kept_and_decides_once() -> None:
+    """A stock-NCCL job without port recovery stays failed over after its fail-back; a k
+    measured then, with no device of it lost, is "none": recorded with its k, once."""
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], comm_channels=None, job_kw={"nccl": spec, "repair_estimate_s": 50})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.step(3220)
+    s.checkpoint = CheckpointSeen(8, at(3300), at(3300))
+    s.step(3300)  # keep running degraded, at the failover's k
+    before = s.desired
+    assert (before.mode, dict(before.moved), before.k) == (Mode.FAILED_OVER, {}, 1.5)
+    s.measured_k = 1.3
+    out = s.step(3400)
+    d = out.decision
+    assert d is not None
+    assert (d.trigger, d.action, d.fault_key) == ("measured_k:1.3000", Action.NONE, None)
+    assert d.reason == (
+        "NCCL 2.29.7 with port failover: no rank's virtual NIC lost a device: measured k 1.300 "
+        "replaces 1.500: no rank of this job uses the failed port as its primary; only backup "
+        "redundancy is reduced"
+    )
+    assert (d.inputs["k"], d.inputs["path_available"]) == (1.3, True)
+    assert d.costs_s["none"] == 200.0
+    assert d.saved_gpu_s == 0.0
+    assert out.desired == replace(before, k=1.3)
+    assert s.step(3500).decision is None
