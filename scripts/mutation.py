@@ -10,6 +10,8 @@ other survivor is a test to write.
 
     python scripts/mutation.py                 # every target, in order
     python scripts/mutation.py signing notify  # some of them
+    python scripts/mutation.py engine --only 'scheduler_svc.engine.reconcile.x__failback__mutmut_*'
+                                               # one function's mutants alone, results files kept
 
 Prints killed/survived per target and writes the table under "Test strength"
 in benchmarks/RESULTS.md (results of targets not run this time are kept, from
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -307,11 +309,25 @@ def write_results(results: dict[str, dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", help=", ".join(t.name for t in TARGETS))
-    names = parser.parse_args().targets or [t.name for t in TARGETS]
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="run only the mutants whose names match (fnmatch; repeatable) and print the "
+        "outcome; the table, whose rows are whole targets, is left as it is",
+    )
+    args = parser.parse_args()
+    names = args.targets or [t.name for t in TARGETS]
     unknown = set(names) - {t.name for t in TARGETS}
     if unknown:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
     os.environ.setdefault("RAILOVER_REQUIRE_TOOLS", "1")
+    if args.only:
+        for target in TARGETS:
+            if target.name in names:  # its own copy: a whole-target run may be going on
+                run_target(replace(target, name=f"{target.name}-only", only=tuple(args.only)))
+        return
     results: dict[str, dict[str, Any]] = (
         json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     )

@@ -490,7 +490,10 @@ def _cost_decision(
     domain = None
     if job.nccl is not None:
         domain = nccl.assess_job(job.nccl, fabric.topologies, fabric.failed, conn.routes)
-        path_available, affected = domain.path_available, domain.affected
+        # NCCL fails over between NICs; a rank whose GPU is gone has no path under any.
+        gone = any((r.node, r.gpu) in fabric.failed.gpus for r in conn.routes)
+        path_available = domain.path_available and not gone
+        affected = domain.affected or gone
     elapsed = max(0.0, (at - usable_checkpoint_at(job)).total_seconds())
     scaled = _scaled_plan(job, conn) if job.allow_scaling else None
     inputs = cost.DecisionInputs(
@@ -575,7 +578,9 @@ def _cost_decision(
         )
         return record(Action(result.action.value), restarting)
     if result.action == cost.Action.NONE:
-        return record(Action.NONE, base)  # only backups lost: say why, change nothing
+        # Only backups lost: say why, change nothing but the k it rests on (a measured k
+        # that decided "none" would otherwise decide it again on every pass).
+        return record(Action.NONE, replace(base, k=estimate.k))
     if domain is not None:
         nccl_desired = replace(base, mode=Mode.FAILED_OVER, moved=dict(moved), k=estimate.k)
         return record(Action.FAILOVER, nccl_desired)
@@ -710,7 +715,7 @@ def _failback(
 def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen) -> Reconciled:
     """Restart onto healthy hardware at this checkpoint, or run degraded until the repair."""
     job, conn, options, warnings = p.job, p.conn, p.options, p.warnings
-    k = job.measured_k or prev.k or options.default_k[0]
+    k = job.measured_k or prev.k or job.slowdown_k or options.default_k[0]
     repair = job.repair_estimate_s or options.default_repair_s
     assert job.failed_over_at is not None
     degraded_for = max(0.0, (cp.at - job.failed_over_at).total_seconds())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode
+from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, Options
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 
@@ -143,3 +143,79 @@ def test_a_new_k_at_a_checkpoint_is_recorded_even_when_the_verdict_stands() -> N
     d = s.step(3120).decision
     assert d is not None and d.trigger == "checkpoint:10" and d.plan["k"] == 1.25
     assert s.step(3121).decision is None
+
+
+def test_a_k_within_the_tolerance_at_a_later_checkpoint_is_no_new_decision() -> None:
+    """1.52 against the failover's 1.5 is within 2 % of it: the "keep" stands, quietly."""
+    s = failed_over(repair_estimate_s=50)
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    assert s.step(3100).decision is not None  # keep
+    s.measured_k = 1.52
+    s.checkpoint = CheckpointSeen(9, at(3110), at(3110))
+    out = s.step(3110)
+    assert out.decision is None
+    assert (out.desired.checkpoint_id, out.desired.verdict, out.desired.k) == (9, "keep", 1.52)
+
+
+def test_a_k_exactly_at_the_tolerance_is_not_a_change() -> None:
+    """Only a k further than the tolerance from the last is news (2.5 is 25 % off 2.0)."""
+    s = Story(["n0", "n1"], job_kw={"slowdown_k": 2.0, "repair_estimate_s": 50})
+    s.options = Options(measured_k_tolerance=0.25)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    assert s.step(3000).decision is not None and s.desired.k == 2.0
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    assert s.step(3100).decision is not None  # keep
+    s.measured_k = 2.5
+    s.checkpoint = CheckpointSeen(9, at(3110), at(3110))
+    out = s.step(3110)
+    assert out.decision is None
+    assert (out.desired.verdict, out.desired.k) == ("keep", 2.5)
+
+
+def registered_on_a_fault(**job_kw: object) -> Story:
+    """A job posted while a fault is open: it starts on its backups, and no k is decided."""
+    s = Story(["n0", "n1"], job_kw={"registering": True, **job_kw})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    first = s.step(210)
+    assert first.decision is not None and first.decision.trigger.startswith("replan:")
+    assert s.desired.k is None
+    s.job_kw = dict(job_kw)
+    return s
+
+
+def test_without_any_k_the_checkpoint_decides_with_the_first_default() -> None:
+    s = registered_on_a_fault(slowdown_k=None, repair_estimate_s=1200)
+    s.checkpoint = CheckpointSeen(5, at(300), at(300))
+    d = s.step(300).decision
+    assert d is not None
+    assert d.plan == {"repair_in_s": 1110.0, "k": 1.03}
+    assert s.desired.k == 1.03
+
+
+def test_a_declared_k_decides_the_checkpoint_when_no_failover_set_one() -> None:
+    """The job's own slowdown_k, as its inputs record says (it used to be the default 1.03)."""
+    s = registered_on_a_fault(slowdown_k=1.5, repair_estimate_s=1200)
+    s.checkpoint = CheckpointSeen(5, at(300), at(300))
+    d = s.step(300).decision
+    assert d is not None
+    assert (d.inputs["k"], d.inputs["k_source"]) == (1.5, "measured")
+    assert d.plan == {"repair_in_s": 1110.0, "k": 1.5}
+    assert d.reason == (
+        "keep running degraded: 555 s lost until the repair in 1110 s (k=1.500) <= reload 600 s"
+    )
+    assert s.desired.k == 1.5
+
+
+def test_the_node_plans_warnings_travel_with_the_checkpoint_verdicts() -> None:
+    s = Story(["n0", "n1"], shape={"switch_name": "leaf"}, job_kw={"repair_estimate_s": 50})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
+    first = s.step(3100)
+    assert first.decision is not None and first.decision.trigger == "checkpoint:8"
+    s.checkpoint = CheckpointSeen(9, at(3110), at(3110))
+    again = s.step(3110)
+    assert again.decision is None and again.desired.checkpoint_id == 9
+    for out in (first, again):
+        assert len(out.warnings) == 16
+        assert out.warnings[3].startswith("GPU 3: backup mlx5_2/1 hangs off the same fabric")

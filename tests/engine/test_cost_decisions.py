@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from scheduler_svc.engine.fabric import Evidence, Maintenance, SwitchEvidence, assess
+from dataclasses import replace
+
+from scheduler_svc.engine.fabric import (
+    Evidence,
+    FaultEvidence,
+    FaultKind,
+    Maintenance,
+    SwitchEvidence,
+    assess,
+)
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import plan_node
-from scheduler_svc.engine.reconcile import Action, FabricView, Mode, Options, reconcile
+from scheduler_svc.engine.reconcile import (
+    Action,
+    CheckpointSeen,
+    FabricView,
+    Mode,
+    Options,
+    reconcile,
+)
 from tests.scheduler_svc.test_engine_reconcile import RULES, SCALED, Story, at, down, topo
 
 
@@ -244,3 +260,100 @@ def test_planned_maintenance_moves_ahead_of_its_window() -> None:
         "2026-11-01T13:06:40+00:00: fail over ahead of it: every GPU keeps a path, so the "
         "ranks move to their backups before the window opens and nothing restarts"
     )
+
+
+def test_a_one_rank_job_that_lost_both_rnics_restarts_at_its_one_gpu() -> None:
+    """One rank, so no pair across nodes can break: its GPU without any RNIC is the reason."""
+    s = Story(["n0"], ranks=((0, "n0", 3),))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n0", "mlx5_2", 3000)
+    d = s.step(3000).decision
+    assert d is not None
+    assert d.action == Action.RESTART
+    assert (d.plan["isolated_ranks"], d.plan["broken_pairs"]) == ([0], 0)
+    assert (d.inputs["gpus"], d.inputs["path_available"]) == (1, False)
+    assert d.costs_s["none"] is None
+    assert d.costs_gpu_s == {
+        "failover": None,
+        "restart": 4230.0,
+        "restart_scaled": None,
+        "none": None,
+    }
+    assert d.reason == (
+        "no usable path is left for some GPU (primary and backup both lost); restart "
+        "(1.18 h) is the only way forward"
+    )
+    assert s.desired.mode == Mode.RESTARTING
+
+
+def test_a_job_registered_on_faults_that_leave_a_gpu_no_path_names_the_state() -> None:
+    """Nothing is new to it, so no fault names the decision: the state at that time does."""
+    s = Story(["n0", "n1"], job_kw={"registering": True})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    s.faults[2] = down(2, "n0", "mlx5_2", 100)
+    d = s.step(210).decision
+    assert d is not None
+    assert (d.trigger, d.fault_key) == ("state:2026-11-01T12:03:30+00:00", None)
+    assert d.action == Action.RESTART
+    assert d.plan["isolated_ranks"] == [2, 3]
+
+
+def test_the_node_plans_warnings_travel_with_the_failover() -> None:
+    # Every rail on one leaf: each GPU's backup shares its primary's switch.
+    s = Story(["n0", "n1"], shape={"switch_name": "leaf"})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    out = s.step(3000)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    warned = plan_node(topo("n0", switch_name="leaf")).warnings
+    assert len(warned) == 8
+    assert warned[3] == (
+        "GPU 3: backup mlx5_2/1 hangs off the same fabric switch leaf as primary mlx5_3/1; "
+        "losing that switch loses both"
+    )
+    assert out.warnings == warned + plan_node(topo("n1", switch_name="leaf")).warnings
+    assert out.decision.plan["warnings"] == list(out.warnings)
+
+
+def test_a_stock_nccl_job_that_lost_a_gpu_restarts() -> None:
+    """No virtual NIC lost a device, but a GPU is gone: NCCL has no path for its rank (it
+    used to decide "none", and again on every pass)."""
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], job_kw={"nccl": spec})
+    s.faults[1] = FaultEvidence(1, "n0", "gpu7", 7, FaultKind.GPU_LOST, at(3000))
+    s.lost_gpus["n0"] = 7
+    d = s.step(3000).decision
+    assert d is not None
+    assert (d.trigger, d.action) == ("fault:1", Action.RESTART)
+    assert (d.inputs["path_available"], d.costs_s["none"]) == (False, None)
+    assert d.plan["nccl"]["outcome"] == "untouched"
+    assert s.desired.mode == Mode.RESTARTING
+
+
+def test_a_measured_k_that_decides_none_is_kept_and_decides_once() -> None:
+    """A stock-NCCL job without port recovery stays failed over after its fail-back; a k
+    measured then, with no device of it lost, is "none": recorded with its k, once."""
+    spec = NcclSpec((2, 29, 7), port_failover=True, merged_nics=(frozenset({"mlx5_2", "mlx5_3"}),))
+    s = Story(["n0", "n1"], comm_channels=None, job_kw={"nccl": spec, "repair_estimate_s": 50})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.step(3220)
+    s.checkpoint = CheckpointSeen(8, at(3300), at(3300))
+    s.step(3300)  # keep running degraded, at the failover's k
+    before = s.desired
+    assert (before.mode, dict(before.moved), before.k) == (Mode.FAILED_OVER, {}, 1.5)
+    s.measured_k = 1.3
+    out = s.step(3400)
+    d = out.decision
+    assert d is not None
+    assert (d.trigger, d.action, d.fault_key) == ("measured_k:1.3000", Action.NONE, None)
+    assert d.reason == (
+        "NCCL 2.29.7 with port failover: no rank's virtual NIC lost a device: measured k 1.300 "
+        "replaces 1.500: no rank of this job uses the failed port as its primary; only backup "
+        "redundancy is reduced"
+    )
+    assert (d.inputs["k"], d.inputs["path_available"]) == (1.3, True)
+    assert d.costs_s["none"] == 200.0
+    assert d.saved_gpu_s == 0.0
+    assert out.desired == replace(before, k=1.3)
+    assert s.step(3500).decision is None

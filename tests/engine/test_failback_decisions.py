@@ -129,3 +129,47 @@ def test_stock_nccl_with_port_recovery_returns_to_normal_on_every_node() -> None
         "itself (port recovery); recorded, no commands sent"
     )
     assert s.desired.mode == Mode.NORMAL
+
+
+def test_a_rank_placed_off_the_failed_rnic_returns_while_the_fault_stays_open() -> None:
+    """Re-registered onto GPU 2, rank 0 has a healthy primary again; the fault, still open
+    (mlx5_3 is now GPU 2's backup), clears nothing: the time names the fail-back."""
+    s = Story(["n0", "n1"], ranks=((0, "n0", 3), (1, "n1", 3)))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.desired.moved == {0: "mlx5_2/1"}
+    s.ranks = ((0, "n0", 2), (1, "n1", 3))
+    out = s.step(3100)
+    d = out.decision
+    assert d is not None
+    assert d.action == Action.FAILBACK
+    assert (d.trigger, d.fault_key) == ("failback:2026-11-01T12:51:40+00:00", None)
+    assert d.plan["cleared"] == []
+    assert d.plan["returning"] == [{"rank": 0, "node": "n0", "gpu": 2, "to": "mlx5_2/1"}]
+    assert out.desired.evidence == frozenset({"fault:1"})
+    assert out.desired.mode == Mode.NORMAL
+
+
+def test_a_failback_with_no_k_known_records_the_default_k() -> None:
+    """Started on its backups without a cost decision, declaring no k: nothing ever set one."""
+    s = Story(["n0", "n1"], job_kw={"registering": True, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    s.step(210)
+    s.job_kw = {"slowdown_k": None}
+    assert s.desired.k is None
+    s.faults[1] = down(1, "n0", "mlx5_3", 100, recovered_at=at(300))
+    d = s.step(500).decision
+    assert d is not None
+    assert d.action == Action.FAILBACK
+    assert (d.inputs["k"], d.inputs["k_source"]) == (1.03, "default")
+
+
+def test_the_node_plans_warnings_travel_with_the_failback() -> None:
+    s = Story(["n0", "n1"], shape={"switch_name": "leaf"})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    out = s.step(3220)
+    assert out.decision is not None and out.decision.action == Action.FAILBACK
+    assert len(out.warnings) == 16
+    assert out.warnings[3].startswith("GPU 3: backup mlx5_2/1 hangs off the same fabric switch")

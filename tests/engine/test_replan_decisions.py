@@ -1,10 +1,11 @@
-"""A decision without a cost question: a job that starts on its backups."""
+"""A decision without a cost question: a job that starts on its backups, or ranks re-placed."""
 
 from __future__ import annotations
 
 from scheduler_svc.engine.nccl import NcclSpec
+from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.engine.reconcile import Action, Mode
-from tests.scheduler_svc.test_engine_reconcile import Story, down
+from tests.scheduler_svc.test_engine_reconcile import Story, down, topo
 
 
 def test_a_job_registered_on_open_faults_records_a_replan() -> None:
@@ -56,3 +57,36 @@ def test_a_stock_nccl_job_registered_on_open_faults_has_no_channel_plan() -> Non
     # Nothing known about k: the first default.
     assert (d.inputs["k"], d.inputs["k_source"]) == (1.03, "default")
     assert out.desired.mitigation == {}
+
+
+def test_ranks_re_placed_onto_a_failed_rnic_follow_it_with_the_k_of_the_failover() -> None:
+    """Re-registered with its nodes swapped, rank 3 sits on the failed RNIC and rank 1 does
+    not: nothing new failed, so no cost question, and the k decided at the failover (from
+    the bandwidth model: the job declares none) still stands."""
+    ranks = ((0, "n0", 2), (1, "n0", 3), (2, "n1", 2), (3, "n1", 3))
+    s = Story(["n0", "n1"], ranks=ranks, job_kw={"comm_share": 0.4, "slowdown_k": None})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert (dict(s.desired.moved), s.desired.k) == ({1: "mlx5_2/1"}, 1.4)
+    s.ranks = ((0, "n1", 2), (1, "n1", 3), (2, "n0", 2), (3, "n0", 3))
+    out = s.step(3100)
+    d = out.decision
+    assert d is not None
+    assert (d.trigger, d.action) == ("replan:2026-11-01T12:51:40+00:00", Action.FAILOVER)
+    assert d.reason == "ranks follow the paths the open faults leave them (nothing new failed)"
+    assert (d.inputs["k"], d.inputs["k_source"], d.inputs["gpus"]) == (1.4, "measured", 4)
+    assert d.plan["failed_over"] == [
+        {"rank": 3, "node": "n0", "gpu": 3, "from": "mlx5_3/1", "to": "mlx5_2/1"}
+    ]
+    assert dict(out.desired.moved) == {3: "mlx5_2/1"}
+    assert out.desired.k == 1.4
+
+
+def test_the_node_plans_warnings_travel_with_a_replan() -> None:
+    s = Story(["n0", "n1"], shape={"switch_name": "leaf"}, job_kw={"registering": True})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    out = s.step(210)
+    assert out.decision is not None and out.decision.trigger.startswith("replan:")
+    warned = plan_node(topo("n0", switch_name="leaf")).warnings
+    assert out.warnings == warned + plan_node(topo("n1", switch_name="leaf")).warnings
+    assert out.decision.plan["warnings"] == list(out.warnings)

@@ -48,8 +48,9 @@ T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 RULES = ClearingRules(damping_s=120, quiet_s=300)
 
 
-def topo(name: str, gpus: int = 8) -> NodeTopology:
-    body: dict[str, Any] = hgx_node()
+def topo(name: str, gpus: int = 8, **shape: Any) -> NodeTopology:
+    """An HGX node (hgx_node's `shape` arguments), keeping only its first `gpus` GPUs."""
+    body: dict[str, Any] = hgx_node(**shape)
     return NodeTopology(
         name,
         tuple(Gpu(**g) for g in body["gpus"] if g["index"] < gpus),
@@ -75,6 +76,11 @@ class Story:
     nodes: list[str]
     comm_channels: int | None = 16
     job_kw: dict[str, Any] = field(default_factory=dict)
+    # (rank, node, GPU) of every rank; None: 8 per node, numbered node by node.
+    ranks: tuple[tuple[int, str, int], ...] | None = None
+    # hgx_node arguments of every node (rails, switches, switch_name).
+    shape: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
     faults: dict[int, FaultEvidence] = field(default_factory=dict)
     switches: dict[int, SwitchEvidence] = field(default_factory=dict)
     quarantines: dict[int, Quarantine] = field(default_factory=dict)
@@ -91,7 +97,9 @@ class Story:
     intents: list[list[Intent]] = field(default_factory=list)
 
     def job(self) -> JobState:
-        ranks = tuple((i * 8 + g, n, g) for i, n in enumerate(self.nodes) for g in range(8))
+        ranks = self.ranks or tuple(
+            (i * 8 + g, n, g) for i, n in enumerate(self.nodes) for g in range(8)
+        )
         comms = () if self.comm_channels is None else (CommSpec(77, self.comm_channels),)
         kw: dict[str, Any] = {
             "checkpoint_interval_s": 3600,
@@ -124,9 +132,9 @@ class Story:
             now,
             RULES,
         )
-        topologies = {n: topo(n, self.lost_gpus.get(n, 8)) for n in self.nodes}
+        topologies = {n: topo(n, self.lost_gpus.get(n, 8), **self.shape) for n in self.nodes}
         # A lost GPU stays in the plan (the service keeps it as a ghost) and fails.
-        full = {n: topo(n) for n in self.nodes}
+        full = {n: topo(n, **self.shape) for n in self.nodes}
         return FabricView(
             topologies=full,
             plans={n: plan_node(t) for n, t in full.items()},
@@ -144,7 +152,7 @@ class Story:
     def step(self, s: float) -> Reconciled:
         """One pass at T0 + s, applied as the service applies it."""
         now = at(s)
-        out = reconcile(now, self.job(), self.fabric(now), Options())
+        out = reconcile(now, self.job(), self.fabric(now), self.options)
         intents = command_diff(self.commanded, out.desired, self.job())
         self.intents.append(intents)
         if out.decision is not None:
@@ -158,7 +166,7 @@ class Story:
         if intents:
             self.commanded = out.desired
         # Level-triggered: the same state again decides nothing and sends nothing.
-        again = reconcile(now, self.job(), self.fabric(now), Options())
+        again = reconcile(now, self.job(), self.fabric(now), self.options)
         assert again.decision is None, again.decision
         assert again.desired == out.desired
         assert command_diff(self.commanded, again.desired, self.job()) == []
