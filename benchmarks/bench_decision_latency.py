@@ -16,17 +16,21 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import bench_registration
 import benchlib
 import httpx
 
-from railover_testing.cluster_shapes import hgx_node
-
 
 def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:
-    with benchlib.served(db_url) as url, httpx.Client(base_url=url, timeout=30) as http:
-        names = [f"n{i:03d}" for i in range(nodes)]
-        for n in names:
-            http.put(f"/v1/nodes/{n}", json=hgx_node()).raise_for_status()
+    # No damping: a port_up closes its fault at once (and fails back), so every fault
+    # meets a job with none open. With damping the faults pile up until two of them
+    # break a backup-to-backup pair and the job restarts, deciding nothing after. No
+    # agent acknowledges commands here: the retries must not give up on a node mid-run.
+    env = {"RAILOVER_FAILBACK_DAMPING_S": "0", "RAILOVER_COMMAND_ACK_TIMEOUT_S": "86400"}
+    served = benchlib.served_process(db_url, env=env)
+    with served as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        names = [f"n{i:04d}" for i in range(nodes)]
+        bench_registration.register(url, names)
         checkpoint = datetime.now(UTC) - timedelta(hours=1)
         job = {
             "job_id": "bench",
@@ -48,7 +52,8 @@ def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:
                 "event_id": str(uuid.uuid4()),
                 "node": names[i % nodes],
                 "kind": "port_down",
-                "device": f"mlx5_{i % 8}",
+                # A port is hit again only after every port of the job was.
+                "device": f"mlx5_{(i + i // nodes) % 8}",
                 "port": 1,
                 "observed_at": (checkpoint + timedelta(seconds=2000 + i)).isoformat(),
             }
@@ -56,14 +61,18 @@ def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:
             r = http.post("/v1/events", json={"events": [down]})
             latencies.append(time.perf_counter() - started)
             if r.status_code != 202 or len(r.json()["decisions"]) != 1:
-                raise RuntimeError(f"expected one decision, got {r.status_code}: {r.text}")
-            # Recovered now: fail-back waits out the damping period, after the run.
+                raise RuntimeError(
+                    f"fault {i}: expected one decision, got {r.status_code}: {r.text}"
+                )
+            # Recovered now: with no damping it fails back at once.
             up = down | {
                 "event_id": str(uuid.uuid4()),
                 "kind": "port_up",
                 "observed_at": datetime.now(UTC).isoformat(),
             }
-            http.post("/v1/events", json={"events": [up]}).raise_for_status()
+            back = http.post("/v1/events", json={"events": [up]})
+            if back.status_code != 202 or len(back.json()["decisions"]) != 1:
+                raise RuntimeError(f"fault {i}: expected a fail-back, got {back.text}")
         stored = http.get("/v1/jobs/bench/decisions", params={"limit": 1000}).json()
         decided = [d for d in stored["decisions"] if d["trigger"].startswith("fault:")]
         if len(decided) != faults:
