@@ -89,6 +89,7 @@ class JobIndex:
     # The plans and topologies it was built on, each node's as the plan cache gave it.
     plans: Mapping[str, NodePlan]
     topologies: Mapping[str, NodeTopology]
+    warnings: tuple[str, ...]  # every plan's warnings, by node name, as reconcile lists them
 
     def built_on(
         self, plans: Mapping[str, NodePlan], topologies: Mapping[str, NodeTopology]
@@ -202,8 +203,9 @@ def build(
         sorted_ranks=tuple(sorted(positions)),
         comms=comms,
         comm_specs=_specs(communicators),
-        plans={n: p for n, p in plans.items() if n in nodes},
-        topologies={n: t for n, t in topologies.items() if n in nodes},
+        plans=plans,
+        topologies=topologies,
+        warnings=tuple(w for n in sorted(plans) for w in plans[n].warnings),
     )
 
 

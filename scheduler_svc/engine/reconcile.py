@@ -378,7 +378,10 @@ def _reconcile_paths(
     index: jobindex.JobIndex | None = None,
 ) -> Reconciled:
     conn = routes_of(job, fabric, index)
-    warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
+    if conn.index is not None and conn.index.plans is fabric.plans:
+        warnings = conn.index.warnings
+    else:
+        warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
     prev = job.previous
     new_life = False
     nodes = _nodes(job, conn)
