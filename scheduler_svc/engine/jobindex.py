@@ -271,15 +271,13 @@ def connectivity(
     max_examples: int = 10,
 ) -> Connectivity:
     """`paths.connectivity(route_ranks(...))` for the job, from the ranks `failed` touches."""
-    routes = list(index.healthy)
     changed: dict[int, RankRoute] = {}
     for i in sorted(touched(index, failed)):
         (now,) = route_ranks([index.ranks[i]], plans, topologies, failed)
-        if now != routes[i]:
+        if now != index.healthy[i]:
             changed[i] = now
-            routes[i] = now
-    rail_counts = dict(index.rail_counts)
-    node_counts = dict(index.node_counts)
+    routes = _with(index.healthy, changed)
+    rail_counts, node_counts = index.rail_counts, index.node_counts
     rails: dict[object, list[int]] = {}
     locals_: dict[object, list[int]] = {}
     for i, now in changed.items():
@@ -304,7 +302,7 @@ def connectivity(
     if broken:
         examples = _examples(index, routes, isolated, backups, odd, max_examples=max_examples)
     return Connectivity(
-        routes=tuple(routes),
+        routes=routes,
         broken_pairs=broken,
         total_pairs=index.total_rail - index.total_local,
         isolated_ranks=tuple(routes[i].rank for i in isolated),
@@ -313,6 +311,16 @@ def connectivity(
         odd=tuple(odd),
         index=index,
     )
+
+
+def _with(routes: tuple[RankRoute, ...], changed: Mapping[int, RankRoute]) -> tuple[RankRoute, ...]:
+    """`routes` with the changed ones replaced (two copies of the pointers, in C)."""
+    if not changed:
+        return routes
+    out = list(routes)
+    for i, r in changed.items():
+        out[i] = r
+    return tuple(out)
 
 
 def _examples(

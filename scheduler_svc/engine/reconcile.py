@@ -1210,10 +1210,10 @@ def _moved_plan(conn: Connectivity) -> list[dict[str, Any]]:
     ]
 
 
-def _nodes(job: JobState, conn: Connectivity) -> set[str]:
+def _nodes(job: JobState, conn: Connectivity) -> Set[str]:
     """The job's nodes (the index keeps them)."""
     if conn.index is not None:
-        return set(conn.index.nodes)
+        return conn.index.nodes
     return {n for _, n, _ in job.ranks}
 
 
@@ -1326,7 +1326,7 @@ def _switch_of(topo: NodeTopology, key: str) -> str | None:
         return None
 
 
-def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: set[str]) -> list[Unhealthy]:
+def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: Set[str]) -> list[Unhealthy]:
     return [
         u
         for u in fabric.unhealthy
@@ -1354,7 +1354,7 @@ def _note(first: Unhealthy | None, evidence: Sequence[Unhealthy]) -> str | None:
 
 
 def _node_failure_note(
-    evidence: Sequence[Unhealthy], fabric: FabricView, nodes: set[str]
+    evidence: Sequence[Unhealthy], fabric: FabricView, nodes: Set[str]
 ) -> str | None:
     """A node whose every fabric port failed looks like a dead peer: say so in the reason."""
     dead = []

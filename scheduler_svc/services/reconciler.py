@@ -201,7 +201,7 @@ class JobIndexCache:
             now = _Placed(fleet, topologies, plans, ports)
         with self._lock:
             entry.placed[which] = now
-            while len(entry.placed) > 4:
+            while len(entry.placed) > 2:
                 entry.placed.pop(next(iter(entry.placed)))
         return now
 
