@@ -14,6 +14,8 @@ BENCHMARKS = [
     ["bench_plugin.py"],
     ["bench_nccl_profiler.py"],
     ["bench_decision_latency.py"],
+    ["bench_decision_latency.py", "--nodes", "8192", "--faults", "40"],
+    ["bench_reconcile_engine.py"],
     ["bench_switch_storm.py"],
     ["bench_registration.py"],
     # Old path beside new at the agent's default wait; then 8,192 agents at the longest one.

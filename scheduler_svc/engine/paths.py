@@ -16,6 +16,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler_svc.engine.jobindex import JobIndex
 
 COST_OTHER_PCIE_SWITCH = 1
 COST_OTHER_ROOT_COMPLEX = 100
@@ -245,6 +249,10 @@ class Connectivity:
     isolated_ranks: tuple[int, ...]
     failed_over_ranks: tuple[int, ...]
     examples: tuple[tuple[int, int], ...]
+    # Set when built from a job index (engine.jobindex): the places in `routes` of the
+    # ranks that lack an endpoint, and the index. The same connectivity either way.
+    odd: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    index: JobIndex | None = field(default=None, compare=False, repr=False)
 
     @property
     def all_pairs_survive(self) -> bool:

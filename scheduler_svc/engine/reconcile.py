@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine import decision as cost
-from scheduler_svc.engine import layout, nccl
+from scheduler_svc.engine import jobindex, layout, nccl
 from scheduler_svc.engine.fabric import Unhealthy
 from scheduler_svc.engine.paths import (
     Connectivity,
@@ -330,17 +330,40 @@ class _Pass:
     evidence: tuple[Unhealthy, ...]
 
 
-def routes_of(job: JobState, fabric: FabricView) -> Connectivity:
+def routes_of(
+    job: JobState, fabric: FabricView, index: jobindex.JobIndex | None = None
+) -> Connectivity:
+    """Every rank's route and the pairs left; from the ranks the faults touch given an index
+    built for this job and these plans (the same answer, in O(touched ranks))."""
+    if index is not None and index_fits(index, job, fabric):
+        return jobindex.connectivity(index, fabric.failed, fabric.plans, fabric.topologies)
     return connectivity(route_ranks(job.ranks, fabric.plans, fabric.topologies, fabric.failed))
 
 
-def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options) -> Reconciled:
+def index_for(job: JobState, fabric: FabricView) -> jobindex.JobIndex:
+    """The job's index on the fabric's plans: built once per placement and plans, then kept."""
+    return jobindex.build(job.ranks, fabric.plans, fabric.topologies, comms_of(job))
+
+
+def index_fits(index: jobindex.JobIndex, job: JobState, fabric: FabricView) -> bool:
+    """Whether `index` was built for this job's placement and communicators on these plans."""
+    return index.fits(job.ranks, comms_of(job)) and index.built_on(fabric.plans, fabric.topologies)
+
+
+def reconcile(
+    now: datetime,
+    job: JobState,
+    fabric: FabricView,
+    options: Options,
+    index: jobindex.JobIndex | None = None,
+) -> Reconciled:
     """The job's desired state at `now`, and the decision when the outcome changed.
 
     Beside the paths, the desired state says whether a normal checkpoint is wanted
-    (a FlowCheck rebuild failure no newer checkpoint answers yet).
+    (a FlowCheck rebuild failure no newer checkpoint answers yet). With `index` (see
+    `index_for`) a fault costs the ranks it touches; the answer is the same without.
     """
-    out = _reconcile_paths(now, job, fabric, options)
+    out = _reconcile_paths(now, job, fabric, options, index)
     wanted = checkpoint_request(job)
     if out.desired.checkpoint_after == wanted:
         return out
@@ -348,13 +371,20 @@ def reconcile(now: datetime, job: JobState, fabric: FabricView, options: Options
 
 
 def _reconcile_paths(
-    now: datetime, job: JobState, fabric: FabricView, options: Options
+    now: datetime,
+    job: JobState,
+    fabric: FabricView,
+    options: Options,
+    index: jobindex.JobIndex | None = None,
 ) -> Reconciled:
-    conn = routes_of(job, fabric)
-    warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
+    conn = routes_of(job, fabric, index)
+    if conn.index is not None and conn.index.plans is fabric.plans:
+        warnings = conn.index.warnings
+    else:
+        warnings = tuple(w for n in sorted(fabric.plans) for w in fabric.plans[n].warnings)
     prev = job.previous
     new_life = False
-    nodes = {n for _, n, _ in job.ranks}
+    nodes = _nodes(job, conn)
     evidence = tuple(_evidence_for(conn, fabric, nodes))
     keys = frozenset(u.key for u in evidence)
     if job.mode == Mode.RESTARTING:
@@ -379,7 +409,11 @@ def _reconcile_paths(
         prev = replace(prev, evidence=keys)
     p = _Pass(now, job, fabric, conn, options, warnings, evidence)
     new = [u for u in evidence if u.key not in prev.evidence]
-    moved = {r.rank: r.backup for r in conn.routes if not r.primary_ok and r.backup_ok and r.backup}
+    moved = {
+        r.rank: r.backup
+        for r in jobindex.odd_routes(conn)
+        if not r.primary_ok and r.backup_ok and r.backup
+    }
     isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
     returning = sorted(r for r in prev.moved if r not in moved)
     newly_moved = sorted(r for r in moved if r not in prev.moved or prev.moved[r] != moved[r])
@@ -477,7 +511,7 @@ def _cost_decision(
         [u for u in affecting if u.kind == "switch" or u.switch not in failed_switches]
     )
     affected = bool(conn.failed_over_ranks or conn.isolated_ranks or conn.broken_pairs)
-    bw = bandwidth_left(conn.routes, fabric.topologies) if job.comm_share is not None else None
+    bw = _bandwidth_left(conn, fabric) if job.comm_share is not None else None
     k_now = job.measured_k if job.measured_k is not None else job.slowdown_k
     estimate = estimate_k(
         measured_k=k_now,
@@ -522,7 +556,7 @@ def _cost_decision(
             f"{conn.broken_pairs} rank pair(s) across nodes have no path left "
             f"({len(conn.isolated_ranks)} rank(s) lost both RNICs)",
         )
-    dead = _node_failure_note(evidence, fabric, {r.node for r in conn.routes})
+    dead = _node_failure_note(evidence, fabric, _nodes(job, conn))
     if dead:
         reasons.insert(0, dead)
     if note:
@@ -600,7 +634,7 @@ def _cost_decision(
 
 def _scaled_plan(job: JobState, conn: Connectivity) -> layout.ScaledPlan | None:
     """Restart without the nodes whose failed part leaves some rank off its primary."""
-    drop = {r.node for r in conn.routes if not r.primary_ok}
+    drop = {r.node for r in jobindex.odd_routes(conn) if not r.primary_ok}
     return layout.scaled_plan(
         job.ranks, drop, dp_size=job.dp_size, tp_size=job.tp_size, pp_size=job.pp_size
     )
@@ -653,7 +687,7 @@ def _failback(
         p.options,
         p.warnings,
     )
-    by_rank = {r.rank: r for r in conn.routes}
+    by_rank = _routes_by_rank(conn, returning)
     gone = sorted(prev.evidence - base.evidence)
     still = sorted(moved)
     if still:
@@ -814,24 +848,23 @@ def plan_mitigations(
 ) -> list[CommPlan]:
     """Per communicator with a rank off its primary: predicted k under each mitigation."""
     plans = []
-    by_rank = {r.rank: r for r in conn.routes}
+    comms = comms_of(job)
+    index = conn.index
+    if index is not None and len(index.comms) != len(comms):
+        index = None
+    by_rank: dict[int, RankRoute] = {}
     share = job.comm_share if job.comm_share is not None else 0.3
-    for comm in comms_of(job):
-        members = [by_rank[r] for r in (comm.ranks or sorted(by_rank)) if r in by_rank]
-        if not members:
+    for k, comm in enumerate(comms):
+        if index is not None and index.comms[k].unique and index.comms[k].comm_id == comm.comm_id:
+            seen = _members_indexed(conn, index, index.comms[k])
+        else:
+            by_rank = by_rank or {r.rank: r for r in conn.routes}
+            seen = _members(comm, by_rank)
+        if seen is None:
             continue
-        rails_by_node: dict[str, set[int | None]] = {}
-        failed_by_node: dict[str, set[int | None]] = {}
-        for r in members:
-            rails_by_node.setdefault(r.node, set()).add(r.rail)
-            if not r.primary_ok and r.primary is not None:
-                failed_by_node.setdefault(r.node, set()).add(r.rail)
-        if not failed_by_node:
-            continue
-        worst = max(failed_by_node, key=lambda n: (len(failed_by_node[n]), n))
-        rails = sorted(rails_by_node[worst], key=lambda x: (x is None, x))
-        load = Counter(r.active for r in members if r.node == worst and r.active)
-        moved = [r for r in members if not r.primary_ok and r.backup_ok]
+        ranks, failed_by_node, worst, at_worst, moved, node_count = seen
+        rails = sorted({r.rail for r in at_worst}, key=lambda x: (x is None, x))
+        load = Counter(r.active for r in at_worst if r.active)
         crosses = any((fabric.plans[r.node].for_gpu(r.gpu).backup_cost or 0) >= 100 for r in moved)
         topo = fabric.topologies[worst]
         nvlink = any(g.nvlink for g in topo.gpus)
@@ -841,7 +874,7 @@ def plan_mitigations(
             rails_per_node=len(rails),
             failed_rails=len(failed_by_node[worst]),
             channels=comm.channels,
-            nodes=len(rails_by_node),
+            nodes=node_count,
             backup_load=max(load.values(), default=1),
             backup_crosses_root_complex=crosses,
             nvl_available=nvlink and len(rails) < 2 and transit is not None,
@@ -864,7 +897,7 @@ def plan_mitigations(
         split = 0.0
         if chosen == coord.Mitigation.BALANCE:
             # Where each rail of the worst node sends now: its primary, or its backup.
-            out_of = {r.rail: r.active for r in members if r.node == worst}
+            out_of = {r.rail: r.active for r in at_worst}
             weights = channel_weights(
                 [out_of.get(rails[c % len(rails)]) for c in range(comm.channels)]
             )
@@ -872,7 +905,7 @@ def plan_mitigations(
         plans.append(
             CommPlan(
                 comm.comm_id,
-                tuple(r.rank for r in members),
+                ranks,
                 plan,
                 tuple(disabled),
                 weights=weights,
@@ -881,6 +914,58 @@ def plan_mitigations(
             )
         )
     return plans
+
+
+# What plan_mitigations reads of one communicator's members: their ranks, the rails
+# failed per node, the worst node and its members, the members moved to their backup,
+# and how many nodes the members are on.
+_Members = tuple[
+    tuple[int, ...], dict[str, set[int | None]], str, list[RankRoute], list[RankRoute], int
+]
+
+
+def _members(comm: CommSpec, by_rank: Mapping[int, RankRoute]) -> _Members | None:
+    members = [by_rank[r] for r in (comm.ranks or sorted(by_rank)) if r in by_rank]
+    nodes: set[str] = set()
+    failed_by_node: dict[str, set[int | None]] = {}
+    for r in members:
+        nodes.add(r.node)
+        if not r.primary_ok and r.primary is not None:
+            failed_by_node.setdefault(r.node, set()).add(r.rail)
+    if not failed_by_node:
+        return None
+    worst = max(failed_by_node, key=lambda n: (len(failed_by_node[n]), n))
+    return (
+        tuple(r.rank for r in members),
+        failed_by_node,
+        worst,
+        [r for r in members if r.node == worst],
+        [r for r in members if not r.primary_ok and r.backup_ok],
+        len(nodes),
+    )
+
+
+def _members_indexed(
+    conn: Connectivity, index: jobindex.JobIndex, comm: jobindex.CommIndex
+) -> _Members | None:
+    """_members from the routes that lack an endpoint: the others fail nothing and move nowhere."""
+    order = comm.order
+    odd = sorted(
+        (r for r in jobindex.odd_routes(conn) if r.rank in order), key=lambda r: order[r.rank]
+    )
+    failed_by_node: dict[str, set[int | None]] = {}
+    for r in odd:
+        if not r.primary_ok and r.primary is not None:
+            failed_by_node.setdefault(r.node, set()).add(r.rail)
+    if not failed_by_node:
+        return None
+    worst = max(failed_by_node, key=lambda n: (len(failed_by_node[n]), n))
+    at_worst = sorted(
+        (conn.routes[i] for i in index.by_node.get(worst, ()) if conn.routes[i].rank in order),
+        key=lambda r: order[r.rank],
+    )
+    moved = [r for r in odd if not r.primary_ok and r.backup_ok]
+    return comm.ranks, failed_by_node, worst, at_worst, moved, comm.nodes
 
 
 def _with_mitigations(
@@ -980,7 +1065,12 @@ class Intent:
         return self.kind in (IntentKind.REBALANCE, IntentKind.FAILBACK, IntentKind.BALANCE)
 
 
-def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[Intent]:
+def command_diff(
+    commanded: Desired,
+    desired: Desired,
+    job: JobState,
+    index: jobindex.JobIndex | None = None,
+) -> list[Intent]:
     """What to tell the ranks so that what they were told becomes `desired`.
 
     Aborting covers everything; otherwise ranks newly off their primary are told to
@@ -991,8 +1081,13 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
     a new transit GPU are told at once (NVL_TRANSIT: a rank's own path, no agreement).
     A checkpoint request that changed goes to every rank (comm 0: the process, not one
     communicator).
+
+    With the job's `index` (built for this placement and these communicators) the
+    members of each communicator are read from it, not gathered again.
     """
-    all_ranks = tuple(r for r, _, _ in job.ranks)
+    if index is not None and not index.fits(job.ranks, comms_of(job)):
+        index = None
+    all_ranks = tuple(r for r, _, _ in job.ranks) if index is None else index.ranks_in_order
     comms = [(c.comm_id, c.ranks or all_ranks) for c in comms_of(job)]
     if desired.mode == Mode.RESTARTING:
         if commanded.mode == Mode.RESTARTING:
@@ -1001,8 +1096,8 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
     intents: list[Intent] = []
     newly = {r for r, k in desired.moved.items() if commanded.moved.get(r) != k}
     back = {r for r in commanded.moved if r not in desired.moved}
-    for cid, ranks in comms:
-        members = set(ranks)
+    for k, (cid, ranks) in enumerate(comms):
+        members: Set[int] = set(ranks) if index is None else index.comms[k].told
         moving = tuple(sorted(newly & members))
         if moving:
             intents.append(Intent(IntentKind.FAILOVER, cid, moving))
@@ -1012,7 +1107,7 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
         if cid == IMPLICIT_COMM and not job.communicators:
             # No registered communicator: no progress to place a switch point with.
             if returning:
-                intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
+                intents.append(Intent(IntentKind.FAILBACK, cid, _sorted(members, index, k), now))
             continue
         weights = tuple(desired.weights.get(cid, ()))
         split = desired.split.get(cid, 0.0)
@@ -1021,20 +1116,20 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
             split,
         ) != (tuple(commanded.weights.get(cid, ())), commanded.split.get(cid, 0.0))
         if returning:
-            intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(members)), now))
+            intents.append(Intent(IntentKind.FAILBACK, cid, _sorted(members, index, k), now))
         elif plan_changed and weights:
             intents.append(
                 Intent(
                     IntentKind.BALANCE,
                     cid,
-                    tuple(sorted(members)),
+                    _sorted(members, index, k),
                     now,
                     weights=weights,
                     split_ratio=split,
                 )
             )
         elif plan_changed:
-            intents.append(Intent(IntentKind.REBALANCE, cid, tuple(sorted(members)), now))
+            intents.append(Intent(IntentKind.REBALANCE, cid, _sorted(members, index, k), now))
         transit = dict(desired.transit.get(cid, {}))
         told = dict(commanded.transit.get(cid, {}))
         changed = {r: g for r, g in transit.items() if r in members and told.get(r) != g}
@@ -1053,11 +1148,15 @@ def command_diff(commanded: Desired, desired: Desired, job: JobState) -> list[In
             Intent(
                 IntentKind.CHECKPOINT_NOW,
                 0,
-                tuple(sorted(all_ranks)),
+                tuple(sorted(all_ranks)) if index is None else index.sorted_ranks,
                 iteration=asked,
             )
         )
     return intents
+
+
+def _sorted(members: Set[int], index: jobindex.JobIndex | None, k: int) -> tuple[int, ...]:
+    return tuple(sorted(members)) if index is None else index.comms[k].told_sorted
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -1111,9 +1210,38 @@ def inputs_now(
 def _moved_plan(conn: Connectivity) -> list[dict[str, Any]]:
     return [
         {"rank": r.rank, "node": r.node, "gpu": r.gpu, "from": r.primary, "to": r.backup}
-        for r in conn.routes
+        for r in jobindex.odd_routes(conn)
         if not r.primary_ok and r.backup_ok
     ]
+
+
+def _nodes(job: JobState, conn: Connectivity) -> Set[str]:
+    """The job's nodes (the index keeps them)."""
+    if conn.index is not None:
+        return conn.index.nodes
+    return {n for _, n, _ in job.ranks}
+
+
+def _routes_by_rank(conn: Connectivity, ranks: Sequence[int]) -> dict[int, RankRoute]:
+    """The routes of `ranks` that the job has: all of them without an index."""
+    if conn.index is None:
+        return {r.rank: r for r in conn.routes}
+    found = {r: jobindex.route_of(conn, r) for r in ranks}
+    return {r: route for r, route in found.items() if route is not None}
+
+
+def _bandwidth_left(conn: Connectivity, fabric: FabricView) -> float:
+    """paths.bandwidth_left; with an index, over the nodes where some rank lacks an endpoint.
+
+    A rank on any other node uses its primary as every rank there does, and keeps all of
+    its bandwidth (a ratio of exactly 1), so those nodes cannot lower the minimum.
+    """
+    index = conn.index
+    if index is None or conn.odd is None:
+        return bandwidth_left(conn.routes, fabric.topologies)
+    nodes = {conn.routes[i].node for i in conn.odd}
+    at = sorted(i for n in nodes for i in index.by_node.get(n, ()))
+    return bandwidth_left([conn.routes[i] for i in at], fabric.topologies)
 
 
 def _plan(
@@ -1161,6 +1289,9 @@ def _uses(conn: Connectivity) -> set[tuple[str, str, int]]:
 
 def _affects(u: Unhealthy, conn: Connectivity, fabric: FabricView) -> bool:
     """Whether the evidence takes out a port (or GPU) that some rank uses as primary or backup."""
+    index = conn.index
+    if index is not None:
+        return _affects_indexed(u, index)
     if u.kind == "switch" or (u.node is None and u.switch is not None):
         return any(
             r.node in fabric.topologies
@@ -1179,6 +1310,20 @@ def _affects(u: Unhealthy, conn: Connectivity, fabric: FabricView) -> bool:
     return False
 
 
+def _affects_indexed(u: Unhealthy, index: jobindex.JobIndex) -> bool:
+    """_affects from the ports, switches and GPUs the index says the job uses."""
+    if u.kind == "switch" or (u.node is None and u.switch is not None):
+        return u.switch in index.used_switches
+    if u.kind == "gpu_lost":
+        return (u.node, u.port) in index.used_gpus
+    if u.kind == "unreachable":
+        return u.node in index.nodes
+    return any(
+        (u.device in (dev, None)) and u.port in (0, port, None)
+        for dev, port in index.ports_by_node.get(u.node or "", ())
+    )
+
+
 def _switch_of(topo: NodeTopology, key: str) -> str | None:
     try:
         return topo.rnic(key).switch
@@ -1186,7 +1331,7 @@ def _switch_of(topo: NodeTopology, key: str) -> str | None:
         return None
 
 
-def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: set[str]) -> list[Unhealthy]:
+def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: Set[str]) -> list[Unhealthy]:
     return [
         u
         for u in fabric.unhealthy
@@ -1214,7 +1359,7 @@ def _note(first: Unhealthy | None, evidence: Sequence[Unhealthy]) -> str | None:
 
 
 def _node_failure_note(
-    evidence: Sequence[Unhealthy], fabric: FabricView, nodes: set[str]
+    evidence: Sequence[Unhealthy], fabric: FabricView, nodes: Set[str]
 ) -> str | None:
     """A node whose every fabric port failed looks like a dead peer: say so in the reason."""
     dead = []

@@ -10,7 +10,7 @@ weights) and fail-backs at one switch point per communicator, aborts to every no
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -60,7 +60,7 @@ def issue(
     session: Session,
     job: m.Job,
     intents: Sequence[Intent],
-    rank_nodes: dict[int, str],
+    rank_nodes: Mapping[int, str],
     *,
     decision_id: str | None,
     epoch: int,
@@ -143,7 +143,7 @@ def switch_point(
     *,
     comm_id: int,
     ranks: list[int],
-    rank_nodes: dict[int, str],
+    rank_nodes: Mapping[int, str],
     kind: CommandKind,
     disabled_channels: list[int],
     decision_id: str | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -162,23 +162,34 @@ def window(row: m.MaintenanceWindow) -> health.Maintenance:
     )
 
 
+# Above this many nodes, evidence is read for the whole fleet and filtered here: the
+# open faults and windows are few, and a query naming 8,192 nodes costs more than them.
+MANY_NODES = 64
+
+
 def evidence(
     session: Session, nodes: Iterable[str] | None
 ) -> tuple[health.Evidence, list[m.Fault]]:
     """Every piece of evidence on `nodes` (all nodes when None), and the fault rows behind it."""
-    faults = list(FaultRepo(session).unresolved(nodes))
+    wanted = None if nodes is None else set(nodes)
+    many = wanted is not None and len(wanted) > MANY_NODES
+    faults = list(FaultRepo(session).unresolved(None if many else wanted))
     repo = CoordinationRepo(session)
+    if many and wanted is not None:
+        faults = [f for f in faults if f.node in wanted]
     states = repo.port_states({f.node for f in faults})
     flags = [
         health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
         for q in repo.open_flags()
-        if nodes is None or q.node in set(nodes)
+        if wanted is None or q.node in wanted
     ]
     switches = [
         health.SwitchEvidence(s.id, s.switch, s.opened_at, s.reason)
         for s in repo.open_switch_faults()
     ]
-    windows = MaintenanceRepo(session).in_force(None if nodes is None else set(nodes))
+    windows = MaintenanceRepo(session).in_force(None if many else wanted)
+    if many and wanted is not None:
+        windows = [w for w in windows if w.switch is not None or w.node in wanted]
     return (
         health.Evidence(
             faults=tuple(_evidence_of(f, states) for f in faults),
@@ -212,21 +223,51 @@ def close_cleared(
     return closed
 
 
+# Topologies, plans and fabric ports of a set of nodes, given the lost parts on them.
+Placement = tuple[
+    Mapping[str, NodeTopology], Mapping[str, NodePlan], Mapping[str, frozenset[tuple[str, int]]]
+]
+
+
+def placement(
+    session: Session, nodes: set[str], settings: Settings, lost: dict[str, list[m.Fault]]
+) -> Placement:
+    """The nodes' topologies and plans (from the plan cache) and their GPU-fabric ports."""
+    topologies, plans = PLANS.get(session, nodes, settings.backup_cap_per_switch, lost)
+    return topologies, plans, fabric_ports(topologies)
+
+
+def fabric_ports(
+    topologies: Mapping[str, NodeTopology],
+) -> dict[str, frozenset[tuple[str, int]]]:
+    return {
+        name: frozenset((r.name, r.port) for r in t.rnics if r.carries_gpu_traffic)
+        for name, t in topologies.items()
+    }
+
+
 def view_for(
-    session: Session, nodes: set[str], now: datetime, settings: Settings
+    session: Session,
+    nodes: set[str],
+    now: datetime,
+    settings: Settings,
+    placed: Callable[[dict[str, list[m.Fault]]], Placement] | None = None,
 ) -> tuple[FabricView, health.FabricHealth]:
-    """The fabric as the jobs on `nodes` see it at `now`."""
+    """The fabric as the jobs on `nodes` see it at `now`.
+
+    `placed` gives the nodes' topologies, plans and ports for the lost parts on them
+    (a job's cached placement); without it they come from the plan cache.
+    """
     ev, rows = evidence(session, nodes)
     lost: dict[str, list[m.Fault]] = {}
     for f in rows:
         if f.kind in LOST_KINDS:
             lost.setdefault(f.node, []).append(f)
-    topologies, plans = PLANS.get(session, nodes, settings.backup_cap_per_switch, lost)
+    if placed is None:
+        topologies, plans, ports = placement(session, nodes, settings, lost)
+    else:
+        topologies, plans, ports = placed(lost)
     assessed = health.assess(ev, now, rules(settings))
-    ports: dict[str, frozenset[tuple[str, int]]] = {
-        name: frozenset((r.name, r.port) for r in t.rnics if r.carries_gpu_traffic)
-        for name, t in topologies.items()
-    }
     return (
         FabricView(
             topologies=topologies,

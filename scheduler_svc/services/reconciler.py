@@ -9,8 +9,10 @@ one after the other and the second finds nothing left to do.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -18,8 +20,10 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
+from scheduler_svc.engine import jobindex
 from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.engine.nccl import NcclSpec
+from scheduler_svc.engine.paths import NodePlan, NodeTopology
 from scheduler_svc.engine.reconcile import Desired, Mode
 from scheduler_svc.errors import NotFound
 from scheduler_svc.fleet import EventType, emit, emit_decision
@@ -69,13 +73,16 @@ def mirror_failures(
     return top, seen
 
 
-def job_state(session: Session, job: m.Job) -> engine.JobState:
+def job_state(
+    session: Session, job: m.Job, ranks: tuple[tuple[int, str, int], ...] | None = None
+) -> engine.JobState:
+    """The job as the engine reads it; `ranks`: its placement, when already known."""
     cp = JobRepo(session).newest_checkpoint(job.job_id)
     top, failures = mirror_failures(session, job.job_id)
     return engine.JobState(
         job_id=job.job_id,
         mode=Mode(job.mode),
-        ranks=tuple(JobRepo(session).rank_tuples(job.job_id)),
+        ranks=tuple(JobRepo(session).rank_tuples(job.job_id)) if ranks is None else ranks,
         checkpoint_interval_s=job.checkpoint_interval_s,
         reload_s=job.reload_s,
         detect_s=job.detect_s,
@@ -116,13 +123,128 @@ def job_state(session: Session, job: m.Job) -> engine.JobState:
     )
 
 
+@dataclass(frozen=True, eq=False)
+class _Placed:
+    """One job's placement on its nodes: what a decision would otherwise read and route again."""
+
+    fleet: tuple[object, ...]  # NodeRepo.fleet_stamp when the plans were last checked
+    topologies: Mapping[str, NodeTopology]
+    plans: Mapping[str, NodePlan]
+    ports: Mapping[str, frozenset[tuple[str, int]]]
+    index: jobindex.JobIndex | None = None
+
+
+@dataclass(eq=False)
+class _Job:
+    ranks: tuple[tuple[int, str, int], ...]
+    nodes: set[str]
+    placed: dict[tuple[object, ...], _Placed]  # by (lost parts, backup cap)
+
+
+class JobIndexCache:
+    """Per job: its ranks, its nodes' plans and its engine index (issue 12).
+
+    Keyed by (store, job, creation time, placement id): the ranks never change under
+    one key. The plans and the index are kept per set of lost parts and are
+    trusted while the fleet's registration stamp is unchanged; when it changes (some
+    node registered anew), the job's nodes are checked against the plan cache one by
+    one, and the index is rebuilt only if one of their plans changed. So every replica
+    decides on the same index, built once per placement and plans.
+    """
+
+    def __init__(self, max_jobs: int = 32) -> None:
+        self._jobs: OrderedDict[tuple[object, ...], _Job] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_jobs
+
+    def clear(self) -> None:
+        with self._lock:
+            self._jobs.clear()
+
+    def job(self, session: Session, job: m.Job) -> tuple[tuple[object, ...], _Job]:
+        store = session.get_bind().engine.url.render_as_string(hide_password=True)
+        key = (store, job.job_id, job.created_at, job.placement_id)
+        with self._lock:
+            hit = self._jobs.get(key)
+            if hit is not None:
+                self._jobs.move_to_end(key)
+                return key, hit
+        ranks = tuple(JobRepo(session).rank_tuples(job.job_id))
+        entry = _Job(ranks, {n for _, n, _ in ranks}, {})
+        with self._lock:
+            self._jobs[key] = entry
+            while len(self._jobs) > self._max:
+                self._jobs.popitem(last=False)
+        return key, entry
+
+    def placed(
+        self,
+        session: Session,
+        entry: _Job,
+        settings: Settings,
+        lost: dict[str, list[m.Fault]],
+    ) -> _Placed:
+        """The job's nodes' plans for these lost parts: kept while no node registered anew."""
+        which = (
+            tuple(sorted((n, tuple(f.id for f in fs)) for n, fs in lost.items())),
+            settings.backup_cap_per_switch,
+        )
+        fleet = NodeRepo(session).fleet_stamp()
+        with self._lock:
+            was = entry.placed.get(which)
+        if was is not None and was.fleet == fleet:
+            return was
+        topologies, plans, ports = fabric.placement(session, entry.nodes, settings, lost)
+        if was is not None and was.index is not None and was.index.built_on(plans, topologies):
+            now = replace(was, fleet=fleet)  # nothing of this job changed: keep its index
+        else:
+            now = _Placed(fleet, topologies, plans, ports)
+        with self._lock:
+            entry.placed[which] = now
+            while len(entry.placed) > 2:
+                entry.placed.pop(next(iter(entry.placed)))
+        return now
+
+    def index(
+        self, entry: _Job, placed: _Placed, state: engine.JobState, view: engine.FabricView
+    ) -> jobindex.JobIndex | None:
+        """The engine index for this placement and the job's communicators, built once."""
+        if placed.index is not None and engine.index_fits(placed.index, state, view):
+            return placed.index
+        try:
+            built = engine.index_for(state, view)
+        except ValueError:
+            return None  # a rank placed twice: the engine reads such a job whole
+        with self._lock:
+            for which, p in entry.placed.items():
+                if p is placed:
+                    entry.placed[which] = replace(placed, index=built)
+        return built
+
+
+INDEXES = JobIndexCache()
+
+
 def current(
     session: Session, job: m.Job, now: datetime, settings: Settings
 ) -> tuple[engine.JobState, engine.FabricView, engine.Reconciled]:
     """What reconcile says about the job right now, without storing anything (for reads)."""
-    state = job_state(session, job)
-    view, _ = fabric.view_for(session, {n for _, n, _ in state.ranks}, now, settings)
-    return state, view, engine.reconcile(now, state, view, options(settings))
+    if job.placement_id is None:  # placed before placement ids: read and route it whole
+        state = job_state(session, job)
+        view, _ = fabric.view_for(session, {n for _, n, _ in state.ranks}, now, settings)
+        return state, view, engine.reconcile(now, state, view, options(settings))
+    _, entry = INDEXES.job(session, job)
+    state = job_state(session, job, entry.ranks)
+    chosen: list[_Placed] = []
+
+    def placed(lost: dict[str, list[m.Fault]]) -> fabric.Placement:
+        p = INDEXES.placed(session, entry, settings, lost)
+        chosen.append(p)
+        return p.topologies, p.plans, p.ports
+
+    view, _ = fabric.view_for(session, entry.nodes, now, settings, placed)
+    index = INDEXES.index(entry, chosen[0], state, view)
+    return state, view, engine.reconcile(now, state, view, options(settings), index)
 
 
 def reconcile_jobs(
@@ -181,7 +303,8 @@ def reconcile_job(
         CoordinationRepo(session).clear_samples(job.job_id, degraded=True)
     job.mode = desired.mode.value
     commanded = Desired.from_json(job.commanded)
-    intents = engine.command_diff(commanded, desired, state)
+    index = out.conn.index
+    intents = engine.command_diff(commanded, desired, state, index)
     # A restarting job is asked nothing: its next incarnation is, if still wanted then.
     asked = desired.checkpoint_after if desired.mode != Mode.RESTARTING else None
     if asked is not None and asked != commanded.checkpoint_after:
@@ -201,7 +324,7 @@ def reconcile_job(
             session,
             job,
             intents,
-            {r: n for r, n, _ in state.ranks},
+            {r: n for r, n, _ in state.ranks} if index is None else index.rank_node,
             decision_id=None if row is None else row.decision_id,
             epoch=job.decision_count,
             now=now,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -184,6 +185,7 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         notify_url=None if body.notify_url is None else str(body.notify_url),
         mode=JobMode.NORMAL.value,
         decision_count=0,
+        placement_id=uuid.uuid4().hex,
     )
     job.repair_estimate_s = body.repair_estimate_s
     job.ccl = None if body.ccl is None else body.ccl.model_dump(mode="json")
@@ -239,6 +241,7 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     job.ranks = [
         m.JobRank(job_id=job.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
     ]
+    job.placement_id = uuid.uuid4().hex
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
     job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size

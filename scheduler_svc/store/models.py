@@ -214,6 +214,10 @@ class Job(Base):
     notify_url: Mapped[str | None] = mapped_column(String(2048))
     mode: Mapped[str] = mapped_column(String(16), default="normal")
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    # A new id whenever the ranks are placed (the job posted, or posted again while
+    # restarting): what a cached placement and job index (services.reconciler) are
+    # keyed by. Null for jobs placed before it existed (their ranks are read each time).
+    placement_id: Mapped[str | None] = mapped_column(String(32))
     # k the service measured from reported iteration times (trustworthy ones only).
     measured_k: Mapped[float | None]
     repair_estimate_s: Mapped[float | None]

@@ -140,6 +140,20 @@ class NodeRepo:
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 
+    def fleet_stamp(self) -> tuple[int, int, int, datetime | None]:
+        """Nodes, the sum and highest of their topology versions, and the newest registration:
+        one aggregate row that changes when any node registers anew or changes topology.
+        A cached job index is checked node by node (`versions`) only when it changed."""
+        row = self.s.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(m.Node.topology_version), 0),
+                func.coalesce(func.max(m.Node.topology_version), 0),
+                func.max(m.Node.registered_at),
+            )
+        ).one()
+        return int(row[0]), int(row[1]), int(row[2]), row[3]
+
     def versions(self, names: Iterable[str]) -> dict[str, tuple[int, datetime]]:
         """(topology version, registration time) per node: a cheap read that tells whether
         cached plans still hold. The time tells a node re-created in a fresh store (whose

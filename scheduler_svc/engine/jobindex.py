@@ -1,0 +1,370 @@
+"""A job's placement indexed once, so that one fault costs the ranks it touches (issue 12).
+
+`build` routes every rank on the healthy fabric and keeps what a fault needs to
+find the ranks it can touch: ranks by node, by (node, device), by fabric switch
+and by GPU; per rail and per (rail, node) the count of ranks in each endpoint
+class; each communicator's members. `connectivity` then routes again only the
+ranks a failed part can touch, adjusts the counts, and returns exactly what
+`paths.connectivity(paths.route_ranks(...))` returns for the whole job: the same
+routes, pairs, isolated and failed-over ranks and examples.
+
+Pure, like the rest of the engine: an index is a function of the job's ranks, its
+communicators and its nodes' plans and topologies. The service builds one when a
+job is registered or one of its nodes registers again, and keys it by the same
+versions as the s-Bond plans, so every replica agrees on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_svc.engine.paths import (
+    _BACKUP,
+    _BOTH,
+    _NONE,
+    Connectivity,
+    FailedSet,
+    NodePlan,
+    NodeTopology,
+    RankRoute,
+    _class,
+    _pairs,
+    pair_survives,
+    route_ranks,
+    talks_over_fabric,
+)
+
+Positions = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CommIndex:
+    """One communicator as `plan_mitigations` and `command_diff` read it."""
+
+    comm_id: int
+    channels: int
+    spec_ranks: tuple[int, ...]  # as registered; empty: every rank of the job
+    # The members that are ranks of the job, in the order the planner reads them.
+    ranks: tuple[int, ...]
+    order: Mapping[int, int]  # member rank -> its place in `ranks`
+    unique: bool  # no member named twice (else the planner reads the members one by one)
+    nodes: int  # distinct nodes of the members
+    # What command_diff tells: every rank it names (registered or the job's), sorted.
+    told: frozenset[int]
+    told_sorted: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class JobIndex:
+    ranks: tuple[tuple[int, str, int], ...]
+    healthy: tuple[RankRoute, ...]  # each rank's route when nothing is failed
+    positions: Mapping[int, int]  # rank -> its place in `ranks`
+    nodes: frozenset[str]
+    by_node: Mapping[str, Positions]
+    by_device: Mapping[tuple[str, str], Positions]  # primary or backup on that RNIC
+    by_switch: Mapping[str, Positions]  # primary or backup behind that switch
+    by_gpu: Mapping[tuple[str, int], Positions]
+    by_rail: Mapping[int | None, Positions]  # rail of the primary, as the pairs count it
+    odd: Positions  # ranks without both endpoints even when nothing is failed
+    rail_counts: Mapping[int | None, tuple[int, int, int, int]]
+    node_counts: Mapping[tuple[int | None, str], tuple[int, int, int, int]]
+    broken_rail: int
+    total_rail: int
+    broken_local: int
+    total_local: int
+    # What `_affects` asks: the ports and switches some rank's primary or backup uses,
+    # and the GPUs some rank runs on.
+    used_ports: frozenset[tuple[str, str, int]]
+    ports_by_node: Mapping[str, frozenset[tuple[str, int]]]
+    used_switches: frozenset[str]
+    used_gpus: frozenset[tuple[str, int]]
+    rank_node: Mapping[int, str]
+    ranks_in_order: tuple[int, ...]  # the ranks as placed
+    sorted_ranks: tuple[int, ...]
+    comms: tuple[CommIndex, ...]  # in the order of JobState.communicators
+    comm_specs: tuple[tuple[int, int, tuple[int, ...]], ...]
+    # The plans and topologies it was built on, each node's as the plan cache gave it.
+    plans: Mapping[str, NodePlan]
+    topologies: Mapping[str, NodeTopology]
+    warnings: tuple[str, ...]  # every plan's warnings, by node name, as reconcile lists them
+
+    def built_on(
+        self, plans: Mapping[str, NodePlan], topologies: Mapping[str, NodeTopology]
+    ) -> bool:
+        """Whether the job's nodes have the plans and topologies it was built on."""
+        for mine, theirs in ((self.plans, plans), (self.topologies, topologies)):
+            if mine is theirs:
+                continue
+            for n in self.nodes:
+                a, b = mine.get(n), theirs.get(n)
+                if a is not b and a != b:
+                    return False
+        return True
+
+    def fits(self, ranks: Sequence[tuple[int, str, int]], comms: Iterable[object]) -> bool:
+        """Whether this index was built for these ranks and communicators."""
+        if ranks is not self.ranks and tuple(ranks) != self.ranks:
+            return False
+        return _specs(comms) == self.comm_specs
+
+
+def _specs(comms: Iterable[object]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    return tuple(
+        (c.comm_id, c.channels, tuple(c.ranks))  # type: ignore[attr-defined]  # CommSpec
+        for c in comms
+    )
+
+
+def _groups(keys: Sequence[object]) -> dict[object, Positions]:
+    """Positions of equal keys, each group in ascending order (numpy does the sort)."""
+    codes: dict[object, int] = {}
+    coded = np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64, len(keys))
+    if not codes:
+        return {}
+    order = np.argsort(coded, kind="stable")
+    bounds = np.flatnonzero(np.diff(coded[order])) + 1
+    names = list(codes)
+    return {names[int(coded[chunk[0]])]: tuple(chunk.tolist()) for chunk in np.split(order, bounds)}
+
+
+def _multi_groups(pairs: Iterable[tuple[object, int]]) -> dict[object, Positions]:
+    out: dict[object, list[int]] = {}
+    for key, pos in pairs:
+        group = out.setdefault(key, [])
+        if not group or group[-1] != pos:
+            group.append(pos)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def build(
+    ranks: Sequence[tuple[int, str, int]],
+    plans: Mapping[str, NodePlan],
+    topologies: Mapping[str, NodeTopology],
+    communicators: Sequence[object] = (),
+) -> JobIndex:
+    """Index a job's placement on its nodes' plans; raises ValueError on a repeated rank."""
+    ranks = tuple(ranks)
+    healthy = tuple(route_ranks(ranks, plans, topologies, FailedSet()))
+    positions = {r: i for i, (r, _, _) in enumerate(ranks)}
+    nodes = frozenset(n for _, n, _ in ranks)
+    if len(positions) != len(ranks):
+        raise ValueError("a rank is placed twice")
+    classes = np.fromiter((_class(r) for r in healthy), np.int8, len(healthy))
+    rails = [r.rail for r in healthy]
+    rail_counts = _count(rails, classes)
+    node_counts = _count([(r.rail, r.node) for r in healthy], classes)
+    broken_rail, total_rail = _pairs({k: list(v) for k, v in rail_counts.items()})
+    broken_local, total_local = _pairs({k: list(v) for k, v in node_counts.items()})
+    device_pairs: list[tuple[object, int]] = []
+    switch_pairs: list[tuple[object, int]] = []
+    used_ports: set[tuple[str, str, int]] = set()
+    for i, r in enumerate(healthy):
+        topo = topologies.get(r.node)
+        for key in (r.primary, r.backup):
+            if key is None:
+                continue
+            dev, _, port = key.partition("/")  # as reconcile._uses reads a key
+            used_ports.add((r.node, dev, int(port)))
+            try:
+                rnic = None if topo is None else topo.rnic(key)
+            except KeyError:
+                rnic = None
+            device_pairs.append(((r.node, dev if rnic is None else rnic.name), i))
+            if rnic is not None and rnic.switch is not None:
+                switch_pairs.append((rnic.switch, i))
+    by_switch = _multi_groups(switch_pairs)
+    comms = tuple(_comm_index(c, ranks, positions) for c in communicators)
+    return JobIndex(
+        ranks=ranks,
+        healthy=healthy,
+        positions=positions,
+        nodes=nodes,
+        by_node=_groups([n for _, n, _ in ranks]),  # type: ignore[arg-type]  # str keys
+        by_device=_multi_groups(device_pairs),  # type: ignore[arg-type]  # (node, device)
+        by_switch=by_switch,  # type: ignore[arg-type]  # str keys
+        by_gpu=_groups([(n, g) for _, n, g in ranks]),  # type: ignore[arg-type]  # (node, gpu)
+        by_rail=_groups(rails),  # type: ignore[arg-type]  # rail keys
+        odd=tuple(np.flatnonzero(classes != _BOTH).tolist()),
+        rail_counts=rail_counts,  # type: ignore[arg-type]  # rail keys
+        node_counts=node_counts,  # type: ignore[arg-type]  # (rail, node) keys
+        broken_rail=broken_rail,
+        total_rail=total_rail,
+        broken_local=broken_local,
+        total_local=total_local,
+        used_ports=frozenset(used_ports),
+        ports_by_node=_by_node(used_ports),
+        used_switches=frozenset(by_switch),  # type: ignore[arg-type]  # str keys
+        used_gpus=frozenset((n, g) for _, n, g in ranks),
+        rank_node={r: n for r, n, _ in ranks},
+        ranks_in_order=tuple(r for r, _, _ in ranks),
+        sorted_ranks=tuple(sorted(positions)),
+        comms=comms,
+        comm_specs=_specs(communicators),
+        plans=plans,
+        topologies=topologies,
+        warnings=tuple(w for n in sorted(plans) for w in plans[n].warnings),
+    )
+
+
+def _by_node(ports: Iterable[tuple[str, str, int]]) -> dict[str, frozenset[tuple[str, int]]]:
+    out: dict[str, set[tuple[str, int]]] = {}
+    for node, dev, port in ports:
+        out.setdefault(node, set()).add((dev, port))
+    return {n: frozenset(v) for n, v in out.items()}
+
+
+def _count(keys: Sequence[object], classes: np.ndarray) -> dict[object, tuple[int, int, int, int]]:
+    out: dict[object, tuple[int, int, int, int]] = {}
+    for key, group in _groups(keys).items():
+        c = np.bincount(classes[list(group)], minlength=4)
+        out[key] = (int(c[0]), int(c[1]), int(c[2]), int(c[3]))
+    return out
+
+
+def _comm_index(
+    comm: object, ranks: tuple[tuple[int, str, int], ...], positions: Mapping[int, int]
+) -> CommIndex:
+    spec = tuple(comm.ranks)  # type: ignore[attr-defined]  # CommSpec
+    members = tuple(r for r in (spec or sorted(positions)) if r in positions)
+    order: dict[int, int] = {}
+    for i, r in enumerate(members):
+        order.setdefault(r, i)
+    told = frozenset(spec or (r for r, _, _ in ranks))
+    return CommIndex(
+        comm_id=comm.comm_id,  # type: ignore[attr-defined]  # CommSpec
+        channels=comm.channels,  # type: ignore[attr-defined]  # CommSpec
+        spec_ranks=spec,
+        ranks=members,
+        order=order,
+        unique=len(order) == len(members),
+        nodes=len({ranks[positions[r]][1] for r in order}),
+        told=told,
+        told_sorted=tuple(sorted(told)),
+    )
+
+
+def touched(index: JobIndex, failed: FailedSet) -> set[int]:
+    """Positions of the ranks whose primary or backup some part of `failed` can take out."""
+    out: set[int] = set()
+    for node, dev in failed.rnics:
+        if dev == "*":
+            out.update(index.by_node.get(node, ()))
+        else:
+            out.update(index.by_device.get((node, dev), ()))
+    for node, dev, _ in failed.links:
+        out.update(index.by_device.get((node, dev), ()))
+    for sw in failed.switches:
+        out.update(index.by_switch.get(sw, ()))
+    for key in failed.gpus:
+        out.update(index.by_gpu.get(key, ()))
+    return out
+
+
+def connectivity(
+    index: JobIndex,
+    failed: FailedSet,
+    plans: Mapping[str, NodePlan],
+    topologies: Mapping[str, NodeTopology],
+    max_examples: int = 10,
+) -> Connectivity:
+    """`paths.connectivity(route_ranks(...))` for the job, from the ranks `failed` touches."""
+    changed: dict[int, RankRoute] = {}
+    for i in sorted(touched(index, failed)):
+        (now,) = route_ranks([index.ranks[i]], plans, topologies, failed)
+        if now != index.healthy[i]:
+            changed[i] = now
+    routes = _with(index.healthy, changed)
+    rail_counts, node_counts = index.rail_counts, index.node_counts
+    rails: dict[object, list[int]] = {}
+    locals_: dict[object, list[int]] = {}
+    for i, now in changed.items():
+        was = index.healthy[i]
+        rail_key: object = was.rail
+        node_key: object = (was.rail, was.node)
+        r = rails.setdefault(rail_key, list(rail_counts[was.rail]))
+        n = locals_.setdefault(node_key, list(node_counts[(was.rail, was.node)]))
+        r[_class(was)] -= 1
+        r[_class(now)] += 1
+        n[_class(was)] -= 1
+        n[_class(now)] += 1
+    before_r, _ = _pairs({k: list(index.rail_counts[k]) for k in rails})  # type: ignore[index]
+    after_r, _ = _pairs(rails)
+    before_l, _ = _pairs({k: list(index.node_counts[k]) for k in locals_})  # type: ignore[index]
+    after_l, _ = _pairs(locals_)
+    broken = (index.broken_rail - before_r + after_r) - (index.broken_local - before_l + after_l)
+    odd = sorted(set(index.odd) | {i for i, r in changed.items() if _class(r) != _BOTH})
+    isolated = [i for i in odd if _class(routes[i]) == _NONE]
+    backups = [i for i in odd if _class(routes[i]) == _BACKUP]
+    examples = []
+    if broken:
+        examples = _examples(index, routes, isolated, backups, odd, max_examples=max_examples)
+    return Connectivity(
+        routes=routes,
+        broken_pairs=broken,
+        total_pairs=index.total_rail - index.total_local,
+        isolated_ranks=tuple(routes[i].rank for i in isolated),
+        failed_over_ranks=tuple(routes[i].rank for i in backups),
+        examples=tuple(sorted(set(examples))),
+        odd=tuple(odd),
+        index=index,
+    )
+
+
+def _with(routes: tuple[RankRoute, ...], changed: Mapping[int, RankRoute]) -> tuple[RankRoute, ...]:
+    """`routes` with the changed ones replaced (two copies of the pointers, in C)."""
+    if not changed:
+        return routes
+    out = list(routes)
+    for i, r in changed.items():
+        out[i] = r
+    return tuple(out)
+
+
+def _examples(
+    index: JobIndex,
+    routes: Sequence[RankRoute],
+    isolated: Sequence[int],
+    backups: Sequence[int],
+    odd: Sequence[int],
+    *,
+    max_examples: int,
+) -> list[tuple[int, int]]:
+    """The example pairs `paths.connectivity` finds, in its order, looking only where they can be.
+
+    A rank without an endpoint breaks with every rank of its rail on another node, so
+    its partners are looked for along the rail; a rank left only its backup breaks only
+    with ranks that lost theirs, which are among the odd ones.
+    """
+    examples: list[tuple[int, int]] = []
+    lost = set(isolated)
+    for a_pos in [*isolated, *backups]:
+        a = routes[a_pos]
+        partners = index.by_rail.get(a.rail, ()) if a_pos in lost else odd
+        for b_pos in partners:
+            b = routes[b_pos]
+            if talks_over_fabric(a, b) and not pair_survives(a, b):
+                examples.append((min(a.rank, b.rank), max(a.rank, b.rank)))
+                if len(examples) >= max_examples:
+                    return examples
+    return examples
+
+
+def route_of(conn: Connectivity, rank: int) -> RankRoute | None:
+    """One rank's route, by the index when the connectivity has one."""
+    if conn.index is not None:
+        at = conn.index.positions.get(rank)
+        return None if at is None else conn.routes[at]
+    for r in conn.routes:
+        if r.rank == rank:
+            return r
+    return None
+
+
+def odd_routes(conn: Connectivity) -> Sequence[RankRoute]:
+    """Every route that lacks an endpoint, in the job's order; all routes without an index."""
+    if conn.odd is None:
+        return conn.routes
+    return [conn.routes[i] for i in conn.odd]
