@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc import __version__, metrics
 from scheduler_svc.api import (
@@ -26,8 +27,8 @@ from scheduler_svc.api import (
 )
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings, is_loopback
-from scheduler_svc.error_handlers import document_errors, install_error_handlers, limit_body
-from scheduler_svc.fleet.service import Fleet, audit_requests
+from scheduler_svc.error_handlers import LimitBody, document_errors, install_error_handlers
+from scheduler_svc.fleet.service import AuditRequests, Fleet
 from scheduler_svc.notify import CommandListener, CommandNotifier
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.store.db import (
@@ -41,6 +42,31 @@ from scheduler_svc.store.uow import Clock, system_clock
 
 log = logging.getLogger("railover")
 UNCOUNTED = {"/healthz", "/readyz", "/metrics"}
+
+
+class RequestTiming:
+    """ASGI middleware observing each request's latency, to the start of its answer, by
+    method, route template and status; probes and scrapes are left out, and so is a
+    request that raises instead of answering (the outer error handler answers it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                template = getattr(scope.get("route"), "path", "unmatched")
+                metrics.REQUEST_LATENCY.labels(
+                    scope["method"], template, str(message["status"])
+                ).observe(time.perf_counter() - started)
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 def create_app(
@@ -114,24 +140,14 @@ def create_app(
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
-    app.middleware("http")(audit_requests)
+    # Pure ASGI middleware (no task or stream per request); each one added wraps those
+    # before it, so a request meets the timing, then the body limit, then the audit.
+    app.add_middleware(AuditRequests)
 
     install_error_handlers(app)
     document_errors(app)
-    app.middleware("http")(limit_body(settings.max_body_bytes))
+    app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
 
-    @app.middleware("http")
-    async def _timing(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        if request.url.path not in UNCOUNTED:
-            route = request.scope.get("route")
-            template = getattr(route, "path", "unmatched")
-            metrics.REQUEST_LATENCY.labels(
-                request.method, template, str(response.status_code)
-            ).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestTiming)
 
     return app
