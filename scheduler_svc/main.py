@@ -27,6 +27,7 @@ from scheduler_svc.api import (
 )
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings, is_loopback
+from scheduler_svc.deps import Principal
 from scheduler_svc.error_handlers import LimitBody, document_errors, install_error_handlers
 from scheduler_svc.fleet.service import AuditRequests, Fleet
 from scheduler_svc.notify import CommandListener, CommandNotifier
@@ -39,6 +40,7 @@ from scheduler_svc.store.db import (
 )
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import Clock, system_clock
+from scheduler_svc.token_cache import TokenCache, watch_token_writes
 
 log = logging.getLogger("railover")
 UNCOUNTED = {"/healthz", "/readyz", "/metrics"}
@@ -82,6 +84,8 @@ def create_app(
         engine = make_engine(settings.sqlalchemy_url)
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        # Token writes committed through this replica take effect at its next request.
+        watch_token_writes(app.state.sessionmaker, app.state.token_cache.invalidate)
         # Anonymous access needs a loopback bind in the settings here, and then per
         # request a loopback connection and an empty token table (deps.get_principal),
         # so `uvicorn --host 0.0.0.0` and a first `railover token create` both close it.
@@ -137,6 +141,7 @@ def create_app(
     app.state.clock = clock
     app.state.notifier = CommandNotifier()
     app.state.anonymous_allowed = False
+    app.state.token_cache = TokenCache[Principal](settings.auth_cache_s)
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
