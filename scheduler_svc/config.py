@@ -186,6 +186,14 @@ class Settings(BaseSettings):
         default=True,
         description="On loopback with no token in the store, answer without authentication",
     )
+    # Each request's authentication is a store read; kept this long, an idle fleet's poll
+    # renewals skip it (scheduler_svc/token_cache.py: what is kept, and what empties it).
+    auth_cache_s: Annotated[float, Field(ge=0, le=60)] = Field(
+        default=2.0,
+        description="How long a token, and whether any exists, is trusted once read; a "
+        "token revoked or created elsewhere (railover token, another replica) takes effect "
+        "here within this; 0 reads the store on every request",
+    )
     backup_cap_per_switch: Annotated[int | None, Field(ge=1)] = Field(
         default=None,
         description="s-Bond tie-break: GPUs that may back up onto the RNICs behind one PCIe "

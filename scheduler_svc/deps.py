@@ -17,6 +17,7 @@ from scheduler_svc.schemas import Role
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
+from scheduler_svc.token_cache import TokenCache
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -98,17 +99,12 @@ def get_principal(
     if creds is not None:
         if creds.scheme.lower() != "bearer":
             raise Unauthorized("Authorization: expected 'Bearer <token>'")
-        # Its own short read, not the request's session: a long-poll must not
-        # hold a transaction (and SQLite's write lock) open while it waits.
-        with request.app.state.read_sessionmaker() as session:
-            token = TokenRepo(session).by_plain(creds.credentials, datetime.now(UTC))
-            found = (
-                None if token is None else Principal(token.token_id, Role(token.role), token.node)
-            )
-            session.rollback()
+        found = token_cache(request).token(
+            creds.credentials, lambda: _read_token(request, creds.credentials)
+        )
         if found is None:
             raise Unauthorized("Authorization: token unknown, revoked or expired")
-        request.state.principal = found  # for the audit log (fleet.service.audit_requests)
+        request.state.principal = found  # for the audit log (fleet.service.AuditRequests)
         return found
     if anonymous_open(request):
         anonymous = Principal(None, Role.FLEET)
@@ -129,7 +125,7 @@ def anonymous_open(request: Request) -> bool:
     connection itself is loopback at both ends (so an app served some other way on a
     routable address, `uvicorn --host 0.0.0.0` say, never answers a remote caller),
     and, read now rather than at start, no usable token exists: the first
-    `railover token create` closes it for the next request.
+    `railover token create` closes it within `auth_cache_s` (token_cache.py).
     """
     if not getattr(request.app.state, "anonymous_allowed", False):
         return False
@@ -137,10 +133,38 @@ def anonymous_open(request: Request) -> bool:
         _loopback_peer(request.scope.get("client")) and _loopback_peer(request.scope.get("server"))
     ):
         return False
+    return not token_cache(request).any_active(lambda: _read_any_active(request))
+
+
+# What an app without one (a test's hand-built app) gets: every request reads the store.
+_NO_CACHE: TokenCache[Principal] = TokenCache(0.0)
+
+
+def token_cache(request: Request) -> TokenCache[Principal]:
+    """The app's cache of token look-ups (scheduler_svc/token_cache.py)."""
+    cache: TokenCache[Principal] = getattr(request.app.state, "token_cache", _NO_CACHE)
+    return cache
+
+
+def _read_token(request: Request, plain: str) -> tuple[Principal | None, datetime | None]:
+    # Its own short read, not the request's session: a long-poll must not
+    # hold a transaction (and SQLite's write lock) open while it waits.
+    with request.app.state.read_sessionmaker() as session:
+        token = TokenRepo(session).by_plain(plain, datetime.now(UTC))
+        found = (
+            (None, None)
+            if token is None
+            else (Principal(token.token_id, Role(token.role), token.node), token.expires_at)
+        )
+        session.rollback()
+    return found
+
+
+def _read_any_active(request: Request) -> bool:
     with request.app.state.read_sessionmaker() as session:
         taken = TokenRepo(session).any_active(datetime.now(UTC))
         session.rollback()
-    return not taken
+    return taken
 
 
 def require(*roles: Role) -> Callable[[Principal], Principal]:

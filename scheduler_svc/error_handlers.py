@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc.errors import ErrorBody, FieldProblem, RailoverError
 from scheduler_svc.schemas import EventKind
@@ -266,26 +266,71 @@ def document_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def limit_body(
-    max_bytes: int,
-) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    """Middleware refusing bodies over max_bytes with 413, declared or streamed."""
+class LimitBody:
+    """ASGI middleware refusing bodies over max_bytes with 413, declared or streamed.
 
-    async def middleware(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        declared = request.headers.get("content-length")
+    A declared Content-Length over the limit is refused before any of the body is
+    read. A chunked body with no length is read here to its end and counted; one
+    within the limit is handed on to the route as one message, as it arrived.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared: str | None = None
+        encoding: str | None = None
+        for key, value in scope["headers"]:  # names arrive lower-case (ASGI)
+            if key == b"content-length" and declared is None:
+                declared = value.decode("latin-1")
+            elif key == b"transfer-encoding" and encoding is None:
+                encoding = value.decode("latin-1")
         if declared is not None:
-            if declared.isdigit() and int(declared) > max_bytes:
-                return _too_large(max_bytes)
-        elif "chunked" in request.headers.get("transfer-encoding", "").lower() and (
-            # No length given: read it here (it is replayed to the route) and count.
-            len(await request.body()) > max_bytes
-        ):
-            return _too_large(max_bytes)
-        return await call_next(request)
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await _too_large(self.max_bytes)(scope, receive, send)
+                return
+        elif encoding is not None and "chunked" in encoding.lower():
+            body, size, last = await _read_counted(receive, self.max_bytes)
+            if size > self.max_bytes:
+                await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            await self.app(scope, _replay(body, last, receive), send)
+            return
+        await self.app(scope, receive, send)
 
-    return middleware
+
+async def _read_counted(receive: Receive, max_bytes: int) -> tuple[bytes, int, Message | None]:
+    """The body read to its end (kept only while within max_bytes), its size, and the
+    message that cut it short (a disconnect), if one did."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(parts), size, message
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size <= max_bytes:
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts), size, None
+
+
+def _replay(body: bytes, last: Message | None, receive: Receive) -> Receive:
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": last is not None}]
+    if last is not None:
+        pending.append(last)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
 
 
 def _too_large(max_bytes: int) -> JSONResponse:

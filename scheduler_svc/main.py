@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc import __version__, metrics
 from scheduler_svc.api import (
@@ -26,8 +27,9 @@ from scheduler_svc.api import (
 )
 from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.config import Settings, get_settings, is_loopback
-from scheduler_svc.error_handlers import document_errors, install_error_handlers, limit_body
-from scheduler_svc.fleet.service import Fleet, audit_requests
+from scheduler_svc.deps import Principal
+from scheduler_svc.error_handlers import LimitBody, document_errors, install_error_handlers
+from scheduler_svc.fleet.service import AuditRequests, Fleet
 from scheduler_svc.notify import CommandListener, CommandNotifier
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
@@ -39,9 +41,35 @@ from scheduler_svc.store.db import (
 )
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import Clock, system_clock
+from scheduler_svc.token_cache import TokenCache, watch_token_writes
 
 log = logging.getLogger("railover")
 UNCOUNTED = {"/healthz", "/readyz", "/metrics"}
+
+
+class RequestTiming:
+    """ASGI middleware observing each request's latency, to the start of its answer, by
+    method, route template and status; probes and scrapes are left out, and so is a
+    request that raises instead of answering (the outer error handler answers it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                template = getattr(scope.get("route"), "path", "unmatched")
+                metrics.REQUEST_LATENCY.labels(
+                    scope["method"], template, str(message["status"])
+                ).observe(time.perf_counter() - started)
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 def create_app(
@@ -57,6 +85,8 @@ def create_app(
         engine = make_engine(settings.sqlalchemy_url)
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        # Token writes committed through this replica take effect at its next request.
+        watch_token_writes(app.state.sessionmaker, app.state.token_cache.invalidate)
         # Anonymous access needs a loopback bind in the settings here, and then per
         # request a loopback connection and an empty token table (deps.get_principal),
         # so `uvicorn --host 0.0.0.0` and a first `railover token create` both close it.
@@ -119,27 +149,18 @@ def create_app(
     app.state.clock = clock
     app.state.notifier = CommandNotifier()
     app.state.anonymous_allowed = False
+    app.state.token_cache = TokenCache[Principal](settings.auth_cache_s)
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)
     app.include_router(fleet_api.router)
-    app.middleware("http")(audit_requests)
+    # Pure ASGI middleware (no task or stream per request); each one added wraps those
+    # before it, so a request meets the timing, then the body limit, then the audit.
+    app.add_middleware(AuditRequests)
 
     install_error_handlers(app)
     document_errors(app)
-    app.middleware("http")(limit_body(settings.max_body_bytes))
+    app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
 
-    @app.middleware("http")
-    async def _timing(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        if request.url.path not in UNCOUNTED:
-            route = request.scope.get("route")
-            template = getattr(route, "path", "unmatched")
-            metrics.REQUEST_LATENCY.labels(
-                request.method, template, str(response.status_code)
-            ).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestTiming)
 
     return app

@@ -16,6 +16,12 @@ SQLite serves one replica, so the notifier alone reaches every poll. The backsto
 for a wake-up that never comes (a writer outside the service, such as a script
 on the database file) is the poll's own deadline: it returns empty and the agent
 polls again at once, which reads the store.
+
+On PostgreSQL, while the listener's LISTEN holds, that renewal skips its look when
+nothing woke the node (nor every poll) since its previous look found nothing: the
+wake-ups are then a complete account of what could have changed. The listener's
+connecting and its losing the connection both void every earlier empty look, so
+after a reconnect the looks happen again; on SQLite every renewal looks.
 """
 
 from __future__ import annotations
@@ -36,9 +42,23 @@ log = logging.getLogger(__name__)
 
 
 class CommandNotifier:
+    """Per node, an event that a commit issuing it commands sets; and what a renewal needs
+    to know to skip its look (`unchanged_since_empty`). All its state is the event loop's:
+    other threads reach it through the *_threadsafe methods."""
+
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, asyncio.Event] = {}
+        # Whether every commit by any replica reaches this notifier: on PostgreSQL while
+        # the listener's LISTEN holds. Never on SQLite, where a writer outside the service
+        # is only caught by a look (the module's docstring).
+        self._listening = False
+        # Bumped by every wake-up of all and every change of _listening; per node, by
+        # each wake-up of that node. A look's stamp is both, taken as it starts.
+        self._generation = 0
+        self._seq: dict[str, int] = {}
+        # node -> the stamp of its last look that found nothing
+        self._empty: dict[str, tuple[int, int]] = {}
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -56,6 +76,45 @@ class CommandNotifier:
         event = self._events.get(node)
         if event is not None:
             event.clear()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listener's LISTEN holds (PostgreSQL; never on SQLite)."""
+        return self._listening
+
+    def stamp(self, node: str) -> tuple[int, int]:
+        """Taken just before a look at the store: pass it to `looked_empty` after."""
+        return self._generation, self._seq.get(node, 0)
+
+    def looked_empty(self, node: str, stamp: tuple[int, int]) -> None:
+        """A look that began at `stamp` found nothing for the node. Kept only if no
+        wake-up came since it began (one that did may be for what it missed)."""
+        if stamp == self.stamp(node):
+            self._empty[node] = stamp
+        else:
+            self._empty.pop(node, None)
+
+    def unchanged_since_empty(self, node: str) -> bool:
+        """Whether a look now would find what the node's last empty look found: nothing.
+
+        True only while listening (every commit anywhere that issues commands to the node
+        reaches `notify`), and only if no wake-up of the node or of all, and no change of
+        the listener's connection, came since that look began. A renewal then skips its
+        look and waits at once; a wake-up while it waits ends the wait as usual.
+        """
+        return self._listening and self._empty.get(node) == self.stamp(node)
+
+    def listening_threadsafe(self, listening: bool) -> None:
+        """The listener's LISTEN took effect (True) or its connection was lost (False).
+        Either way no earlier empty look counts any more."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._set_listening, listening)
+
+    def _set_listening(self, listening: bool) -> None:
+        self._listening = listening
+        self._generation += 1
+        self._empty.clear()
 
     async def wait(self, node: str, timeout: float) -> None:
         event = self._event(node)
@@ -85,9 +144,13 @@ class CommandNotifier:
 
     def _notify(self, nodes: list[str]) -> None:
         for n in nodes:
+            self._seq[n] = self._seq.get(n, 0) + 1
+            self._empty.pop(n, None)
             self._event(n).set()
 
     def _notify_all(self) -> None:
+        self._generation += 1
+        self._empty.clear()
         for event in self._events.values():
             event.set()
 
@@ -130,6 +193,7 @@ class CommandListener:
 
     def stop(self) -> None:
         self._stop.set()
+        self._notifier.listening_threadsafe(False)
         if self._thread is None:
             return
         try:
@@ -147,12 +211,16 @@ class CommandListener:
                     conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
                     conn.execute(f"LISTEN {self._stop_channel}")
                     self.listens += 1
+                    # From here every commit reaches this replica: renewals may skip looks.
+                    self._notifier.listening_threadsafe(True)
                     # Commits made while this replica was not listening sent their NOTIFY
                     # to nobody: every waiting poll looks at the store once more.
                     self._notifier.notify_all_threadsafe()
                     backoff = RECONNECT_FIRST_S
                     self._listen(conn)
             except psycopg.Error as exc:
+                # What is committed from now on may reach nobody: every renewal looks.
+                self._notifier.listening_threadsafe(False)
                 if self._stop.is_set():
                     return
                 log.warning(
@@ -161,6 +229,7 @@ class CommandListener:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
             except Exception:  # the listener must outlive anything one connection does
+                self._notifier.listening_threadsafe(False)
                 log.exception("command listener failed; reconnecting in %.1f s", backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)

@@ -53,18 +53,28 @@ async def poll_commands(
     notifier = app.state.notifier
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
+    # Delivered but unacknowledged commands change without a wake-up: always looked for.
+    may_skip = not include_unacked and RECHECK_S is None
     while True:
         # Wake-ups from before this look are answered by it; later ones end the wait below.
         notifier.reset(node)
-        # A short transaction per look, never one held open across the wait.
-        cmds = await run_in_threadpool(
-            _take,
-            app.state.read_sessionmaker,
-            app.state.sessionmaker,
-            node,
-            include_unacked,
-            app.state.clock,
-        )
+        if may_skip and notifier.unchanged_since_empty(node):
+            # A renewal with nothing new since the last empty look (notify.py): that look's
+            # answer stands, and a wake-up from here on ends the wait as usual.
+            cmds: list[CommandOut] = []
+        else:
+            stamp = notifier.stamp(node)
+            # A short transaction per look, never one held open across the wait.
+            cmds = await run_in_threadpool(
+                _take,
+                app.state.read_sessionmaker,
+                app.state.sessionmaker,
+                node,
+                include_unacked,
+                app.state.clock,
+            )
+            if not cmds and may_skip:
+                notifier.looked_empty(node, stamp)
         remaining = deadline - loop.time()
         if cmds or remaining <= 0:
             return CommandList(commands=cmds)

@@ -64,7 +64,7 @@ def resolve_fault(
     now: NowDep,
 ) -> FaultResolveOut:
     """Close a fault at once (repaired, replaced, a false alarm); its jobs fail back."""
-    # The audit log row of this request carries the reason (fleet.service.audit_requests).
+    # The audit log row of this request carries the reason (fleet.service.AuditRequests).
     request.state.audit_detail = f"resolve fault {fault_id}: {body.reason}"
     return operator.resolve(
         session, fault_id, reason=body.reason, by=who.token_id, now=now, settings=settings

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from fastapi import Request, Response
+from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
@@ -44,35 +44,55 @@ class Fleet:
             self.worker.stop()
 
 
-async def audit_requests(
-    request: Request, call_next: Callable[[Request], Awaitable[Response]]
-) -> Response:
-    """Record every state-changing /v1 call, refused ones included, after it ran.
+class AuditRequests:
+    """ASGI middleware recording every state-changing /v1 call, refused ones included.
 
-    Written in its own transaction so refused and failed calls are kept too; the
-    principal is the one deps.get_principal resolved for the request (none for
-    a call that never got past authentication).
+    The entry is written when the answer starts, before the client sees any of it,
+    in its own transaction so refused and failed calls are kept too; the principal
+    is the one deps.get_principal resolved for the request (none for a call that
+    never got past authentication). A call that raises instead of answering (the
+    outer error handler then answers 500) is not recorded. Every other request
+    passes straight through: long-polls and reads cost nothing here.
     """
-    response = await call_next(request)
-    if request.method in MUTATING and request.url.path.startswith("/v1/"):
-        principal = getattr(request.state, "principal", None)
-        route = request.scope.get("route")
-        entry = m.AuditEntry(
-            at=datetime.now(UTC),
-            token_id=getattr(principal, "token_id", None),
-            role=None if principal is None else str(principal.role.value),
-            method=request.method,
-            path=request.url.path[:512],
-            operation=getattr(route, "operation_id", None),
-            status=response.status_code,
-            client=None if request.client is None else request.client.host[:64],
-            detail=getattr(request.state, "audit_detail", None),
-        )
-        try:
-            await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)
-        except Exception:  # an audit failure must not turn a done change into an error
-            log.exception("could not write the audit entry for %s %s", request.method, entry.path)
-    return response
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in MUTATING
+            or not scope["path"].startswith("/v1/")
+        ):
+            await self.app(scope, receive, send)
+            return
+
+        async def audited(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                await _audit(Request(scope), message["status"])
+            await send(message)
+
+        await self.app(scope, receive, audited)
+
+
+async def _audit(request: Request, status: int) -> None:
+    principal = getattr(request.state, "principal", None)
+    route = request.scope.get("route")
+    entry = m.AuditEntry(
+        at=datetime.now(UTC),
+        token_id=getattr(principal, "token_id", None),
+        role=None if principal is None else str(principal.role.value),
+        method=request.method,
+        path=request.url.path[:512],
+        operation=getattr(route, "operation_id", None),
+        status=status,
+        client=None if request.client is None else request.client.host[:64],
+        detail=getattr(request.state, "audit_detail", None),
+    )
+    try:
+        await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)
+    except Exception:  # an audit failure must not turn a done change into an error
+        log.exception("could not write the audit entry for %s %s", request.method, entry.path)
 
 
 def _write_audit(sessions: sessionmaker[Session], entry: m.AuditEntry) -> None:

@@ -136,7 +136,10 @@ def test_agent_token_writes_only_for_its_node(secured: str, tokens: dict[str, st
 
 
 def test_first_token_closes_anonymous_access_at_once(settings: Settings) -> None:
-    with local_service(settings) as url, client(url, None) as anon:
+    """With no auth cache: at the next request. (Within RAILOVER_AUTH_CACHE_S otherwise:
+    test_token_cache.py.)"""
+    uncached = settings.model_copy(update={"auth_cache_s": 0.0})
+    with local_service(uncached) as url, client(url, None) as anon:
         assert anon.get("/v1/jobs").status_code == 200
         assert anon.get("/readyz").json()["detail"]["auth"] == "open"
         engine = make_engine(settings.sqlalchemy_url)

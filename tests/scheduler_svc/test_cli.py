@@ -174,3 +174,15 @@ def test_docs_are_served_from_the_package_with_no_cdn(tmp_path: Path) -> None:
                 assert len(asset.content) > 100, ref
         bundle = http.get("/docs/assets/swagger-ui-bundle.js")
         assert "javascript" in bundle.headers["content-type"]
+
+
+def test_serve_parses_http_with_httptools() -> None:
+    """pyproject.toml installs httptools and `serve` leaves uvicorn's http="auto", which
+    takes it over the pure-Python h11 (a fifth of an idle renewal's CPU was h11's)."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    config = uvicorn.Config("scheduler_svc.main:create_app", factory=True)
+    assert config.http == "auto"
+    config.load()
+    assert config.http_protocol_class is HttpToolsProtocol

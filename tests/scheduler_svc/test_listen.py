@@ -337,3 +337,114 @@ def test_stop_ends_the_listeners_wait_at_once(pg_url: str, monkeypatch: pytest.M
         assert woken == ["all"]  # its own first LISTEN only: the stop reached nobody else
     finally:
         bystander.stop()
+
+
+# -- a renewal skips its look when nothing changed (PostgreSQL, while listening) -----------------
+def test_an_empty_look_stands_until_a_wake_up_or_a_listener_change() -> None:
+    import asyncio
+
+    async def scenario() -> None:
+        n = CommandNotifier()
+        n.bind(asyncio.get_running_loop())
+        stamp = n.stamp("n0")
+        n.looked_empty("n0", stamp)
+        assert not n.unchanged_since_empty("n0")  # not listening: nothing stands
+        n.listening_threadsafe(True)
+        await asyncio.sleep(0)  # the loop runs the listener's call
+        assert n.listening and not n.unchanged_since_empty("n0")  # looked before it listened
+        n.looked_empty("n0", n.stamp("n0"))
+        n.looked_empty("n1", n.stamp("n1"))
+        assert n.unchanged_since_empty("n0") and n.unchanged_since_empty("n1")
+        n.notify(["n1"])  # a command for n1: only n1 must look again
+        assert n.unchanged_since_empty("n0") and not n.unchanged_since_empty("n1")
+        # A wake-up between a look's start and its end: that look's answer may miss it.
+        stamp = n.stamp("n1")
+        n.notify(["n1"])
+        n.looked_empty("n1", stamp)
+        assert not n.unchanged_since_empty("n1")
+        n.notify_all_threadsafe()  # the listener reconnected: everything looks again
+        await asyncio.sleep(0)
+        assert not n.unchanged_since_empty("n0")
+        n.looked_empty("n0", n.stamp("n0"))
+        assert n.unchanged_since_empty("n0")
+        n.listening_threadsafe(False)  # lost: nothing stands, and nothing is kept
+        await asyncio.sleep(0)
+        assert not n.unchanged_since_empty("n0")
+        n.listening_threadsafe(True)
+        await asyncio.sleep(0)
+        assert not n.unchanged_since_empty("n0")
+
+    asyncio.run(scenario())
+
+
+def test_on_sqlite_every_renewal_looks(tmp_path: Any, looks: list[str]) -> None:
+    """No listener: a writer outside the service is only seen by a look."""
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0))
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        register_nodes(http, ["n0"])
+        for _ in range(3):
+            assert http.get("/v1/nodes/n0/commands", params={"wait_s": 0}).json()["commands"] == []
+        assert not app.state.notifier.listening
+    assert looks == ["n0"] * 3
+
+
+@pytest.fixture
+def listening(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each change of every notifier's listening, as the event loop applies it."""
+    seen: list[bool] = []
+    real = CommandNotifier._set_listening
+
+    def record(self: CommandNotifier, listening: bool) -> None:
+        seen.append(listening)
+        real(self, listening)
+
+    monkeypatch.setattr(CommandNotifier, "_set_listening", record)
+    return seen
+
+
+@pytest.mark.postgres
+def test_a_renewal_skips_the_look_while_listening_and_nothing_woke_its_node(
+    pg_url: str, looks: list[str], listening: list[bool], replicas: tuple[str, str]
+) -> None:
+    a, b = replicas
+    assert wait_until(lambda: listening.count(True) == 2, timeout=30)  # A's and B's
+    assert looks == []  # no poll yet: the fixture registered nodes and a job only
+
+    def renew(node: str = "n1", **params: Any) -> list[dict[str, Any]]:
+        with httpx.Client(base_url=b, timeout=NO_RECHECK_S + 30) as http:
+            r = http.get(f"/v1/nodes/{node}/commands", params={"wait_s": 0, **params})
+        assert r.status_code == 200, r.text
+        cmds: list[dict[str, Any]] = r.json()["commands"]
+        return cmds
+
+    for _ in range(3):
+        assert renew() == []
+    assert looks == ["n1"]  # the first found nothing; nothing has woken n1 since
+    assert renew("n0") == [] and renew("n0") == []
+    assert looks == ["n1", "n0"]
+    # A command through replica A: B's listener wakes n1, whose next poll looks and finds it.
+    got: dict[str, Any] = {}
+    fault_on_n1(a)
+    long_poll(b, "n1", got).join(WOKEN_WITHIN_S + 30)
+    assert delivered(got) == [("failover", [14], "delivered")]
+    assert looks == ["n1", "n0", "n1"]
+    assert renew() == [] and renew() == []  # the first looks (its last look found one)
+    assert renew("n0") == []  # n0 was not woken: still skipped
+    assert looks == ["n1", "n0", "n1", "n1"]
+    # The agent at its start asks for unacknowledged commands too: those always look.
+    assert [c["kind"] for c in renew(include_unacked=True)] == ["failover"]
+    assert [c["kind"] for c in renew(include_unacked=True)] == ["failover"]
+    assert looks == ["n1", "n0", "n1", "n1", "n1", "n1"]
+    # The listeners lose their connections and listen again: every node looks once more.
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as c:
+        c.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND application_name = %s",
+            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
+        )
+    assert wait_until(lambda: listening.count(True) == 4, timeout=WOKEN_WITHIN_S)
+    assert wait_until(lambda: len(listener_pids(pg_url)) == 2, timeout=WOKEN_WITHIN_S)
+    for _ in range(2):
+        assert renew() == [] and renew("n0") == []
+    assert looks == ["n1", "n0", "n1", "n1", "n1", "n1", "n1", "n0"]
+    assert sorted(listening[2:]) == [False, False, True, True]  # each lost, then listening

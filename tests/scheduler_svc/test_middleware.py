@@ -1,0 +1,164 @@
+"""The service's ASGI middleware over real HTTP: request timing, the body limit, the audit.
+
+Each is pure ASGI (main.py installs them); these pin what the answer, the metric and
+the audit log show, whatever the middleware is built on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client import REGISTRY
+
+from railover_testing.cluster_shapes import hgx_node
+from railover_testing.local import free_port
+from railover_testing.waiting import wait_until
+from scheduler_svc.config import Settings
+from scheduler_svc.main import create_app
+
+SAMPLE = "railover_http_request_duration_seconds_count"
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[httpx.Client]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: server.started, timeout=30)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def make_app(settings: Settings) -> FastAPI:
+    app = create_app(settings.model_copy(update={"host": "127.0.0.1", "max_body_bytes": 1024}))
+
+    def boom() -> None:
+        raise RuntimeError("route failed")
+
+    app.add_api_route("/v1/boom", boom, methods=["POST"])
+    return app
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[httpx.Client]:
+    with serving(make_app(settings)) as client:
+        yield client
+
+
+def timed(method: str, route: str, status: int) -> float:
+    labels = {"method": method, "route": route, "status": str(status)}
+    return REGISTRY.get_sample_value(SAMPLE, labels) or 0.0
+
+
+def audit(http: httpx.Client) -> list[tuple[str, str, int, str | None]]:
+    entries = http.get("/v1/audit", params={"limit": 50}).json()["entries"]
+    return [(e["method"], e["path"], e["status"], e["operation"]) for e in entries]
+
+
+def test_requests_are_timed_by_route_template_and_status(http: httpx.Client) -> None:
+    before = {
+        "node": timed("GET", "/v1/nodes/{node}", 404),
+        "jobs": timed("GET", "/v1/jobs", 200),
+        "unmatched": timed("GET", "unmatched", 404),
+        "health": timed("GET", "/healthz", 200),
+    }
+    assert http.get("/v1/nodes/nowhere").status_code == 404
+    assert http.get("/v1/jobs").status_code == 200
+    assert http.get("/v1/jobs").status_code == 200
+    assert http.get("/no/such/route").status_code == 404
+    assert http.get("/healthz").status_code == 200
+    assert http.get("/metrics").status_code == 200
+    assert timed("GET", "/v1/nodes/{node}", 404) == before["node"] + 1
+    assert timed("GET", "/v1/jobs", 200) == before["jobs"] + 2
+    assert timed("GET", "unmatched", 404) == before["unmatched"] + 1
+    # Probes and scrapes are not counted (nor are they under any other name).
+    assert timed("GET", "/healthz", 200) == before["health"] == 0.0
+    assert not {"/healthz", "/readyz", "/metrics"} & routes_timed()
+
+
+def routes_timed() -> set[str]:
+    return {
+        sample.labels["route"]
+        for metric in REGISTRY.collect()
+        if metric.name == "railover_http_request_duration_seconds"
+        for sample in metric.samples
+        if "route" in sample.labels
+    }
+
+
+def chunks(body: bytes, size: int = 100) -> Iterator[bytes]:
+    """A body httpx sends chunked, with no Content-Length."""
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def test_body_limit_declared_and_streamed(http: httpx.Client) -> None:
+    node = json.dumps(hgx_node()).encode()
+    assert len(node) > 1024, "the node body must exceed the limit for this test"
+    small = json.dumps({"gpus": [], "rnics": []}).encode()
+    refused_before = timed("PUT", "unmatched", 413)
+
+    # Declared too large: refused before the body is read, unparsed.
+    r = http.put("/v1/nodes/n0", content=node, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["fields"][0]["field"] == "body", r.text
+    # Streamed too large: read and counted, then refused the same way.
+    r = http.put("/v1/nodes/n0", content=chunks(node), headers={"Content-Type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert r.status_code == 413 and r.json()["error"] == "too_large", r.text
+    assert http.get("/v1/nodes/n0").status_code == 404
+    # Streamed within the limit: the route reads the whole body as it was sent.
+    r = http.put(
+        "/v1/nodes/n1", content=chunks(small, 7), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    assert http.get("/v1/nodes/n1").json()["name"] == "n1"
+    # Refused by the limit, no route ran: timed as unmatched, not audited.
+    assert timed("PUT", "unmatched", 413) == refused_before + 2
+    assert audit(http) == [("PUT", "/v1/nodes/n1", 200, "register_node")]
+
+
+def test_writes_are_audited_before_the_answer_and_reads_are_not(http: httpx.Client) -> None:
+    assert http.get("/v1/nodes").status_code == 200
+    r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": []})
+    assert r.status_code == 200
+    # Refused writes are audited too, with their status.
+    assert http.put("/v1/nodes/n0", json={"gpus": "x"}).status_code == 422
+    assert http.post("/v1/deliveries/999/replay").status_code == 404
+    # A write that raises is answered 500 by the outer handler, and not audited.
+    r = http.post("/v1/boom")
+    assert r.status_code == 500 and r.json()["error"] == "internal_error"
+    assert audit(http) == [
+        ("POST", "/v1/deliveries/999/replay", 404, "replay_delivery"),
+        ("PUT", "/v1/nodes/n0", 422, "register_node"),
+        ("PUT", "/v1/nodes/n0", 200, "register_node"),
+    ]
+
+
+def test_an_audit_failure_leaves_the_answer_alone(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler_svc.fleet import service
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("audit store gone")
+
+    monkeypatch.setattr(service, "_write_audit", broken)
+    with serving(make_app(settings)) as http:
+        r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": []})
+        assert r.status_code == 200, r.text
+        assert http.get("/v1/nodes/n0").status_code == 200
+        assert audit(http) == []
