@@ -67,7 +67,7 @@ deploy-check: venv tools
 TEST_WORKERS ?= 2
 test-python: venv plugin tools
 	bash scripts/ensure-postgres.sh
-	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test: lint typecheck test-plugin test-python
 

@@ -28,6 +28,26 @@ from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
 from tests.deploy.tools import tool_missing
 
+# The files that take a minute or more (schemathesis, the demo, the crash tests with
+# real agent processes, ...) are collected first: `make test` hands files to its two
+# workers in collection order, and a long file handed out last keeps one worker busy
+# while the other has finished.
+SLOW_FIRST = (
+    "tests/fuzz/",
+    "tests/test_demo.py",
+    "tests/crash/",
+    "tests/integration/",
+    "tests/agent/test_agent_e2e_service.py",
+    "tests/slurm/",
+    "tests/web/",
+    "tests/deploy/",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else 1)  # stable
+
+
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "native_plugin"
 
