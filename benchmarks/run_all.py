@@ -17,6 +17,9 @@ BENCHMARKS = [
     ["bench_decision_latency.py", "--nodes", "8192", "--faults", "40"],
     ["bench_reconcile_engine.py"],
     ["bench_switch_storm.py"],
+    # One leaf of a 65,536-GPU job; and a 2,048-GPU job on both stores.
+    ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "8192", "--backend", "sqlite"],
+    ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "256"],
     ["bench_registration.py"],
     # Old path beside new at the agent's default wait; then 8,192 agents at the longest one.
     ["bench_idle_polls.py", "--runs", "old"],
