@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import uvicorn
+from fastapi import FastAPI
 
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
@@ -63,13 +64,18 @@ def local_service(
     """
     port = settings.port or free_port()
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
-    config = uvicorn.Config(
-        create_app(settings, clock=clock),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="on",
-    )
+    with served_app(create_app(settings, clock=clock), port, startup_timeout_s) as url:
+        yield url
+
+
+@contextmanager
+def served_app(
+    app: FastAPI, port: int | None = None, startup_timeout_s: float = 30.0
+) -> Iterator[str]:
+    """Serve an app built by `create_app` (a test may add routes or swap parts of its
+    state first) on loopback over real HTTP, once it answers /readyz; yields its URL."""
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = _Server(config)
     thread = threading.Thread(target=server.run, name=f"railover-svc-{port}", daemon=True)
     thread.start()
@@ -80,13 +86,13 @@ def local_service(
             server.should_exit = True
             raise RuntimeError(f"the service did not start on {url}")
         time.sleep(0.02)
-    # urllib, not httpx: a new httpx client builds a TLS context first (20 ms, each test).
-    # The whole start-up budget for the first answer: on a loaded machine it can be slow.
-    remaining = max(1.0, deadline - time.monotonic())
-    with urllib.request.urlopen(f"{url}/readyz", timeout=remaining) as ready:  # noqa: S310
-        if ready.status != 200:
-            raise RuntimeError(f"the service on {url} is not ready: {ready.status}")
     try:
+        # urllib, not httpx: a new httpx client builds a TLS context first (20 ms, each
+        # test). The whole start-up budget for the first answer: a loaded machine is slow.
+        remaining = max(1.0, deadline - time.monotonic())
+        with urllib.request.urlopen(f"{url}/readyz", timeout=remaining) as ready:  # noqa: S310
+            if ready.status != 200:
+                raise RuntimeError(f"the service on {url} is not ready: {ready.status}")
         yield url
     finally:
         server.should_exit = True

@@ -7,20 +7,17 @@ the audit log show, whatever the middleware is built on.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import free_port
-from railover_testing.waiting import wait_until
+from railover_testing.local import served_app
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 
@@ -29,18 +26,8 @@ SAMPLE = "railover_http_request_duration_seconds_count"
 
 @contextmanager
 def serving(app: FastAPI) -> Iterator[httpx.Client]:
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        assert wait_until(lambda: server.started, timeout=30)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with served_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
 
 
 def make_app(settings: Settings) -> FastAPI:

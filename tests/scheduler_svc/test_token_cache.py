@@ -7,19 +7,16 @@ effect at the next request and one written elsewhere within the cache's time.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import Engine, update
 
-from railover_testing.local import free_port
-from railover_testing.waiting import wait_until
+from railover_testing.local import served_app
 from scheduler_svc import token_cache
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
@@ -188,18 +185,8 @@ def test_token_writes_through_the_sessions_are_seen_at_commit(engine: Engine) ->
 
 @contextmanager
 def serving(app: FastAPI) -> Iterator[httpx.Client]:
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        assert wait_until(lambda: server.started, timeout=30)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with served_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
 
 
 def test_the_service_keeps_answers_until_a_local_write_or_the_ttl(settings: Settings) -> None:
