@@ -151,11 +151,18 @@ def test_a_mirror_failure_reaches_every_rank_through_the_plugin_and_the_fleet(
         def taken() -> dict[int, list[Any]]:
             return {rank: log.checkpoints for rank, log in job.logs().items()}
 
+        def acked() -> dict[int, list[Any]]:
+            return {rank: [a.status for a in log.acks] for rank, log in job.logs().items()}
+
+        # A rank records the command when it takes it and its ack right after: wait for both.
         wait_for(
-            "every rank to take the checkpoint request",
-            lambda: all(len(c) == 1 for c in taken().values()),
+            "every rank to take the checkpoint request and acknowledge it",
+            lambda: (
+                all(len(c) == 1 for c in taken().values())
+                and all(AckStatus.APPLIED in a for a in acked().values())
+            ),
             20,
-            taken,
+            lambda: (taken(), acked()),
         )
         for rank, log in job.logs().items():
             ((_, cmd),) = log.checkpoints
