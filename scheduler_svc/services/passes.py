@@ -37,9 +37,12 @@ from scheduler_svc.store.uow import Clock, Notify, unit_of_work
 class _Job:
     started: int = 0  # passes begun
     done: int = 0  # passes ended (run or failed)
-    running: bool = False
     decided: dict[int, list[str]] = field(default_factory=dict)  # pass -> decision ids
-    waiting: int = 0
+    waiting: int = 0  # callers in _covered, the one running a pass among them
+
+    @property
+    def running(self) -> bool:
+        return self.started > self.done  # one pass at a time: begun and not yet ended
 
 
 class ReconcilePasses:
@@ -90,7 +93,6 @@ class ReconcilePasses:
                     if job.running:
                         self._cond.wait()
                         continue
-                    job.running = True
                     job.started += 1
                     mine = job.started
                     ids: list[str] = []
@@ -99,15 +101,14 @@ class ReconcilePasses:
                         ids = self._run(job_id)
                     finally:
                         self._cond.acquire()
-                        job.running = False
                         job.done = mine
                         job.decided[mine] = ids
                         self._cond.notify_all()
                 return job.decided.get(need, [])
             finally:
                 job.waiting -= 1
-                if job.waiting == 0 and not job.running:
-                    # Nobody left to read them: forget the job (the counters start again).
+                if job.waiting == 0:
+                    # Nobody left to read them (a runner is a caller too): forget the job.
                     del self._jobs[job_id]
 
     def _run(self, job_id: str) -> list[str]:
