@@ -16,8 +16,10 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import benchlib
 import httpx
@@ -27,20 +29,24 @@ from railover_testing.cluster_shapes import hgx_node
 THREADS = 8
 
 
-def register(url: str, names: list[str]) -> list[float]:
-    """PUT every node from THREADS clients; each request's seconds."""
+def register(
+    url: str, names: list[str], body: Callable[[int], dict[str, Any]] | None = None
+) -> list[float]:
+    """PUT every node from THREADS clients (`body(i)`: the i-th node's, by default an HGX
+    node's); each request's seconds."""
     local = threading.local()
-    body = hgx_node()
+    hgx = hgx_node()
 
-    def put(name: str) -> float:
+    def put(i: int) -> float:
         if not hasattr(local, "http"):
             local.http = httpx.Client(base_url=url, timeout=60)
         started = time.perf_counter()
-        local.http.put(f"/v1/nodes/{name}", json=body).raise_for_status()
+        payload = hgx if body is None else body(i)
+        local.http.put(f"/v1/nodes/{names[i]}", json=payload).raise_for_status()
         return time.perf_counter() - started
 
     with ThreadPoolExecutor(THREADS) as pool:
-        return list(pool.map(put, names))
+        return list(pool.map(put, range(len(names))))
 
 
 def run(db_url: str, nodes: int, posts: int) -> dict[str, float]:

@@ -26,9 +26,9 @@ import argparse
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
+import bench_registration
 import benchlib
 import httpx
 
@@ -117,15 +117,10 @@ def leaf_storm(url: str, db_url: str, nodes: int) -> dict[str, float]:
     names = [f"n{i:05d}" for i in range(nodes)]
     checkpoint = datetime.now(UTC) - timedelta(seconds=2400)
 
-    def put(i_name: tuple[int, str]) -> None:
-        i, name = i_name
-        body = hgx_node(switch_name=f"leaf{i // LEAF_SIZE}-rail{{rail}}")
-        with httpx.Client(base_url=url, timeout=120) as c:
-            c.put(f"/v1/nodes/{name}", json=body).raise_for_status()
-
     started = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(put, enumerate(names)))
+    bench_registration.register(
+        url, names, lambda i: hgx_node(switch_name=f"leaf{i // LEAF_SIZE}-rail{{rail}}")
+    )
     print(f"  {nodes} nodes registered in {time.perf_counter() - started:.1f} s", flush=True)
     with httpx.Client(base_url=url, timeout=600) as http:
         body = benchlib.job_body("big", names, checkpoint)
