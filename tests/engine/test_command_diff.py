@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from scheduler_svc.engine.reconcile import (
     CommSpec,
     Desired,
@@ -13,23 +11,13 @@ from scheduler_svc.engine.reconcile import (
     Mode,
     command_diff,
 )
+from tests.engine.jobs import a_job
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ALL = (0, 1, 2, 3)
 
 
 def job(*comms: CommSpec) -> JobState:
-    return JobState(
-        job_id="j",
-        mode=Mode.NORMAL,
-        ranks=((3, "b", 1), (0, "a", 0), (1, "a", 1), (2, "b", 0)),
-        checkpoint_interval_s=3600.0,
-        reload_s=600.0,
-        detect_s=0.0,
-        timeout_s=30.0,
-        last_checkpoint_at=T0,
-        communicators=comms,
-    )
+    return a_job(((3, "b", 1), (0, "a", 0), (1, "a", 1), (2, "b", 0)), communicators=comms)
 
 
 TWO = job(CommSpec(5, 4, ranks=(1, 0)), CommSpec(6, 4))

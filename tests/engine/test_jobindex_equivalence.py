@@ -12,7 +12,7 @@ state, decision, connectivity and warnings, and `command_diff` the same commands
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,8 +40,8 @@ from scheduler_svc.engine.reconcile import (
     reconcile,
     routes_of,
 )
+from tests.engine.jobs import T0, a_job
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 OPTIONS = Options()
 
 
@@ -105,15 +105,8 @@ def scenario(draw: st.DrawFn) -> tuple[JobState, dict[str, NodeTopology], list[F
         )
         for i in range(draw(st.integers(0, 3)))
     )
-    job = JobState(
-        job_id="j",
-        mode=Mode.NORMAL,
-        ranks=ranks,
-        checkpoint_interval_s=3600.0,
-        reload_s=600.0,
-        detect_s=0.0,
-        timeout_s=30.0,
-        last_checkpoint_at=T0,
+    job = a_job(
+        ranks,
         communicators=comms,
         comm_share=draw(st.sampled_from([None, 0.3])),
         allow_scaling=draw(st.booleans()),

@@ -9,7 +9,6 @@ worked out by hand below.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from scheduler_svc.engine import coordination as coord
@@ -28,15 +27,14 @@ from scheduler_svc.engine.reconcile import (
     CommSpec,
     Desired,
     FabricView,
-    JobState,
     Mode,
     Options,
     _describe,
     _with_mitigations,
     plan_mitigations,
 )
+from tests.engine.jobs import a_job
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 OPTIONS = Options(nvl_mb_per_channel=30.0, nvl_cap_mb=300.0)
 
 
@@ -70,19 +68,7 @@ def plans_for(
     failed = FailedSet(links=frozenset(links), gpus=gpus)
     fabric = FabricView(TOPOS, PLANS, failed)
     routes = tuple(route_ranks(ranks, PLANS, TOPOS, failed))
-    job = JobState(
-        job_id="j",
-        mode=Mode.NORMAL,
-        ranks=ranks,
-        checkpoint_interval_s=3600.0,
-        reload_s=600.0,
-        detect_s=0.0,
-        timeout_s=30.0,
-        last_checkpoint_at=T0,
-        communicators=comms,
-        comm_share=comm_share,
-        nvl_cap_mb=nvl_cap_mb,
-    )
+    job = a_job(ranks, communicators=comms, comm_share=comm_share, nvl_cap_mb=nvl_cap_mb)
     return plan_mitigations(job, fabric, Connectivity(routes, 0, 0, (), (), ()), OPTIONS)
 
 
@@ -303,18 +289,7 @@ def describe(comms: tuple[CommSpec, ...], links: set[tuple[str, str, int]]) -> d
     failed = FailedSet(links=frozenset(links))
     fabric = FabricView(TOPOS, PLANS, failed)
     routes = tuple(route_ranks(RANKS, PLANS, TOPOS, failed))
-    job = JobState(
-        job_id="j",
-        mode=Mode.NORMAL,
-        ranks=RANKS,
-        checkpoint_interval_s=3600.0,
-        reload_s=600.0,
-        detect_s=0.0,
-        timeout_s=30.0,
-        last_checkpoint_at=T0,
-        communicators=comms,
-        comm_share=0.45,
-    )
+    job = a_job(RANKS, communicators=comms, comm_share=0.45)
     conn = Connectivity(routes, 0, 0, (), (), ())
     return _describe(Desired(), fabric, job, conn, OPTIONS)
 
@@ -402,19 +377,7 @@ def with_mitigations(comms: tuple[CommSpec, ...], base: Desired, **job_kw: Any) 
     failed = FailedSet(links=frozenset({("a", "mlx5_0", 1)}))
     fabric = FabricView(TOPOS, PLANS, failed)
     routes = tuple(route_ranks(RANKS, PLANS, TOPOS, failed))
-    job = JobState(
-        job_id="j",
-        mode=Mode.FAILED_OVER,
-        ranks=RANKS,
-        checkpoint_interval_s=3600.0,
-        reload_s=600.0,
-        detect_s=0.0,
-        timeout_s=30.0,
-        last_checkpoint_at=T0,
-        communicators=comms,
-        comm_share=0.45,
-        **job_kw,
-    )
+    job = a_job(RANKS, mode=Mode.FAILED_OVER, communicators=comms, comm_share=0.45, **job_kw)
     conn = Connectivity(routes, 0, 0, (), (), ())
     moved = {0: "mlx5_1/1", 2: "mlx5_1/1"}
     return _with_mitigations(job, fabric, conn, base, moved, options=OPTIONS)

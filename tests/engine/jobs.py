@@ -1,0 +1,26 @@
+"""The job several engine tests start from: named "j", running normally, an hour
+between checkpoints with the last at T0, 600 s to reload and 30 s of timeout."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from scheduler_svc.engine.reconcile import JobState, Mode
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def a_job(ranks: tuple[tuple[int, str, int], ...], **fields: Any) -> JobState:
+    """That job on `ranks` ((rank, node, gpu) each), with `fields` of JobState set (or
+    replaced: `mode=Mode.FAILED_OVER`, say) too."""
+    defaults: dict[str, Any] = {
+        "job_id": "j",
+        "mode": Mode.NORMAL,
+        "checkpoint_interval_s": 3600.0,
+        "reload_s": 600.0,
+        "detect_s": 0.0,
+        "timeout_s": 30.0,
+        "last_checkpoint_at": T0,
+    }
+    return JobState(ranks=ranks, **(defaults | fields))
