@@ -55,7 +55,7 @@ JOBS = {
 # Tuned so the whole script plays in well under two minutes on two cores.
 SERVICE: dict[str, Any] = {
     "failback_damping_s": 3.0,
-    "maintenance_lead_s": 1.0,
+    "maintenance_lead_s": 5.0,
     "coordinator_interval_s": 0.2,
     "switch_min_offset_ops": 250,
     "delivery_latency_default_s": 0.5,
@@ -299,8 +299,9 @@ def _act_switch(demo: Demo) -> None:
 def _act_maintenance(demo: Demo) -> None:
     sim = demo.sims["job-a"]
     seen = max((a.epoch for log in sim.applied().values() for a in log), default=0)
-    # Its lead time begins half a second from now: the ranks move well before it opens.
-    start = datetime.now(UTC) + timedelta(seconds=1.5)
+    # Its lead time begins a second from now, so the ranks have the whole lead time to move
+    # before it opens, even on a machine busy enough that a decision takes seconds.
+    start = datetime.now(UTC) + timedelta(seconds=SERVICE["maintenance_lead_s"] + 1.0)
     demo.say(f"act 4: rail2-a gets new firmware, planned: down for 1 s from {start:%H:%M:%S}")
     history = demo.decisions("job-a")
     before = len(history)
