@@ -38,6 +38,7 @@ class _Job:
     started: int = 0  # passes begun
     done: int = 0  # passes ended (run or failed)
     decided: dict[int, list[str]] = field(default_factory=dict)  # pass -> decision ids
+    readers: dict[int, int] = field(default_factory=dict)  # pass -> callers yet to read it
     waiting: int = 0  # callers in _covered, the one running a pass among them
 
     @property
@@ -80,6 +81,12 @@ class ReconcilePasses:
             job = self._jobs.get(job_id)
             return 0 if job is None else job.waiting
 
+    def held(self, job_id: str) -> int:
+        """Passes of this job whose decision ids are kept for callers yet to read them."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            return 0 if job is None else len(job.decided)
+
     def _covered(self, job_id: str) -> list[str]:
         metrics.REPORTS_RECONCILED.inc()
         with self._cond:
@@ -88,6 +95,7 @@ class ReconcilePasses:
             # the next one to start cannot have.
             need = job.started + 1
             job.waiting += 1
+            job.readers[need] = job.readers.get(need, 0) + 1
             try:
                 while job.done < need:
                     if job.running:
@@ -106,6 +114,12 @@ class ReconcilePasses:
                         self._cond.notify_all()
                 return job.decided.get(need, [])
             finally:
+                # A pass's ids are kept until its last reader has them, so an unbroken
+                # storm keeps only the passes still awaited, not every one it ran.
+                job.readers[need] -= 1
+                if job.readers[need] == 0:
+                    del job.readers[need]
+                    job.decided.pop(need, None)
                 job.waiting -= 1
                 if job.waiting == 0:
                     # Nobody left to read them (a runner is a caller too): forget the job.

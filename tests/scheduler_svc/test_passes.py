@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 
 import pytest
 
@@ -130,3 +131,23 @@ def test_a_failed_pass_fails_its_runner_and_the_next_caller_passes_again(passes:
     passes.release.release()
     finish(waiter)
     assert waiter.error is None and waiter.got == ["j-pass2"]
+
+
+def test_an_unbroken_storm_keeps_only_the_passes_still_awaited(passes: Gated) -> None:
+    # Someone is always waiting, so the job is never forgotten; each pass's ids must
+    # still go once the callers it answered have them, or a long storm grows without end.
+    running = start(passes, ["j"])
+    wait_for("pass 1", lambda: passes.started == ["j"], 10)
+    for n in range(2, 8):
+        nxt = start(passes, ["j"])
+        wait_for(f"a caller for pass {n}", lambda: passes.waiting("j") == 2, 10)
+        passes.release.release()
+        finish(running)
+        assert running.got == [f"j-pass{n - 1}"]
+        wait_for(f"pass {n}", partial(lambda n: len(passes.started) == n, n), 10)
+        assert passes.held("j") == 0  # pass n-1's only reader has its ids; n is running
+        running = nxt
+    passes.release.release()
+    finish(running)
+    assert running.got == ["j-pass7"]
+    assert passes.held("j") == 0 and passes.waiting("j") == 0
