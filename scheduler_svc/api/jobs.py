@@ -65,14 +65,20 @@ PathsLimit = Annotated[int, Query(ge=1, le=PATHS_PAGE_MAX, description="Ranks pe
 OnNode = Annotated[Name | None, Query(description="Only the ranks on this node")]
 
 
-def job_out(session: Session, job: m.Job) -> JobOut:
-    return JobOut(
-        job_id=job.job_id,
+def job_out(session: Session, job: m.Job, ranks: list[RankIn] | None = None) -> JobOut:
+    """The job as stored; `ranks`, when the caller has just stored them, spares reading
+    them back (65,536 rows for a large job)."""
+    if ranks is None:
         # Stored ranks were validated on the way in: built without validating again.
-        ranks=[
+        ranks = [
             RankIn.model_construct(rank=r, node=n, gpu=g)
             for r, n, g in JobRepo(session).rank_tuples(job.job_id)
-        ],
+        ]
+    else:
+        ranks = sorted(ranks, key=lambda r: r.rank)  # in rank order, as a read gives them
+    return JobOut(
+        job_id=job.job_id,
+        ranks=ranks,
         checkpoint_interval_s=job.checkpoint_interval_s,
         reload_s=job.reload_s,
         detect_s=job.detect_s,
@@ -134,7 +140,7 @@ def create_job(
             "notify_url: this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
             "with; set it, or subscribe under /v1/subscriptions (own secret)"
         )
-    return job_out(session, registry.create_job(session, body, now, settings))
+    return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
 
 
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))

@@ -161,21 +161,33 @@ class JobIndexCache:
         with self._lock:
             self._jobs.clear()
 
-    def job(self, session: Session, job: m.Job) -> tuple[tuple[object, ...], _Job]:
+    @staticmethod
+    def _key(session: Session, job: m.Job) -> tuple[object, ...]:
         store = session.get_bind().engine.url.render_as_string(hide_password=True)
-        key = (store, job.job_id, job.created_at, job.placement_id)
+        return (store, job.job_id, job.created_at, job.placement_id)
+
+    def job(self, session: Session, job: m.Job) -> tuple[tuple[object, ...], _Job]:
+        key = self._key(session, job)
         with self._lock:
             hit = self._jobs.get(key)
             if hit is not None:
                 self._jobs.move_to_end(key)
                 return key, hit
-        ranks = tuple(JobRepo(session).rank_tuples(job.job_id))
+        return key, self._put(key, tuple(JobRepo(session).rank_tuples(job.job_id)))
+
+    def seed(self, session: Session, job: m.Job, ranks: Iterable[tuple[int, str, int]]) -> None:
+        """A placement being stored in this transaction, with its (rank, node, gpu) as
+        posted, so its first pass need not read 65,536 rows back. Its placement id is
+        new, so if the transaction rolls back no other placement can find this entry."""
+        self._put(self._key(session, job), tuple(sorted(ranks)))
+
+    def _put(self, key: tuple[object, ...], ranks: tuple[tuple[int, str, int], ...]) -> _Job:
         entry = _Job(ranks, {n for _, n, _ in ranks}, {})
         with self._lock:
             self._jobs[key] = entry
             while len(self._jobs) > self._max:
                 self._jobs.popitem(last=False)
-        return key, entry
+        return entry
 
     def placed(
         self,

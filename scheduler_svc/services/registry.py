@@ -194,6 +194,7 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         comm_id, other = next(iter(taken.items()))
         raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
     jobs.add(job, ((r.rank, r.node, r.gpu) for r in body.ranks))
+    reconciler.INDEXES.seed(session, job, ((r.rank, r.node, r.gpu) for r in body.ranks))
     session.add_all(
         m.Communicator(
             job_id=body.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
@@ -242,6 +243,7 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
         m.JobRank(job_id=job.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
     ]
     job.placement_id = uuid.uuid4().hex
+    reconciler.INDEXES.seed(session, job, ((r.rank, r.node, r.gpu) for r in body.ranks))
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
     job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size

@@ -74,3 +74,19 @@ def test_cached_index_follows_faults_registrations_and_placements(
     again = check(settings)
     assert again.conn.index is not None
     assert {n for _, n, _ in again.conn.index.ranks} == {"b", "c"}
+
+
+def test_a_job_posted_out_of_rank_order_is_cached_and_answered_in_rank_order(
+    http: httpx.Client, settings: Settings
+) -> None:
+    # A new placement's ranks are cached and answered from the post itself, not read back:
+    # both must be what a read of the store gives, whatever order the post listed them in.
+    register_nodes(http, ["a", "b"])
+    body = job_body("j", ["a", "b"])
+    body["ranks"] = body["ranks"][::-1]
+    posted = http.post("/v1/jobs", json=body)
+    assert posted.status_code == 201, posted.text
+    ranks = posted.json()["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(16))
+    assert ranks == http.get("/v1/jobs/j").json()["ranks"]
+    check(settings)  # the cached ranks are the stored ones, in rank order
