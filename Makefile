@@ -95,11 +95,13 @@ demo: venv-runtime plugin
 openapi: venv
 	$(BIN)/python -m scheduler_svc.openapi_dump openapi/openapi.json
 
-# Mutation testing, module by module, with one niced worker (not part of `make test`: slow).
-# Results: benchmarks/RESULTS.md, "Test strength". `make mutation TARGETS="signing spool"`.
+# Mutation testing, module by module, niced (not part of `make test`: slow). Results:
+# benchmarks/RESULTS.md, "Test strength". `make mutation TARGETS="signing spool"`; on a
+# machine of your own, `MUTATION_WORKERS=2` tests two mutants at a time.
+MUTATION_WORKERS ?= 1
 mutation: venv plugin
 	bash scripts/ensure-postgres.sh
-	$(BIN)/python scripts/mutation.py $(TARGETS)
+	$(BIN)/python scripts/mutation.py --workers $(MUTATION_WORKERS) $(TARGETS)
 
 bench: venv plugin
 	PYTHONPATH=. $(BIN)/python benchmarks/run_all.py

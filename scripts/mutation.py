@@ -1,8 +1,8 @@
 """Mutation testing, module by module: how many small bugs do the tests catch?
 
-For each target below, mutmut (one worker, niced: the machine is shared) puts
-one small change at a time into a copy of the tracked tree under
-build/mutation/<target>/ and runs the tests that reach the changed function
+For each target below, mutmut (one worker unless --workers says more, niced: the
+machine is shared) puts one small change at a time into a copy of the tracked tree
+under build/mutation/<target>/ and runs the tests that reach the changed function
 (mutmut records which tests call which function in a first, clean run). A
 mutant the tests do not notice "survives". Survivors that cannot change
 behaviour are listed with a reason in scripts/mutation_equivalent.txt; every
@@ -10,6 +10,7 @@ other survivor is a test to write.
 
     python scripts/mutation.py                 # every target, in order
     python scripts/mutation.py signing notify  # some of them
+    python scripts/mutation.py engine --workers 2  # two mutants at a time
     python scripts/mutation.py engine --only 'scheduler_svc.engine.reconcile.x__failback__mutmut_*'
                                                # one function's mutants alone, results files kept
 
@@ -203,11 +204,11 @@ def outcomes(work: Path, target: Target) -> dict[str, str]:
     return found
 
 
-def run_target(target: Target) -> dict[str, Any]:
+def run_target(target: Target, workers: int = 1) -> dict[str, Any]:
     print(f"== {target.name}: mutating {', '.join(target.files)}", flush=True)
     started = time.monotonic()
     work = prepare(target)
-    args = ["run", "--max-children", "1"]
+    args = ["run", "--max-children", str(workers)]
     args.extend(target.only)
     proc = mutmut(work, *args)
     status = outcomes(work, target)
@@ -262,14 +263,13 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     rows = [
         SECTION,
         "",
-        "`make mutation` (mutmut, one worker, niced; 2 cores loaded by parallel work). Each",
-        "target's files are mutated one change at a time and run against the tests listed;",
-        "equivalent survivors, each with its reason, are in `scripts/mutation_equivalent.txt`",
-        "(SQL case changes are recognised by the script). The engine's survivors are mostly",
-        "in reconcile.py (528, and 158 mutants no engine test reaches), paths the HTTP suites",
-        "cover but the engine target does not run; engine-level tests for them are still to",
-        "write. After a run, `cd build/mutation/engine && ../../../.venv/bin/mutmut results`",
-        "lists every survivor.",
+        "`make mutation` (mutmut, one worker, niced, on a 2-core machine that is usually",
+        "running other work too, so the minutes vary). Each target's files are mutated one",
+        "change at a time and run against the tests listed; equivalent survivors, each with",
+        "its reason, are in `scripts/mutation_equivalent.txt` (SQL case changes are",
+        "recognised by the script). After a run, `cd build/mutation/<target> &&",
+        "../../../.venv/bin/mutmut results` lists every survivor, and `scripts/mutation.py",
+        "<target> --only PATTERN` re-runs some functions' mutants alone.",
         "",
         "| target | mutated | tests | mutants | killed | equivalent | survived | killed of "
         "non-equivalent | minutes | date |",
@@ -317,23 +317,32 @@ def main() -> None:
         help="run only the mutants whose names match (fnmatch; repeatable) and print the "
         "outcome; the table, whose rows are whole targets, is left as it is",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="mutants tested at once (default 1: the machine is usually shared)",
+    )
     args = parser.parse_args()
     names = args.targets or [t.name for t in TARGETS]
     unknown = set(names) - {t.name for t in TARGETS}
     if unknown:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
     os.environ.setdefault("RAILOVER_REQUIRE_TOOLS", "1")
+    os.environ.setdefault("RAILOVER_HYPOTHESIS_PROFILE", "mutation")  # tests/conftest.py
     if args.only:
         for target in TARGETS:
             if target.name in names:  # its own copy: a whole-target run may be going on
-                run_target(replace(target, name=f"{target.name}-only", only=tuple(args.only)))
+                only = replace(target, name=f"{target.name}-only", only=tuple(args.only))
+                run_target(only, args.workers)
         return
     results: dict[str, dict[str, Any]] = (
         json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     )
     for target in TARGETS:
         if target.name in names:
-            results[target.name] = run_target(target)
+            results[target.name] = run_target(target, args.workers)
             write_results(results)  # after each target: a long run keeps what it has
     for t in TARGETS:
         if t.name in results:

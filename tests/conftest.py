@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from hypothesis import Phase
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import text
 
 from native_plugin.binding import DEFAULT_LIBRARY, library_path
@@ -27,6 +29,15 @@ from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
 from tests.deploy.tools import tool_missing
+
+# Under `make mutation` a property test only has to fail: shrinking the failing example
+# (a minute or more for the job-index equivalence test) tells mutmut nothing more, and
+# the example database would carry one mutant's failures into the next mutant's run.
+hypothesis_settings.register_profile(
+    "mutation", phases=(Phase.explicit, Phase.reuse, Phase.generate), database=None
+)
+if os.environ.get("RAILOVER_HYPOTHESIS_PROFILE"):
+    hypothesis_settings.load_profile(os.environ["RAILOVER_HYPOTHESIS_PROFILE"])
 
 # The files that take a minute or more (schemathesis, the demo, the crash tests with
 # real agent processes, ...) are collected first: `make test` hands files to its two
