@@ -45,8 +45,6 @@ class CommIndex:
     """One communicator as `plan_mitigations` and `command_diff` read it."""
 
     comm_id: int
-    channels: int
-    spec_ranks: tuple[int, ...]  # as registered; empty: every rank of the job
     # The members that are ranks of the job, in the order the planner reads them.
     ranks: tuple[int, ...]
     order: Mapping[int, int]  # member rank -> its place in `ranks`
@@ -77,7 +75,6 @@ class JobIndex:
     total_local: int
     # What `_affects` asks: the ports and switches some rank's primary or backup uses,
     # and the GPUs some rank runs on.
-    used_ports: frozenset[tuple[str, str, int]]
     ports_by_node: Mapping[str, frozenset[tuple[str, int]]]
     used_switches: frozenset[str]
     used_gpus: frozenset[tuple[str, int]]
@@ -162,19 +159,16 @@ def build(
     switch_pairs: list[tuple[object, int]] = []
     used_ports: set[tuple[str, str, int]] = set()
     for i, r in enumerate(healthy):
-        topo = topologies.get(r.node)
         for key in (r.primary, r.backup):
             if key is None:
                 continue
             dev, _, port = key.partition("/")  # as reconcile._uses reads a key
             used_ports.add((r.node, dev, int(port)))
-            try:
-                rnic = None if topo is None else topo.rnic(key)
-            except KeyError:
-                rnic = None
-            device_pairs.append(((r.node, dev if rnic is None else rnic.name), i))
-            if rnic is not None and rnic.switch is not None:
-                switch_pairs.append((rnic.switch, i))
+            device_pairs.append(((r.node, dev), i))
+            # route_ranks gave this endpoint from the node's plan, so its topology has it.
+            switch = topologies[r.node].rnic(key).switch
+            if switch is not None:
+                switch_pairs.append((switch, i))
     by_switch = _multi_groups(switch_pairs)
     comms = tuple(_comm_index(c, ranks, positions) for c in communicators)
     return JobIndex(
@@ -194,7 +188,6 @@ def build(
         total_rail=total_rail,
         broken_local=broken_local,
         total_local=total_local,
-        used_ports=frozenset(used_ports),
         ports_by_node=_by_node(used_ports),
         used_switches=frozenset(by_switch),  # type: ignore[arg-type]  # str keys
         used_gpus=frozenset((n, g) for _, n, g in ranks),
@@ -235,8 +228,6 @@ def _comm_index(
     told = frozenset(spec or (r for r, _, _ in ranks))
     return CommIndex(
         comm_id=comm.comm_id,  # type: ignore[attr-defined]  # CommSpec
-        channels=comm.channels,  # type: ignore[attr-defined]  # CommSpec
-        spec_ranks=spec,
         ranks=members,
         order=order,
         unique=len(order) == len(members),

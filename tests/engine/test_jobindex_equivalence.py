@@ -40,19 +40,9 @@ from scheduler_svc.engine.reconcile import (
     reconcile,
     routes_of,
 )
-from tests.engine.jobs import T0, a_job
+from tests.engine.jobs import T0, a_job, rail_optimised
 
 OPTIONS = Options()
-
-
-def rail_optimised(name: str, size: int) -> NodeTopology:
-    """GPU i beside RNIC i on rail i, two per PCIe switch: backups on a neighbour's rail."""
-    gpus = tuple(Gpu(i, f"g{i}", i // 2, f"p{i // 2}", f"rc{i // 2}", True) for i in range(size))
-    rnics = tuple(
-        Rnic(f"mlx5_{i}", 1, "", i // 2, f"p{i // 2}", f"rc{i // 2}", 400.0, f"leaf{i}", i)
-        for i in range(size)
-    )
-    return NodeTopology(name, gpus, rnics)
 
 
 @st.composite

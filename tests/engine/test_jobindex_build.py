@@ -1,0 +1,112 @@
+"""jobindex: what `build` keeps of a placement, and the checks that say whether a kept
+index still fits the job and its nodes' plans.
+
+The equivalence property test compares whole decisions; these pin down the index's
+own fields and checks, which a decision reads only in some cases (a checkpoint
+request reads `sorted_ranks`, the service reads `rank_node`), on two rail-optimised
+nodes with ranks placed out of rank order.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from scheduler_svc.engine import jobindex
+from scheduler_svc.engine.paths import FailedSet, NodeTopology, connectivity, plan_node, route_ranks
+from scheduler_svc.engine.reconcile import CommSpec
+from tests.engine.jobs import rail_optimised
+
+TOPOS = {n: rail_optimised(n, 4) for n in ("a", "b")}
+PLANS = {n: plan_node(t) for n, t in TOPOS.items()}
+# GPU 0 has mlx5_0 (leaf0) with mlx5_1 (leaf1) as backup; GPU 2 mlx5_2 (leaf2) and mlx5_3.
+RANKS = ((3, "b", 2), (0, "a", 0), (2, "b", 0), (1, "a", 2))
+COMM = CommSpec(7, 4, (0, 1, 2, 3))
+
+
+def build() -> jobindex.JobIndex:
+    return jobindex.build(RANKS, PLANS, TOPOS, [COMM])
+
+
+def test_build_keeps_the_placement_by_node_rank_device_switch_and_gpu() -> None:
+    index = build()
+    # Positions are places in RANKS: rank 3 at 0, rank 0 at 1, rank 2 at 2, rank 1 at 3.
+    assert index.positions == {3: 0, 0: 1, 2: 2, 1: 3}
+    assert index.rank_node == {3: "b", 0: "a", 2: "b", 1: "a"}
+    assert index.ranks_in_order == (3, 0, 2, 1)
+    assert index.sorted_ranks == (0, 1, 2, 3)
+    assert index.by_node == {"b": (0, 2), "a": (1, 3)}
+    assert index.by_gpu == {("b", 2): (0,), ("a", 0): (1,), ("b", 0): (2,), ("a", 2): (3,)}
+    assert index.by_device == {
+        ("b", "mlx5_2"): (0,),
+        ("b", "mlx5_3"): (0,),
+        ("a", "mlx5_0"): (1,),
+        ("a", "mlx5_1"): (1,),
+        ("b", "mlx5_0"): (2,),
+        ("b", "mlx5_1"): (2,),
+        ("a", "mlx5_2"): (3,),
+        ("a", "mlx5_3"): (3,),
+    }
+    assert index.by_switch == {"leaf2": (0, 3), "leaf3": (0, 3), "leaf0": (1, 2), "leaf1": (1, 2)}
+    assert index.used_switches == {"leaf0", "leaf1", "leaf2", "leaf3"}
+    assert index.by_rail == {2: (0, 3), 0: (1, 2)}
+    ports = {("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)}
+    assert index.ports_by_node == {"a": ports, "b": ports}
+    assert index.odd == ()  # every rank has both endpoints on the healthy fabric
+
+
+def test_a_communicator_is_indexed_with_its_id_and_whether_a_member_repeats() -> None:
+    (once,) = build().comms
+    assert (once.comm_id, once.ranks, once.unique, once.nodes) == (7, (0, 1, 2, 3), True, 2)
+    twice = jobindex.build(RANKS, PLANS, TOPOS, [CommSpec(8, 4, (0, 1, 1, 2))]).comms[0]
+    assert (twice.comm_id, twice.ranks, twice.unique) == (8, (0, 1, 1, 2), False)
+    assert twice.order == {0: 0, 1: 1, 2: 3}  # a repeated member keeps its first place
+
+
+def test_a_rank_placed_twice_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^a rank is placed twice$"):
+        jobindex.build(((0, "a", 0), (0, "b", 0)), PLANS, TOPOS)
+
+
+def test_groups_list_each_keys_positions_in_ascending_order() -> None:
+    # Many equal keys: an unstable sort would hand a group's positions back shuffled.
+    rng = random.Random(20261202)
+    keys = [rng.randrange(7) for _ in range(20_000)]
+    groups = jobindex._groups(keys)
+    assert groups == {k: tuple(i for i, x in enumerate(keys) if x == k) for k in set(keys)}
+
+
+def test_an_index_fits_equal_ranks_and_communicators_only() -> None:
+    index = build()
+    assert index.fits(index.ranks, [COMM])
+    assert index.fits(list(index.ranks), [COMM])  # an equal copy fits too
+    assert not index.fits(RANKS[:3], [COMM])
+    assert not index.fits(((3, "b", 2), (0, "a", 0), (2, "b", 0), (1, "a", 0)), [COMM])
+    assert not index.fits(index.ranks, [CommSpec(7, 8, (0, 1, 2, 3))])
+    assert not index.fits(index.ranks, [])
+
+
+def test_an_index_is_built_on_equal_plans_and_topologies_only() -> None:
+    index = build()
+    assert index.built_on(PLANS, TOPOS)
+    # Other mappings holding equal (not the same) plans, as the plan cache may give.
+    fresh = {n: plan_node(t) for n, t in TOPOS.items()}
+    assert fresh["a"] is not PLANS["a"]
+    assert index.built_on(fresh, dict(TOPOS))
+    # The same plans, but node a cabled to other switches: not the fabric it was built on.
+    a = TOPOS["a"]
+    recabled = NodeTopology("a", a.gpus, tuple(replace(r, switch="spare") for r in a.rnics))
+    assert not index.built_on(PLANS, {**TOPOS, "a": recabled})
+    assert not index.built_on({**PLANS, "b": plan_node(recabled)}, TOPOS)
+
+
+def test_route_of_finds_a_rank_with_or_without_an_index() -> None:
+    index = build()
+    whole = connectivity(route_ranks(RANKS, PLANS, TOPOS, FailedSet()))
+    indexed = jobindex.connectivity(index, FailedSet(), PLANS, TOPOS)
+    for conn in (whole, indexed):
+        route = jobindex.route_of(conn, 2)
+        assert route is not None and (route.rank, route.node, route.gpu) == (2, "b", 0)
+        assert jobindex.route_of(conn, 9) is None
