@@ -310,6 +310,9 @@ def test_saved_gpu_time_is_failover_against_the_cheapest_restart() -> None:
     # A failover dearer than restarting (a planned move) saves nothing, not less.
     assert saved_gpu_s("failover", costs | {"failover": 5000.0}, 16, moved=True) == 0.0
     assert saved_gpu_s("failover", {}, 16, moved=True) == 0.0
+    # Without a failover cost, or without any restart cost, there is nothing to compare.
+    assert saved_gpu_s("failover", costs | {"failover": None}, 16, moved=True) == 0.0
+    assert saved_gpu_s("failover", {"failover": 1530.0, "restart": None}, 16, moved=True) == 0.0
     # Summed exactly: the same total in any order.
     parts = [0.1, 0.2, 0.3, 1e16, -1e16]
     assert total_saved_gpu_s(parts) == total_saved_gpu_s(reversed(parts)) == 0.6

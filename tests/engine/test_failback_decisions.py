@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.reconcile import Action, Mode
+from scheduler_svc.engine.reconcile import Action, Desired, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 
@@ -173,3 +173,20 @@ def test_the_node_plans_warnings_travel_with_the_failback() -> None:
     assert out.decision is not None and out.decision.action == Action.FAILBACK
     assert len(out.warnings) == 16
     assert out.warnings[3].startswith("GPU 3: backup mlx5_2/1 hangs off the same fabric switch")
+
+
+def test_a_partial_failback_is_failed_over_whatever_mode_the_stored_state_has() -> None:
+    """The mode after a partial fail-back follows the ranks still on their backup: a desired
+    state stored without its mode (read back as normal) still leaves the job failed over."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_5", 3000)
+    s.step(3000)
+    stored = {k: v for k, v in s.desired.to_json().items() if k != "mode"}
+    s.desired = Desired.from_json(stored)
+    assert s.desired.mode == Mode.NORMAL and s.desired.moved == {3: "mlx5_2/1", 13: "mlx5_4/1"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    out = s.step(3220)
+    assert out.decision is not None and out.decision.action == Action.FAILBACK
+    assert out.desired.mode == Mode.FAILED_OVER
+    assert out.desired.moved == {13: "mlx5_4/1"}

@@ -175,6 +175,7 @@ def test_the_index_decides_what_the_whole_job_decides(
         slow = reconcile(now, state, fabric, OPTIONS)
         fast = reconcile(now, state, fabric, OPTIONS, index)
         assert fast == slow
+        assert fast.conn.index is index  # reconcile took the incremental path too
         assert command_diff(commanded, fast.desired, state, index) == command_diff(
             commanded, slow.desired, state
         )

@@ -28,6 +28,8 @@ def test_replica_of_a_rank_counts_tp_fastest_then_dp() -> None:
         ((2, 8, 2), {"n0", "n1"}, None),  # both replicas gone
         ((8, 2, 2), {"n0", "n3"}, None),  # n0 and n3 hold replicas 0-3 and 4-7
         ((8, 1, 1), {"n0"}, None),  # 8 x 1 x 1 is not the 32 ranks
+        # 16 x 1 x 1 is not the 32 ranks either, though dropping n0 would leave 8.
+        ((16, 1, 1), {"n0"}, None),
         ((4, 8, 1), set(), None),  # nothing to drop
         ((4, 8, 1), {"n9"}, None),  # a node the job does not use
     ],

@@ -32,6 +32,7 @@ from scheduler_svc.engine.reconcile import (
     _describe,
     _with_mitigations,
     plan_mitigations,
+    transit_gpus,
 )
 from tests.engine.jobs import a_job
 
@@ -158,6 +159,18 @@ def test_nvl_transit_for_a_one_rail_communicator() -> None:
     assert expected.chosen.mitigation == coord.Mitigation.NVL
     assert expected.chosen.detail == {"gpu_memory_mb": 240.0}
     assert got == [CommPlan(5, (0, 2, 3, 5), expected, (), (), 0.0, {0: 1, 2: 1})]
+
+
+def test_transit_gpus_names_each_moved_ranks_peer_and_the_most_on_one_gpu() -> None:
+    """Each moved rank sends through the GPU whose primary is its backup; the count is the
+    most ranks on one transit GPU, 0 when no rank moved (no GPU carries any)."""
+    failed = FailedSet(links=frozenset({("a", "mlx5_0", 1)}))
+    fabric = FabricView(TOPOS, PLANS, failed)
+    moved = [r for r in route_ranks(RANKS, PLANS, TOPOS, failed) if not r.primary_ok]
+    assert [r.rank for r in moved] == [0, 2]
+    assert transit_gpus(moved, fabric) == ({0: 1, 2: 1}, 2)
+    assert transit_gpus(moved[:1], fabric) == ({0: 1}, 1)
+    assert transit_gpus([], fabric) == ({}, 0)
 
 
 def test_the_jobs_own_nvl_cap_refuses_transit() -> None:

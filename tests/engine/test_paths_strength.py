@@ -207,6 +207,9 @@ def test_failed_set_checks_card_port_and_switch() -> None:
     assert FailedSet().port_ok("n", r)
     assert not FailedSet(rnics=frozenset({("n", "mlx5_0")})).port_ok("n", r)
     assert FailedSet(rnics=frozenset({("m", "mlx5_0")})).port_ok("n", r)
+    # Device "*": every RNIC of that node (an unreachable node, a node-wide window).
+    assert not FailedSet(rnics=frozenset({("n", "*")})).port_ok("n", r)
+    assert FailedSet(rnics=frozenset({("m", "*")})).port_ok("n", r)
     assert not FailedSet(links=frozenset({("n", "mlx5_0", 2)})).port_ok("n", r)
     assert FailedSet(links=frozenset({("n", "mlx5_0", 1)})).port_ok("n", r)
     assert not FailedSet(switches=frozenset({"leaf1"})).port_ok("n", r)

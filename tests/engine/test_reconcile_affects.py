@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from scheduler_svc.engine.fabric import Unhealthy
+from scheduler_svc.engine.fabric import SwitchEvidence, Unhealthy
 from scheduler_svc.engine.paths import (
     Connectivity,
     FailedSet,
@@ -15,6 +15,7 @@ from scheduler_svc.engine.paths import (
     plan_node,
 )
 from scheduler_svc.engine.reconcile import FabricView, _affects
+from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -108,3 +109,22 @@ def test_link_evidence_needs_node_device_and_port_to_match() -> None:
     assert not _affects(ev("link_down", node="n3", device="mlx5_0", port=1), routes, FABRIC)
     assert not _affects(ev("quarantine", node="n2", device="mlx5_0", port=1), routes, FABRIC)
     assert not _affects(ev("link_down", node="n1", device="mlx5_0", port=1), conn(), FABRIC)
+
+
+def test_evidence_on_the_jobs_nodes_that_no_rank_uses_is_not_the_jobs() -> None:
+    """A port on one of the job's nodes that no rank uses (as primary or backup), and a
+    switch no rank is behind, are no evidence of the job's: reconcile neither decides on
+    them nor accounts for them, and a later fault it uses is the only one its decision
+    names."""
+    s = Story(["n0", "n1"], ranks=((0, "n0", 0), (1, "n1", 0)))  # mlx5_0, backup mlx5_1
+    s.faults[1] = down(1, "n0", "mlx5_5", 3000)
+    s.switches[2] = SwitchEvidence(2, "rail5-leaf", at(3000), "2 nodes lost their port")
+    out = s.step(3000)
+    assert out.decision is None
+    assert out.desired.evidence == frozenset()
+    s.faults[3] = down(3, "n0", "mlx5_0", 3100)
+    out = s.step(3100)
+    assert out.desired.evidence == frozenset({"fault:3"})
+    assert out.desired.moved == {0: "mlx5_1/1"}
+    assert out.decision is not None
+    assert [c["evidence"] for c in out.decision.plan["failed_components"]] == ["fault:3"]
