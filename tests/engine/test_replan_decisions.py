@@ -148,7 +148,9 @@ def test_a_pass_with_nothing_to_decide_still_answers_the_paths_and_warnings() ->
 
 def test_an_index_built_on_other_plans_answers_as_the_whole_job_does() -> None:
     """The index fits the job's nodes, but the fabric's plans are another mapping (one
-    more node, with warnings of its own): the warnings are the fabric's, not the index's."""
+    more node, with warnings of its own). The pass reads the job through the index (and
+    hands it on with the connectivity, for command_diff), but the warnings are the
+    fabric's, not the index's: the answer is the whole job's."""
     s = Story(["n0", "n1"], shape={"switch_name": "leaf"})
     now = at(10)
     fabric = s.fabric(now)
