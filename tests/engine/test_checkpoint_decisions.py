@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, Options
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
@@ -219,3 +221,43 @@ def test_the_node_plans_warnings_travel_with_the_checkpoint_verdicts() -> None:
     for out in (first, again):
         assert len(out.warnings) == 16
         assert out.warnings[3].startswith("GPU 3: backup mlx5_2/1 hangs off the same fabric")
+
+
+def test_a_checkpoint_taken_at_the_failover_itself_is_no_re_decision() -> None:
+    """Only a checkpoint taken after the job failed over was taken running degraded."""
+    s = failed_over(repair_estimate_s=86400)
+    assert s.failed_over_at == at(3000)
+    s.checkpoint = CheckpointSeen(5, at(3000), at(3100))
+    out = s.step(3100)
+    assert out.decision is None
+    assert (out.desired.mode, out.desired.checkpoint_id, out.desired.verdict) == (
+        Mode.FAILED_OVER,
+        None,
+        None,
+    )
+    s.checkpoint = CheckpointSeen(6, at(3101), at(3101))
+    later = s.step(3101)
+    assert later.decision is not None and later.decision.trigger == "checkpoint:6"
+    assert later.desired.mode == Mode.RESTARTING
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "measured_k"),
+    [
+        (0.02, 1.52),  # 0.02 off 1.5: within 2 % of it (0.03)
+        (0.125, 1.6875),  # exactly 12.5 % of 1.5 off it: not further than the tolerance
+    ],
+)
+def test_a_measured_k_within_the_tolerance_of_the_failovers_is_no_re_decision(
+    tolerance: float, measured_k: float
+) -> None:
+    """Between checkpoints a measured k re-decides only when further from the k decided
+    than the tolerance (a share of that k); the k stored stays the decided one."""
+    s = Story(["n0", "n1"], options=Options(measured_k_tolerance=tolerance))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.desired.k == 1.5
+    s.measured_k = measured_k
+    out = s.step(3100)
+    assert out.decision is None
+    assert (out.desired.mode, out.desired.k) == (Mode.FAILED_OVER, 1.5)

@@ -1,0 +1,143 @@
+"""A job that restarts, or registers, while faults are open: what its new life starts on.
+
+Each story restarts the job early (fault at 1000 s: the cost model restarts) and then
+lets the fleet manager bring it back, with the fault still open.
+"""
+
+from __future__ import annotations
+
+from scheduler_svc.engine.paths import plan_node
+from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, reconcile, routes_of
+from tests.scheduler_svc.test_engine_reconcile import Story, at, down, topo
+
+# Both RNICs of n0's GPUs 2 and 3 fail: ranks 2 and 3 lose every path.
+ISOLATED = (
+    "2 rank pair(s) across nodes have no path left (2 rank(s) lost both RNICs): "
+    "no usable path is left for some GPU (primary and backup both lost); "
+    "restart (1.18 h) is the only way forward"
+)
+
+
+def restarted(**story_kw: object) -> Story:
+    """The job restarted after n0/mlx5_3 failed at 1000 s."""
+    s = Story(["n0", "n1"], **story_kw)  # type: ignore[arg-type]
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    first = s.step(1000)
+    assert first.decision is not None and first.decision.action == Action.RESTART
+    assert (s.mode, s.desired.k, s.restart_decided_at) == (Mode.RESTARTING, 1.5, at(1000))
+    return s
+
+
+def test_a_restarting_job_waits_and_keeps_what_breaks_meanwhile_for_its_new_life() -> None:
+    """Until the fleet manager brings the job back, a new fault decides nothing, but the
+    pass records it as known and still answers the paths and the plans' warnings."""
+    s = restarted(shape={"switch_name": "leaf"})
+    s.faults[2] = down(2, "n1", "mlx5_5", 1010)
+    now = at(1020)
+    out = s.step(1020)
+    assert out.decision is None
+    assert out.desired.mode == Mode.RESTARTING
+    assert out.desired.evidence == frozenset({"fault:1", "fault:2"})
+    assert out.conn == routes_of(s.job(), s.fabric(now))
+    assert out.conn.failed_over_ranks == (3, 13)
+    warned = plan_node(topo("n0", switch_name="leaf")).warnings
+    assert warned and out.warnings == warned + plan_node(topo("n1", switch_name="leaf")).warnings
+    # Back again: both faults were known at the restart, so no cost question.
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    back = s.step(1100)
+    assert back.decision is not None
+    assert back.decision.trigger == "replan:2026-11-01T12:18:20+00:00"
+    assert back.decision.reason == "the restarted job starts on its backups: faults still open"
+    assert dict(back.desired.moved) == {3: "mlx5_2/1", 13: "mlx5_4/1"}
+
+
+def test_a_restarted_job_starts_on_its_backups_with_the_k_and_checkpoint_it_had() -> None:
+    """The fault that caused the restart is still open when the new incarnation reports its
+    first checkpoint: it starts on the backup (a replan, not a second restart) with the k
+    decided at the restart and that checkpoint recorded as seen."""
+    s = restarted()
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    d = out.decision
+    assert d is not None
+    assert d.action == Action.FAILOVER
+    assert d.trigger == "replan:2026-11-01T12:18:20+00:00"
+    assert d.reason == "the restarted job starts on its backups: faults still open"
+    assert d.fault_key is None
+    assert (d.costs_s, d.costs_gpu_s, d.saved_gpu_s) == ({}, {}, 0.0)
+    assert (d.inputs["t_elapsed_s"], d.inputs["k"]) == (1100.0, 1.5)
+    assert d.plan["failed_over"] == [
+        {"rank": 3, "node": "n0", "gpu": 3, "from": "mlx5_3/1", "to": "mlx5_2/1"}
+    ]
+    assert out.desired.mode == Mode.FAILED_OVER
+    assert dict(out.desired.moved) == {3: "mlx5_2/1"}
+    assert out.desired.evidence == frozenset({"fault:1"})
+    assert out.desired.k == 1.5
+    assert out.desired.checkpoint_id == 9
+    assert out.desired.disabled == {77: (3, 11)}
+
+
+def test_a_restarted_job_keeps_the_k_of_the_restart_when_it_declares_another() -> None:
+    """The k stored with the new life is the one the restart decided on, not the job's."""
+    s = restarted()
+    s.job_kw = {"slowdown_k": 1.2}
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    assert out.decision is not None and out.decision.inputs["k"] == 1.2
+    assert out.desired.k == 1.5
+
+
+def test_a_restarted_job_whose_ranks_have_no_path_restarts_again_and_says_why() -> None:
+    """Faults open since before the restart leave ranks 2 and 3 without any path: the
+    restarted job resumes with them, and the cost model restarts it again, timed now."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_2", 1000)
+    s.step(1500)
+    assert s.mode == Mode.RESTARTING
+    s.checkpoint = CheckpointSeen(9, at(1600), received_at=at(1600))
+    now = at(1700)
+    out = reconcile(now, s.job(), s.fabric(now), s.options)
+    d = out.decision
+    assert d is not None
+    assert d.action == Action.RESTART
+    assert d.trigger == "state:2026-11-01T12:28:20+00:00"
+    assert d.fault_key is None
+    assert d.reason == "the restarted job resumes with faults still open: " + ISOLATED
+    assert d.inputs["t_elapsed_s"] == 1700.0
+    assert out.desired.mode == Mode.RESTARTING
+    assert out.desired.moved == {}
+    assert out.desired.checkpoint_id == 9
+
+
+def test_a_fault_that_leaves_ranks_without_a_path_is_timed_when_it_appeared() -> None:
+    """New evidence that isolates ranks is decided at its own time, not the pass's."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_2", 1000)
+    out = s.step(1500)
+    d = out.decision
+    assert d is not None
+    assert (d.action, d.trigger, d.fault_key) == (Action.RESTART, "fault:1", "fault:1")
+    assert d.reason == ISOLATED
+    assert d.inputs["t_elapsed_s"] == 1000.0
+    assert out.conn.isolated_ranks == (2, 3)
+
+
+def test_a_job_registered_on_ranks_without_a_path_restarts_with_no_restart_note() -> None:
+    """Registered on open faults that isolate ranks: nothing is news, but no path is left,
+    so the cost model restarts it; its reason says nothing of a restarted job."""
+    s = Story(["n0", "n1"], job_kw={"registering": True})
+    s.faults[1] = down(1, "n0", "mlx5_3", 100)
+    s.faults[2] = down(2, "n0", "mlx5_2", 100)
+    out = s.step(210)
+    d = out.decision
+    assert d is not None
+    assert (d.action, d.trigger, d.fault_key) == (
+        Action.RESTART,
+        "state:2026-11-01T12:03:30+00:00",
+        None,
+    )
+    assert d.reason == ISOLATED
+    assert d.inputs["t_elapsed_s"] == 210.0
+    assert out.desired.evidence == frozenset({"fault:1", "fault:2"})
