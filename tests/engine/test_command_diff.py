@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.reconcile import (
     CommSpec,
     Desired,
@@ -10,6 +11,7 @@ from scheduler_svc.engine.reconcile import (
     JobState,
     Mode,
     command_diff,
+    comms_of,
 )
 from tests.engine.jobs import a_job
 
@@ -133,4 +135,54 @@ def test_a_registered_communicator_numbered_0_gets_switch_points() -> None:
     desired = Desired(mode=FAILED_OVER, disabled={0: (1,)})
     assert command_diff(Desired(mode=FAILED_OVER), desired, zero) == [
         Intent(IntentKind.REBALANCE, 0, (0, 1, 2, 3), (1,))
+    ]
+
+
+def indexed(job: JobState) -> jobindex.JobIndex:
+    """The job's index (its nodes' plans do not matter to the commands: none are known)."""
+    return jobindex.build(job.ranks, {}, {}, comms_of(job))
+
+
+def test_the_jobs_index_gives_the_same_commands_and_another_jobs_index_is_ignored() -> None:
+    """With the index built for the job the commands are the same, to the same ranks in
+    the same order; an index built for other communicators or another placement is not
+    read (the members come from the job itself)."""
+    moved = Desired(mode=FAILED_OVER, moved={0: "m/1", 2: "m/2"}, disabled={6: (1, 3)})
+    cases = [
+        (Desired(), Desired(mode=Mode.RESTARTING), TWO),
+        (
+            Desired(mode=FAILED_OVER, moved={0: "m/1"}, transit={6: {2: 1}}),
+            Desired(
+                mode=FAILED_OVER,
+                moved={0: "m/1", 1: "m/2", 3: "m/3"},
+                disabled={6: (1, 3)},
+                weights={5: (0.75, 0.25)},
+                split={5: 0.125},
+                transit={6: {2: 1, 3: 0}},
+                checkpoint_after=42,
+            ),
+            TWO,
+        ),
+        (moved, Desired(mode=FAILED_OVER, moved={2: "m/2"}, disabled={6: (3,)}), TWO),
+        (Desired(mode=FAILED_OVER), Desired(mode=FAILED_OVER, disabled={5: (2,), 6: (1,)}), TWO),
+        (moved, Desired(mode=FAILED_OVER, moved={2: "m/2"}, checkpoint_after=3), job()),
+    ]
+    other_comms = job(CommSpec(6, 4), CommSpec(5, 4, ranks=(1, 0)))
+    other_ranks = a_job(((0, "a", 0), (1, "a", 1), (2, "b", 0), (3, "b", 1)),
+                        communicators=TWO.communicators)  # fmt: skip
+    for commanded, desired, state in cases:
+        expected = command_diff(commanded, desired, state)
+        assert expected
+        assert command_diff(commanded, desired, state, indexed(state)) == expected
+        for other in (job(), other_comms, other_ranks, job(CommSpec(5, 4))):
+            if other.communicators != state.communicators or other.ranks != state.ranks:
+                assert command_diff(commanded, desired, state, indexed(other)) == expected
+    # The expected answers themselves, for the two kinds of switch point with an index.
+    assert command_diff(cases[3][0], cases[3][1], TWO, indexed(TWO)) == [
+        Intent(IntentKind.REBALANCE, 5, (0, 1), (2,)),
+        Intent(IntentKind.REBALANCE, 6, (0, 1, 2, 3), (1,)),
+    ]
+    assert command_diff(cases[4][0], cases[4][1], job(), indexed(other_comms)) == [
+        Intent(IntentKind.FAILBACK, 0, ALL, ()),
+        Intent(IntentKind.CHECKPOINT_NOW, 0, ALL, iteration=3),
     ]

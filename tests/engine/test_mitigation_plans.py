@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import (
     Connectivity,
@@ -423,3 +424,25 @@ def test_with_mitigations_for_stock_nccl_clears_every_plan() -> None:
     spec = NcclSpec((2, 29, 7), port_failover=True)
     got = with_mitigations((CommSpec(3, 4),), STALE, nccl=spec)
     assert got == Desired(mode=Mode.FAILED_OVER, moved={0: "mlx5_1/1", 2: "mlx5_1/1"})
+
+
+def test_an_index_built_for_other_communicators_is_not_read() -> None:
+    """A communicator's members come from the connectivity's index only when it was built
+    for the job's communicators; from any other index the plans are the routes' plans."""
+    comms = (CommSpec(5, 4, ranks=(0, 2, 3, 5)), CommSpec(6, 4, ranks=(4,)))
+    links = {("a", "mlx5_0", 1)}
+    failed = FailedSet(links=frozenset(links))
+    fabric = FabricView(TOPOS, PLANS, failed)
+    job = a_job(RANKS, communicators=comms, comm_share=0.45)
+    expected = plans_for(links, comms)
+    assert [(p.comm_id, p.ranks) for p in expected] == [(5, (0, 2, 3, 5))]
+    for built_for in (
+        comms,
+        (),  # fewer communicators
+        (*comms, CommSpec(7, 2)),  # more
+        (CommSpec(8, 4, ranks=(4,)), CommSpec(9, 4, ranks=(0, 2, 3, 5))),  # as many, others
+    ):
+        index = jobindex.build(RANKS, PLANS, TOPOS, built_for)
+        conn = jobindex.connectivity(index, failed, PLANS, TOPOS)
+        assert conn.index is index
+        assert plan_mitigations(job, fabric, conn, OPTIONS) == expected, built_for

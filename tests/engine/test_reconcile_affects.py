@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.fabric import SwitchEvidence, Unhealthy
 from scheduler_svc.engine.paths import (
     Connectivity,
@@ -12,7 +13,9 @@ from scheduler_svc.engine.paths import (
     NodeTopology,
     RankRoute,
     Rnic,
+    connectivity,
     plan_node,
+    route_ranks,
 )
 from scheduler_svc.engine.reconcile import FabricView, _affects
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
@@ -128,3 +131,79 @@ def test_evidence_on_the_jobs_nodes_that_no_rank_uses_is_not_the_jobs() -> None:
     assert out.desired.moved == {0: "mlx5_1/1"}
     assert out.decision is not None
     assert [c["evidence"] for c in out.decision.plan["failed_components"]] == ["fault:3"]
+
+
+# --- the same questions answered from a job's index -----------------------------------------
+
+# As placed on FABRIC: n1's GPU 0 on mlx5_0/1 (s0) backed up by mlx5_1/1 (s1), and n2's
+# GPU 1 on mlx5_1/1 (s1) backed up by mlx5_0/1 (s0); a rank on a node the service does
+# not know has no path at all.
+BOTH_NODES = ((0, "n1", 0), (1, "n2", 1))
+N2_ONLY = ((1, "n2", 1),)
+WITH_GHOST = ((0, "n1", 0), (7, "ghost", 0))
+
+
+def affects(u: Unhealthy, ranks: tuple[tuple[int, str, int], ...], fabric: FabricView) -> bool:
+    """_affects for a job on `ranks`, from its routes and from its index: they must agree."""
+    plans, topos = fabric.plans, fabric.topologies
+    whole = connectivity(route_ranks(ranks, plans, topos, FailedSet()))
+    index = jobindex.build(ranks, plans, topos)
+    part = jobindex.connectivity(index, FailedSet(), plans, topos)
+    assert whole.index is None and part.index is index
+    answer = _affects(u, whole, fabric)
+    assert _affects(u, part, fabric) == answer, (u, ranks)
+    return answer
+
+
+def test_indexed_switch_evidence_is_judged_by_the_switches_the_ranks_use() -> None:
+    """A switch (inferred failed, or under switch-wide maintenance) touches the job when
+    some rank's primary or backup is behind it, whether or not it also names a node."""
+    assert affects(ev("switch", switch="s1"), N2_ONLY, FABRIC)
+    assert not affects(ev("switch", switch="s9"), BOTH_NODES, FABRIC)
+    # Named with a node the job is not on, the switch still counts; named with a node it
+    # is on, only the switch does (n1's ports are not behind s9).
+    assert affects(ev("switch", node="n1", switch="s0"), N2_ONLY, FABRIC)
+    assert not affects(ev("switch", node="n1", switch="s9"), BOTH_NODES, FABRIC)
+    assert affects(ev("maintenance", switch="s0"), N2_ONLY, FABRIC)
+    assert not affects(ev("maintenance", switch="s9"), BOTH_NODES, FABRIC)
+
+
+def test_indexed_port_evidence_on_a_switch_port_is_judged_by_its_port() -> None:
+    """A link fault names its port's switch, but takes out that port of that node only."""
+    assert not affects(ev("link_down", node="n1", device="mlx5_1", port=1, switch="s1"),
+                       N2_ONLY, FABRIC)  # fmt: skip
+    assert affects(ev("link_down", node="n2", device="mlx5_1", port=1, switch="s1"),
+                   N2_ONLY, FABRIC)  # fmt: skip
+    assert not affects(ev("link_down", node="n2", device="mlx5_1", port=2, switch="s1"),
+                       N2_ONLY, FABRIC)  # fmt: skip
+
+
+def test_indexed_unreachable_node_takes_every_rank_there_even_without_a_path() -> None:
+    """An unreachable node touches the job iff one of its ranks is there."""
+    assert affects(ev("unreachable", node="n1", device="", port=0), BOTH_NODES, FABRIC)
+    assert affects(ev("unreachable", node="ghost", device="", port=0), WITH_GHOST, FABRIC)
+    assert not affects(ev("unreachable", node="n2", device="", port=0), WITH_GHOST, FABRIC)
+
+
+def test_indexed_port_and_gpu_evidence_needs_a_port_or_gpu_the_job_uses() -> None:
+    """Port evidence counts on a node where some rank uses that device and port; a node
+    the job is not on, or where its ranks have no path, has none."""
+    assert affects(ev("link_down", node="n1", device="mlx5_1", port=1), BOTH_NODES, FABRIC)
+    assert affects(ev("rnic_fatal", node="n2", device="mlx5_0", port=0), BOTH_NODES, FABRIC)
+    assert affects(ev("maintenance", node="n1"), WITH_GHOST, FABRIC)
+    assert not affects(ev("link_down", node="n1", device="mlx5_0", port=2), BOTH_NODES, FABRIC)
+    assert not affects(ev("link_down", node="n3", device="mlx5_0", port=1), BOTH_NODES, FABRIC)
+    assert not affects(ev("maintenance", node="ghost"), WITH_GHOST, FABRIC)
+    assert affects(ev("gpu_lost", node="n2", port=1), BOTH_NODES, FABRIC)
+    assert not affects(ev("gpu_lost", node="n2", port=0), BOTH_NODES, FABRIC)
+
+
+def test_evidence_naming_no_node_and_no_switch_touches_no_job() -> None:
+    """Evidence without a node or a switch takes out no port, whatever the nodes are named."""
+    for name in ("n1", "XXXX", "node-0"):
+        topos = {name: topo(name)}
+        fabric = FabricView(topos, {name: plan_node(topos[name])}, FailedSet())
+        ranks = ((0, name, 0), (1, name, 1))
+        for kind in ("maintenance", "link_down", "rnic_fatal", "quarantine"):
+            assert not affects(ev(kind), ranks, fabric)
+            assert not affects(ev(kind, port=0), ranks, fabric)
