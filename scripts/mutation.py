@@ -162,15 +162,73 @@ def mutmut(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def equivalents() -> dict[str, str]:
-    out: dict[str, str] = {}
-    if EQUIVALENT.exists():
-        for raw in EQUIVALENT.read_text().splitlines():
-            line = raw.strip()
-            if line and not line.startswith("#"):
-                name, _, reason = line.partition(" ")
-                out[name] = reason.strip()
+@dataclass(frozen=True, slots=True)
+class Equivalent:
+    """A listed equivalent mutant: its name, why, and the change it makes.
+
+    mutmut numbers a function's mutants in order, so any edit of the function renumbers
+    them and a name alone may come to mean another mutant. An entry that records its
+    change ("-" and "+" lines, stripped) matches only a survivor of the same function
+    making that change, whatever its number now; one without (older entries) matches
+    by name, and the run records its change.
+    """
+
+    name: str
+    reason: str
+    change: tuple[str, ...] = ()
+
+
+def read_equivalents(text: str) -> list[Equivalent]:
+    """Entries are `<name> <reason>` lines, each followed by its change, indented."""
+    out: list[Equivalent] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if raw.startswith((" ", "\t")) and out and line[0] in "-+":
+            last = out[-1]
+            out[-1] = replace(last, change=(*last.change, line))
+            continue
+        name, _, reason = line.partition(" ")
+        out.append(Equivalent(name, reason.strip()))
     return out
+
+
+def write_equivalents(path: Path, entries: Iterable[Equivalent]) -> None:
+    """Rewrite the entries after the file's header comments, each with its change."""
+    header = [ln for ln in path.read_text().splitlines() if ln.startswith("#")]
+    lines = list(header)
+    for e in entries:
+        lines.append(f"{e.name} {e.reason}")
+        lines.extend(f"    {c}" for c in e.change)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def change_of(diff: str) -> tuple[str, ...]:
+    """The removed and added lines of a `mutmut show` diff, stripped after the sign."""
+    return tuple(
+        f"{ln[0]} {ln[1:].strip()}"
+        for ln in diff.splitlines()
+        if ln[:1] in ("-", "+") and not ln.startswith(("---", "+++"))
+    )
+
+
+def _function(name: str) -> str:
+    return name.split("__mutmut_", maxsplit=1)[0]
+
+
+def match_equivalent(
+    name: str, change: tuple[str, ...], entries: Iterable[Equivalent]
+) -> Equivalent | None:
+    """The entry that says this survivor is equivalent, if one does (see Equivalent)."""
+    entries = list(entries)
+    for e in entries:
+        if e.name == name and (not e.change or e.change == change):
+            return e
+    for e in entries:
+        if e.change == change and _function(e.name) == _function(name):
+            return e
+    return None
 
 
 # SQL keywords and identifiers are case-insensitive (SQLite and PostgreSQL alike).
@@ -215,19 +273,30 @@ def run_target(target: Target, workers: int = 1) -> dict[str, Any]:
     if proc.returncode != 0 or not status:
         sys.stdout.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"mutmut failed for {target.name} (exit {proc.returncode})")
-    listed = equivalents()
+    listed = read_equivalents(EQUIVALENT.read_text()) if EQUIVALENT.exists() else []
     killed = [n for n, s in status.items() if s in ("killed", "timeout", "caught by type check")]
     alive = sorted(n for n in status if n not in killed)
     survived: list[str] = []
     equivalent: dict[str, str] = {}
     for name in alive:
         diff = mutmut(work, "show", name).stdout
-        reason = listed.get(name) or equivalent_by_rule(diff)
+        change = change_of(diff)
+        entry = match_equivalent(name, change, listed)
+        reason = entry.reason if entry is not None else equivalent_by_rule(diff)
         if reason is not None:
             equivalent[name] = reason
+            if entry is not None and (entry.name, entry.change) != (name, change):
+                if entry.name != name:
+                    print(f"-- {entry.name} is now {name}: its entry follows it")
+                elif not entry.change:
+                    print(f"-- {name}: its change is recorded now; check the reason fits it:")
+                    print(f"   {entry.reason}\n" + "\n".join(f"   {c}" for c in change))
+                listed[listed.index(entry)] = replace(entry, name=name, change=change)
             continue
         survived.append(name)
         print(f"-- survived: {name} ({status[name]})\n{diff}")
+    if EQUIVALENT.exists():
+        write_equivalents(EQUIVALENT, listed)  # names followed, changes recorded
     non_equivalent = len(status) - len(equivalent)
     result = {
         "target": target.name,

@@ -1,0 +1,78 @@
+"""scripts/mutation.py's list of equivalent mutants follows a mutant when mutmut renumbers it.
+
+mutmut numbers a function's mutants in order, so an edit of the function gives its
+mutants new numbers: a name-only entry would then excuse whichever mutant took the
+number. An entry that records its change matches by function and change instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DIFF = """\
+--- scheduler_svc/engine/jobindex.py
++++ scheduler_svc/engine/jobindex.py
+@@ -24,7 +24,7 @@
+         for key in (r.primary, r.backup):
+-            dev, _, port = key.partition("/")
++            dev, _, port = key.rpartition("/")
+             used_ports.add((r.node, dev, int(port)))
+"""
+CHANGE = ('- dev, _, port = key.partition("/")', '+ dev, _, port = key.rpartition("/")')
+
+
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts/mutation.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_diff_reads_as_its_removed_and_added_lines() -> None:
+    assert script().change_of(DIFF) == CHANGE
+
+
+def test_entries_read_with_their_changes_and_write_back_alike(tmp_path: Path) -> None:
+    m = script()
+    text = (
+        "# header\n"
+        "pkg.mod.x_f__mutmut_3 device names hold no slash\n"
+        f"    {CHANGE[0]}\n"
+        f"    {CHANGE[1]}\n"
+        "pkg.mod.x_g__mutmut_1 an older entry, by name alone\n"
+    )
+    entries = m.read_equivalents(text)
+    assert entries == [
+        m.Equivalent("pkg.mod.x_f__mutmut_3", "device names hold no slash", CHANGE),
+        m.Equivalent("pkg.mod.x_g__mutmut_1", "an older entry, by name alone"),
+    ]
+    path = tmp_path / "equivalent.txt"
+    path.write_text(text)
+    m.write_equivalents(path, entries)
+    assert path.read_text() == text
+
+
+def test_an_entry_with_its_change_follows_the_mutant_and_no_other() -> None:
+    m = script()
+    entry = m.Equivalent("pkg.mod.x_f__mutmut_3", "why", CHANGE)
+    assert m.match_equivalent("pkg.mod.x_f__mutmut_3", CHANGE, [entry]) is entry
+    # Renumbered: the same change in the same function is still the listed mutant.
+    assert m.match_equivalent("pkg.mod.x_f__mutmut_5", CHANGE, [entry]) is entry
+    # The number now names another change: not excused.
+    assert m.match_equivalent("pkg.mod.x_f__mutmut_3", ("- a", "+ b"), [entry]) is None
+    # The same change in another function is another mutant.
+    assert m.match_equivalent("pkg.mod.x_h__mutmut_3", CHANGE, [entry]) is None
+
+
+def test_an_entry_by_name_alone_matches_that_name_only() -> None:
+    m = script()
+    entry = m.Equivalent("pkg.mod.x_g__mutmut_1", "why")
+    assert m.match_equivalent("pkg.mod.x_g__mutmut_1", CHANGE, [entry]) is entry
+    assert m.match_equivalent("pkg.mod.x_g__mutmut_2", CHANGE, [entry]) is None
