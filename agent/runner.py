@@ -282,8 +282,12 @@ class Agent:
                 self._wake.clear()
                 batch = self.spool.peek(self.settings.batch_max)
                 if not batch:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation that lands as the wait ends (CPython gh-86296), and
+                    # then stop() never ends this loop.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout=5.0)
+                        async with asyncio.timeout(5.0):
+                            await self._wake.wait()
                     continue
                 await self._send(batch)
                 backoff.reset()

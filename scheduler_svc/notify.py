@@ -119,7 +119,10 @@ class CommandNotifier:
     async def wait(self, node: str, timeout: float) -> None:
         event = self._event(node)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            # Not wait_for, which on 3.11 can swallow the cancellation of a poll whose
+            # client left just as the wait ended (CPython gh-86296).
+            async with asyncio.timeout(timeout):
+                await event.wait()
         except TimeoutError:
             return
         finally:

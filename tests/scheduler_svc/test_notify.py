@@ -57,6 +57,21 @@ def test_notify_wakes_only_that_nodes_waiter() -> None:
     assert asyncio.run(scenario()) == ["n1", "n0"]
 
 
+def test_a_poll_cancelled_as_it_is_woken_is_cancelled() -> None:
+    # The client goes away in the very loop turn its wake-up lands: the poll must end
+    # cancelled. (asyncio.wait_for on 3.11 returns normally then, CPython gh-86296.)
+    async def scenario() -> None:
+        n = CommandNotifier()
+        poll = asyncio.create_task(n.wait("n0", NO_RECHECK_S))
+        await asyncio.sleep(0)  # the poll is waiting
+        n.notify(["n0"])
+        poll.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+
+    asyncio.run(scenario())
+
+
 def test_a_notify_before_the_wait_is_not_lost_and_is_consumed_once() -> None:
     """A commit between a poller's look at the store and its wait must still wake it."""
 
