@@ -217,7 +217,14 @@ def test_no_moved_rank_means_no_nvl_and_a_backup_load_of_one() -> None:
 
 def test_the_worst_node_is_the_one_with_most_failed_rails() -> None:
     # a lost both rails, b lost rail 0: a is the worst though b sorts last.
-    got = plans_for({("a", "mlx5_0", 1), ("a", "mlx5_1", 1), ("b", "mlx5_0", 1)}, (CommSpec(7, 4),))
+    links = {("a", "mlx5_0", 1), ("a", "mlx5_1", 1), ("b", "mlx5_0", 1)}
+    got = plans_for(links, (CommSpec(7, 4),))
+    # The job's index picks the same worst node.
+    failed = FailedSet(links=frozenset(links))
+    index = jobindex.build(RANKS, PLANS, TOPOS, (CommSpec(7, 4),))
+    conn = jobindex.connectivity(index, failed, PLANS, TOPOS)
+    job = a_job(RANKS, communicators=(CommSpec(7, 4),), comm_share=0.45)
+    assert plan_mitigations(job, FabricView(TOPOS, PLANS, failed), conn, OPTIONS) == got
     expected = coord.plan_mitigation(
         comm_share=0.45,
         rails_per_node=2,
