@@ -35,9 +35,17 @@ def _park_nodes_without_slurmd(cluster: SlurmCluster) -> None:
     one would start there, on a node that can never run it. DOWN keeps the drain,
     comment and resume state the tests look at, and the scheduler away.
     """
-    for node in NODES:
-        if node != RUNS_JOBS and "DOWN" not in cluster.node(node).get("State", ""):
-            cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=no slurmd")
+    parked = [n for n in NODES if n != RUNS_JOBS]
+    for node in parked:
+        # Whatever its state now reads: a resume just made may not show yet. Setting DOWN
+        # on a node already down is refused, which is fine (check=False).
+        cluster.run(
+            "scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=no slurmd", check=False
+        )
+    cluster.wait(
+        "the slurmd-less nodes down",
+        lambda: all("DOWN" in cluster.node(n).get("State", "") for n in parked),
+    )
 
 
 @pytest.fixture
