@@ -193,8 +193,9 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
     if taken:
         comm_id, other = next(iter(taken.items()))
         raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
-    jobs.add(job, ((r.rank, r.node, r.gpu) for r in body.ranks))
-    reconciler.INDEXES.seed(session, job, ((r.rank, r.node, r.gpu) for r in body.ranks))
+    placed = [(r.rank, r.node, r.gpu) for r in body.ranks]
+    jobs.add(job, placed)
+    reconciler.INDEXES.seed(session, job, placed)
     session.add_all(
         m.Communicator(
             job_id=body.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
