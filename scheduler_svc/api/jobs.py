@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
+from scheduler_svc import gcpause
 from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
@@ -140,7 +141,8 @@ def create_job(
             "notify_url: this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
             "with; set it, or subscribe under /v1/subscriptions (own secret)"
         )
-    return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
+    with gcpause.paused():  # a whole job's objects, alive until the answer is built
+        return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
 
 
 @router.get("", operation_id="list_jobs", responses=responses(Unauthorized))

@@ -115,23 +115,35 @@ def _specs(comms: Iterable[object]) -> tuple[tuple[int, int, tuple[int, ...]], .
     )
 
 
-def _groups(keys: Sequence[object]) -> dict[object, Positions]:
-    """Positions of equal keys, each group in ascending order (numpy does the sort)."""
+def _codes(keys: Sequence[object]) -> tuple[dict[object, int], np.ndarray]:
+    """Each distinct key numbered in order of first appearance, and the keys as numbers."""
     codes: dict[object, int] = {}
     coded = np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64, len(keys))
-    if not codes:
-        return {}
-    order = np.argsort(coded, kind="stable")
-    bounds = np.flatnonzero(np.diff(coded[order])) + 1
-    names = list(codes)
-    return {names[int(coded[chunk[0]])]: tuple(chunk.tolist()) for chunk in np.split(order, bounds)}
+    return codes, coded
+
+
+def _groups(keys: Sequence[object]) -> dict[object, Positions]:
+    """Positions of equal keys, each group in ascending order (numpy does the sort)."""
+    codes, coded = _codes(keys)
+    flat = np.argsort(coded, kind="stable").tolist()
+    ends = np.cumsum(np.bincount(coded, minlength=len(codes))).tolist()
+    out: dict[object, Positions] = {}
+    start = 0
+    for name, end in zip(codes, ends, strict=True):
+        out[name] = tuple(flat[start:end])
+        start = end
+    return out
 
 
 def _multi_groups(pairs: Iterable[tuple[object, int]]) -> dict[object, Positions]:
+    """Like `_groups`, for keys that name a position more than once (in ascending order):
+    each group holds its positions once."""
     out: dict[object, list[int]] = {}
     for key, pos in pairs:
-        group = out.setdefault(key, [])
-        if not group or group[-1] != pos:
+        group = out.get(key)
+        if group is None:
+            out[key] = [pos]
+        elif group[-1] != pos:
             group.append(pos)
     return {k: tuple(v) for k, v in out.items()}
 
@@ -157,13 +169,13 @@ def build(
     broken_local, total_local = _pairs({k: list(v) for k, v in node_counts.items()})
     device_pairs: list[tuple[object, int]] = []
     switch_pairs: list[tuple[object, int]] = []
-    used_ports: set[tuple[str, str, int]] = set()
+    ports: dict[str, set[tuple[str, int]]] = {}
     for i, r in enumerate(healthy):
         for key in (r.primary, r.backup):
             if key is None:
                 continue
             dev, _, port = key.partition("/")  # as reconcile._uses reads a key
-            used_ports.add((r.node, dev, int(port)))
+            ports.setdefault(r.node, set()).add((dev, int(port)))
             device_pairs.append(((r.node, dev), i))
             # route_ranks gave this endpoint from the node's plan, so its topology has it.
             switch = topologies[r.node].rnic(key).switch
@@ -188,7 +200,7 @@ def build(
         total_rail=total_rail,
         broken_local=broken_local,
         total_local=total_local,
-        ports_by_node=_by_node(used_ports),
+        ports_by_node={n: frozenset(v) for n, v in ports.items()},
         used_switches=frozenset(by_switch),  # type: ignore[arg-type]  # str keys
         used_gpus=frozenset((n, g) for _, n, g in ranks),
         rank_node={r: n for r, n, _ in ranks},
@@ -202,19 +214,11 @@ def build(
     )
 
 
-def _by_node(ports: Iterable[tuple[str, str, int]]) -> dict[str, frozenset[tuple[str, int]]]:
-    out: dict[str, set[tuple[str, int]]] = {}
-    for node, dev, port in ports:
-        out.setdefault(node, set()).add((dev, port))
-    return {n: frozenset(v) for n, v in out.items()}
-
-
 def _count(keys: Sequence[object], classes: np.ndarray) -> dict[object, tuple[int, int, int, int]]:
-    out: dict[object, tuple[int, int, int, int]] = {}
-    for key, group in _groups(keys).items():
-        c = np.bincount(classes[list(group)], minlength=4)
-        out[key] = (int(c[0]), int(c[1]), int(c[2]), int(c[3]))
-    return out
+    """Per key, how many of its positions are in each endpoint class."""
+    codes, coded = _codes(keys)
+    counts = np.bincount(coded * 4 + classes, minlength=4 * len(codes)).reshape(-1, 4).tolist()
+    return {name: tuple(c) for name, c in zip(codes, counts, strict=True)}  # type: ignore[misc]
 
 
 def _comm_index(

@@ -115,12 +115,22 @@ class NodePlan:
     gpus: tuple[GpuPaths, ...]
     backup_cap_per_switch: int
     warnings: tuple[str, ...] = field(default=())
+    _by_gpu: dict[int, GpuPaths] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_gpu: dict[int, GpuPaths] = {}
+        for g in self.gpus:
+            by_gpu.setdefault(g.gpu, g)  # the first, as a search in order finds it
+        object.__setattr__(self, "_by_gpu", by_gpu)
+
+    def has_gpu(self, index: int) -> bool:
+        return index in self._by_gpu
 
     def for_gpu(self, index: int) -> GpuPaths:
-        for g in self.gpus:
-            if g.gpu == index:
-                return g
-        raise KeyError(f"node {self.node} has no GPU {index}")
+        try:
+            return self._by_gpu[index]
+        except KeyError:
+            raise KeyError(f"node {self.node} has no GPU {index}") from None
 
 
 def default_backup_cap(node: NodeTopology) -> int:
@@ -269,7 +279,7 @@ def route_ranks(
     routes = []
     for rank, node, gpu in ranks:
         plan, topo = plans.get(node), topologies.get(node)
-        known = plan is not None and topo is not None and any(g.gpu == gpu for g in plan.gpus)
+        known = plan is not None and topo is not None and plan.has_gpu(gpu)
         if not known:
             # A GPU (or node) the job was placed on that the service does not know: no path.
             routes.append(RankRoute(rank, node, gpu, None, None, False, False, None))

@@ -418,9 +418,8 @@ def _reconcile_paths(
     returning = sorted(r for r in prev.moved if r not in moved)
     newly_moved = sorted(r for r in moved if r not in prev.moved or prev.moved[r] != moved[r])
 
+    # A new incarnation's prev is a fresh Desired, so base is in mode NORMAL then too.
     base = replace(prev, evidence=keys)
-    if new_life:
-        base = replace(base, mode=Mode.NORMAL)
 
     # 1. Something new broke a path this job uses (or left some GPU without any): decide
     #    by the cost model, at the time the earliest new evidence appeared.
@@ -437,8 +436,6 @@ def _reconcile_paths(
         # A switch inferred failed names the decision: its port faults are that one failure.
         first = next((u for u in new if u.kind == "switch"), new[0] if new else None)
         at = min(u.since for u in new) if new else now
-        if isolated and not new and prev.mode == Mode.NORMAL and not new_life:
-            at = now
         note = _note(first, evidence)
         if new_life and not new:
             note = "the restarted job resumes with faults still open"

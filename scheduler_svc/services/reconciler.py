@@ -18,7 +18,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler_svc import metrics
+from scheduler_svc import gcpause, metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import jobindex
 from scheduler_svc.engine import reconcile as engine
@@ -224,7 +224,8 @@ class JobIndexCache:
         if placed.index is not None and engine.index_fits(placed.index, state, view):
             return placed.index
         try:
-            built = engine.index_for(state, view)
+            with gcpause.paused():
+                built = engine.index_for(state, view)
         except ValueError:
             return None  # a rank placed twice: the engine reads such a job whole
         with self._lock:
@@ -442,7 +443,7 @@ def job_paths(
     for r in chosen:
         plan = view.plans.get(r.node)
         g = None
-        if plan is not None and any(p.gpu == r.gpu for p in plan.gpus):
+        if plan is not None and plan.has_gpu(r.gpu):
             g = plan.for_gpu(r.gpu)
         active = moved.get(r.rank, r.primary if r.primary_ok else None)
         if job.mode == Mode.RESTARTING.value:
