@@ -7,9 +7,9 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import Table, delete, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -19,6 +19,8 @@ from scheduler_svc.store import models as m
 _Row = TypeVar("_Row", bound=m.Base)
 
 TOKEN_PREFIX = "rvr"  # noqa: S105  (a public prefix, not a secret)
+# The placement table itself, for inserts that skip the ORM (JobRepo.add).
+JOB_RANKS = cast("Table", m.JobRank.__table__)
 
 
 def _insert_unless_taken(session: Session, row: _Row) -> _Row | None:
@@ -258,12 +260,13 @@ class JobRepo:
 
     def add(self, job: m.Job, ranks: Iterable[tuple[int, str, int]] = ()) -> None:
         """Store the job and its (rank, node, gpu) placement; the ranks go in as one
-        executemany, not as ORM objects (65,536 of them for a large job)."""
+        executemany, not as ORM objects (65,536 of them for a large job), and into the
+        table itself: the ORM's bulk insert took twice as long on SQLite."""
         self.s.add(job)
         self.s.flush()
         rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in ranks]
         if rows:
-            self.s.execute(insert(m.JobRank), rows)
+            self.s.execute(insert(JOB_RANKS), rows)
 
     def delete(self, job: m.Job) -> None:
         self.s.delete(job)
