@@ -88,11 +88,10 @@ class CommandNotifier:
 
     def looked_empty(self, node: str, stamp: tuple[int, int]) -> None:
         """A look that began at `stamp` found nothing for the node. Kept only if no
-        wake-up came since it began (one that did may be for what it missed)."""
+        wake-up came since it began (one that did may be for what it missed). An older
+        empty look is void either way: its stamp is not the node's any more."""
         if stamp == self.stamp(node):
             self._empty[node] = stamp
-        else:
-            self._empty.pop(node, None)
 
     def unchanged_since_empty(self, node: str) -> bool:
         """Whether a look now would find what the node's last empty look found: nothing.
@@ -147,8 +146,8 @@ class CommandNotifier:
 
     def _notify(self, nodes: list[str]) -> None:
         for n in nodes:
+            # A new stamp for the node: its last empty look, if any, no longer matches.
             self._seq[n] = self._seq.get(n, 0) + 1
-            self._empty.pop(n, None)
             self._event(n).set()
 
     def _notify_all(self) -> None:
@@ -168,6 +167,11 @@ LISTEN_WAIT_S = 1.0
 LISTEN_PING_S = 30.0
 RECONNECT_FIRST_S = 0.1
 RECONNECT_MAX_S = 10.0
+# How long the listener waits for a store that takes connections but does not answer
+# (libpq's connect_timeout, whole seconds, 2 at least), and how long `stop` waits to
+# send its NOTIFY to one: its wait then ends within LISTEN_WAIT_S anyway.
+CONNECT_TIMEOUT_S = 10
+STOP_CONNECT_TIMEOUT_S = 2
 
 
 def libpq_url(sqlalchemy_url: str) -> str:
@@ -200,7 +204,9 @@ class CommandListener:
         if self._thread is None:
             return
         try:
-            with psycopg.connect(self._url, autocommit=True, connect_timeout=2) as conn:
+            with psycopg.connect(
+                self._url, autocommit=True, connect_timeout=STOP_CONNECT_TIMEOUT_S
+            ) as conn:
                 conn.execute(f"NOTIFY {self._stop_channel}")
         except psycopg.Error:  # the store is gone: the wait ends within LISTEN_WAIT_S
             pass
@@ -244,7 +250,7 @@ class CommandListener:
             self._url,
             autocommit=True,
             application_name=LISTENER_APPLICATION_NAME,
-            connect_timeout=10,
+            connect_timeout=CONNECT_TIMEOUT_S,
             keepalives=1,
             keepalives_idle=10,
             keepalives_interval=5,

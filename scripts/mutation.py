@@ -73,7 +73,11 @@ TARGETS = (
         "notify",
         ("scheduler_svc/notify.py",),
         # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's.
-        ("tests/scheduler_svc/test_notify.py", "tests/scheduler_svc/test_listen.py"),
+        (
+            "tests/scheduler_svc/test_notify.py",
+            "tests/scheduler_svc/test_listen.py",
+            "tests/scheduler_svc/test_listener_strength.py",
+        ),
     ),
     Target(
         "spool",
