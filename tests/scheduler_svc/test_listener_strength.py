@@ -190,14 +190,17 @@ class Scripted:
 def test_the_wait_pings_after_ping_s_of_idle_waits_and_not_while_woken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Waits of 1 s and a ping after 3 s idle: three quiet waits, a ping; a wake-up starts
-    the count again; the stop channel ends it. Each wake-up's nodes reach the notifier."""
+    """Waits of 1 s and a ping after 3 s idle: three quiet waits, a ping, and again; a
+    wake-up starts the count again; the stop channel ends it. Each wake-up's nodes reach the notifier."""
     monkeypatch.setattr(notify, "LISTEN_WAIT_S", 1.0)
     monkeypatch.setattr(notify, "LISTEN_PING_S", 3.0)
     n = Recording()
     listener = CommandListener(refused_url(), n)
     conn = Scripted(
         [
+            [],
+            [],
+            [],
             [],
             [],
             [],
@@ -209,7 +212,8 @@ def test_the_wait_pings_after_ping_s_of_idle_waits_and_not_while_woken(
         ]
     )
     listener._listen(conn)  # type: ignore[arg-type]  # what _listen uses of a connection
-    assert conn.log == ["wait"] * 3 + ["SELECT 1"] + ["wait"] * 4 + ["SELECT 1", "wait"]
+    ping = ["wait"] * 3 + ["SELECT 1"]  # three idle waits, then the ping; the count restarts
+    assert conn.log == ping + ping + ["wait"] + ping + ["wait"]
     assert n.told == ["nodes n1,n2", "nodes n3"]  # nothing after the stop channel's note
 
 
