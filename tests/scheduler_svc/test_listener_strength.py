@@ -191,7 +191,8 @@ def test_the_wait_pings_after_ping_s_of_idle_waits_and_not_while_woken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Waits of 1 s and a ping after 3 s idle: three quiet waits, a ping, and again; a
-    wake-up starts the count again; the stop channel ends it. Each wake-up's nodes reach the notifier."""
+    wake-up starts the count again; the stop channel ends it. Each wake-up's nodes reach
+    the notifier."""
     monkeypatch.setattr(notify, "LISTEN_WAIT_S", 1.0)
     monkeypatch.setattr(notify, "LISTEN_PING_S", 3.0)
     n = Recording()
