@@ -367,17 +367,26 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+# Written by hand under the table: each run keeps this paragraph and what follows it.
+NOTES = "Notes on the rows"
+
+
 def write_results(results: dict[str, dict[str, Any]]) -> None:
     RESULTS_JSON.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    text = RESULTS_MD.read_text()
-    section = render(results)
+    RESULTS_MD.write_text(with_section(RESULTS_MD.read_text(), render(results)))
+
+
+def with_section(text: str, section: str) -> str:
+    """`text` with its Test strength section replaced by `section`, the notes kept."""
     start = text.find(SECTION + "\n")
     if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("" if end == -1 else text[end:])
-    RESULTS_MD.write_text(text)
+        return text.rstrip("\n") + "\n\n" + section
+    end = text.find("\n## ", start + len(SECTION))
+    old = text[start:] if end == -1 else text[start:end]
+    notes = old.find("\n" + NOTES)
+    if notes != -1:
+        section += old[notes:].rstrip("\n") + "\n"
+    return text[:start] + section + ("" if end == -1 else text[end:])
 
 
 def main() -> None:

@@ -76,3 +76,25 @@ def test_an_entry_by_name_alone_matches_that_name_only() -> None:
     entry = m.Equivalent("pkg.mod.x_g__mutmut_1", "why")
     assert m.match_equivalent("pkg.mod.x_g__mutmut_1", CHANGE, [entry]) is entry
     assert m.match_equivalent("pkg.mod.x_g__mutmut_2", CHANGE, [entry]) is None
+
+
+def test_a_run_rewrites_its_section_and_keeps_the_notes_under_it() -> None:
+    mu = script()
+    old = (
+        "# Results\n\n## Before\n\nkept\n\n## Test strength\n\n| old table |\n\n"
+        "Notes on the rows (by hand):\n\n- engine: killed after.\n\n## After\n\nkept too\n"
+    )
+    new = mu.with_section(old, "## Test strength\n\n| new table |\n")
+    assert new == (
+        "# Results\n\n## Before\n\nkept\n\n## Test strength\n\n| new table |\n\n"
+        "Notes on the rows (by hand):\n\n- engine: killed after.\n\n## After\n\nkept too\n"
+    )
+    # Last in the file, and without notes: the section alone.
+    assert mu.with_section(
+        "# R\n\n## Test strength\n\n| old |\n", "## Test strength\n\n| new |\n"
+    ) == ("# R\n\n## Test strength\n\n| new |\n")
+    # No section yet: appended.
+    assert (
+        mu.with_section("# R\n", "## Test strength\n\n| t |\n")
+        == "# R\n\n## Test strength\n\n| t |\n"
+    )
