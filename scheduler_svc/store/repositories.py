@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Table, delete, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -16,11 +16,15 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 
+if TYPE_CHECKING:
+    import psycopg
+
 _Row = TypeVar("_Row", bound=m.Base)
 
 TOKEN_PREFIX = "rvr"  # noqa: S105  (a public prefix, not a secret)
 # The placement table itself, for inserts that skip the ORM (JobRepo.add).
 JOB_RANKS = cast("Table", m.JobRank.__table__)
+COPY_RANKS = "COPY job_ranks (job_id, rank, node, gpu) FROM STDIN"
 
 
 def _insert_unless_taken(session: Session, row: _Row) -> _Row | None:
@@ -259,14 +263,27 @@ class JobRepo:
         )
 
     def add(self, job: m.Job, ranks: Iterable[tuple[int, str, int]] = ()) -> None:
-        """Store the job and its (rank, node, gpu) placement; the ranks go in as one
-        executemany, not as ORM objects (65,536 of them for a large job), and into the
-        table itself: the ORM's bulk insert took twice as long on SQLite."""
+        """Store the job and its (rank, node, gpu) placement. The ranks (65,536 for a large
+        job) go straight into the table, not as ORM objects: by COPY on PostgreSQL, by one
+        executemany on SQLite (the ORM's bulk insert took twice as long there)."""
         self.s.add(job)
         self.s.flush()
-        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in ranks]
-        if rows:
-            self.s.execute(insert(JOB_RANKS), rows)
+        placed = list(ranks)
+        if not placed:
+            return
+        if self.s.get_bind().dialect.name == "postgresql":
+            self._copy_ranks(job.job_id, placed)
+            return
+        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in placed]
+        self.s.execute(insert(JOB_RANKS), rows)
+
+    def _copy_ranks(self, job_id: str, ranks: list[tuple[int, str, int]]) -> None:
+        """PostgreSQL: COPY into job_ranks on the session's own connection, inside its
+        transaction; 65,536 rows took 0.85 s by executemany, about a quarter of that so."""
+        raw = cast("psycopg.Connection[Any]", self.s.connection().connection.dbapi_connection)
+        with raw.cursor() as cur, cur.copy(COPY_RANKS) as copy:
+            for r, n, g in ranks:
+                copy.write_row((job_id, r, n, g))
 
     def delete(self, job: m.Job) -> None:
         self.s.delete(job)

@@ -121,6 +121,23 @@ def test_rank_queries(session: Session) -> None:
     assert jobs.rank_counts() == {"j1": (16, ["n0", "n1"])}
 
 
+def test_a_placement_goes_in_whole_and_reads_back_in_rank_order(session: Session) -> None:
+    """JobRepo.add's own path for the ranks (COPY on PostgreSQL, executemany on SQLite),
+    in the session's transaction: a rolled-back savepoint takes them away again."""
+    jobs = JobRepo(session)
+    placed = [(r, f"rack-{r // 8:04d}.gpu", r % 8) for r in reversed(range(4096))]
+    with session.begin_nested() as kept:
+        jobs.add(job("j1", []), iter(placed))
+        assert jobs.rank_tuples("j1") == sorted(placed)
+        assert jobs.rank_counts()["j1"][0] == 4096
+        kept.rollback()
+    assert jobs.rank_tuples("j1") == []
+    jobs.add(job("j2", []), placed[:3])
+    jobs.add(job("j3", []), [])  # no ranks: nothing to copy
+    assert jobs.rank_tuples("j2") == sorted(placed[:3])
+    assert jobs.rank_tuples("j3") == []
+
+
 def test_progress_keeps_the_newest_count_and_its_rate(session: Session) -> None:
     JobRepo(session).add(job("j1", ["n0"]))
     repo = CoordinationRepo(session)
