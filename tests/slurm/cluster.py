@@ -121,7 +121,9 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 MpiDefault=none
 SwitchType=switch/none
-ReturnToService=2
+# 1, not 2: every node's NodeAddr is gpu01's slurmd, whose answers would return the
+# slurmd-less nodes to service each time the tests set them DOWN.
+ReturnToService=1
 SlurmdTimeout=300
 SchedulerParameters=sched_interval=2
 NodeName={nodes} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
