@@ -262,22 +262,21 @@ class JobRepo:
             .execution_options(populate_existing=True)
         )
 
-    def add(self, job: m.Job, ranks: Iterable[tuple[int, str, int]] = ()) -> None:
+    def add(self, job: m.Job, ranks: Sequence[tuple[int, str, int]] = ()) -> None:
         """Store the job and its (rank, node, gpu) placement. The ranks (65,536 for a large
         job) go straight into the table, not as ORM objects: by COPY on PostgreSQL, by one
         executemany on SQLite (the ORM's bulk insert took twice as long there)."""
         self.s.add(job)
         self.s.flush()
-        placed = list(ranks)
-        if not placed:
+        if not ranks:
             return
         if self.s.get_bind().dialect.name == "postgresql":
-            self._copy_ranks(job.job_id, placed)
+            self._copy_ranks(job.job_id, ranks)
             return
-        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in placed]
+        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in ranks]
         self.s.execute(insert(JOB_RANKS), rows)
 
-    def _copy_ranks(self, job_id: str, ranks: list[tuple[int, str, int]]) -> None:
+    def _copy_ranks(self, job_id: str, ranks: Sequence[tuple[int, str, int]]) -> None:
         """PostgreSQL: COPY into job_ranks on the session's own connection, inside its
         transaction; 65,536 rows took 0.85 s by executemany, about a quarter of that so."""
         raw = cast("psycopg.Connection[Any]", self.s.connection().connection.dbapi_connection)

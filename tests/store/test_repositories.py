@@ -127,7 +127,7 @@ def test_a_placement_goes_in_whole_and_reads_back_in_rank_order(session: Session
     jobs = JobRepo(session)
     placed = [(r, f"rack-{r // 8:04d}.gpu", r % 8) for r in reversed(range(4096))]
     with session.begin_nested() as kept:
-        jobs.add(job("j1", []), iter(placed))
+        jobs.add(job("j1", []), placed)
         assert jobs.rank_tuples("j1") == sorted(placed)
         assert jobs.rank_counts()["j1"][0] == 4096
         kept.rollback()
