@@ -210,6 +210,18 @@ def listener_pids(pg_url: str) -> list[int]:
     return sorted(r[0] for r in rows)
 
 
+def terminate_listeners(pg_url: str) -> int:
+    """End every listener's backend, as a store restart or a cut link would; how many."""
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND application_name = %s) t",
+            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def fault_on_n1(url: str) -> None:
     with httpx.Client(base_url=url, timeout=60) as http:
         r = http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})
@@ -250,13 +262,7 @@ def test_the_listener_survives_a_dropped_connection(
     poller = long_poll(b, "n1", got)
     with changed:
         assert changed.wait_for(lambda: log == ["wait n1"], timeout=30)
-    with psycopg.connect(libpq_url(pg_url), autocommit=True) as c:
-        killed = c.execute(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND application_name = %s) t",
-            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
-        ).fetchone()
-    assert killed == (2,)
+    assert terminate_listeners(pg_url) == 2
     with changed:
         # B listens again, and its wake-up of every poll made this one look once more.
         assert changed.wait_for(
@@ -294,12 +300,7 @@ def test_a_commit_while_nobody_listens_is_not_missed(
         return real_connect(self)
 
     monkeypatch.setattr(CommandListener, "_connect", connect)
-    with psycopg.connect(libpq_url(pg_url), autocommit=True) as c:
-        c.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND application_name = %s",
-            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
-        )
+    terminate_listeners(pg_url)
     assert wait_until(lambda: listener_pids(pg_url) == [], timeout=WOKEN_WITHIN_S)
     fault_on_n1(a)  # its NOTIFY reaches no listener of B
     assert log == ["wait n1"] and poller.is_alive()
@@ -436,12 +437,7 @@ def test_a_renewal_skips_the_look_while_listening_and_nothing_woke_its_node(
     assert [c["kind"] for c in renew(include_unacked=True)] == ["failover"]
     assert looks == ["n1", "n0", "n1", "n1", "n1", "n1"]
     # The listeners lose their connections and listen again: every node looks once more.
-    with psycopg.connect(libpq_url(pg_url), autocommit=True) as c:
-        c.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND application_name = %s",
-            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
-        )
+    terminate_listeners(pg_url)
     assert wait_until(lambda: listening.count(True) == 4, timeout=WOKEN_WITHIN_S)
     assert wait_until(lambda: len(listener_pids(pg_url)) == 2, timeout=WOKEN_WITHIN_S)
     for _ in range(2):

@@ -30,6 +30,7 @@ from scheduler_svc.store.db import (
     make_sessionmaker,
     publish_command_nodes,
 )
+from tests.scheduler_svc.test_listen import terminate_listeners
 
 # Generous for a loaded 2-core machine; the waits below end as soon as their condition holds.
 WITHIN_S = 30.0
@@ -87,17 +88,6 @@ def unused_port() -> int:
 def refused_url() -> str:
     """Nothing listens there: every connection is refused at once."""
     return f"postgresql+psycopg://postgres@127.0.0.1:{unused_port()}/none"
-
-
-def terminate_listeners(pg_url: str) -> int:
-    with psycopg.connect(notify.libpq_url(pg_url), autocommit=True) as c:
-        row = c.execute(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND application_name = %s) t",
-            (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def backoffs(caplog: pytest.LogCaptureFixture) -> list[tuple[str, float]]:
