@@ -15,6 +15,7 @@ from scheduler_svc.config import Settings, is_loopback
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.schemas import Role
 from scheduler_svc.services.passes import ReconcilePasses
+from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
 from scheduler_svc.token_cache import TokenCache
@@ -66,6 +67,15 @@ def get_passes(request: Request) -> ReconcilePasses:
 
 
 PassesDep = Annotated[ReconcilePasses, Depends(get_passes)]
+
+
+def get_writes(request: Request) -> GroupCommit:
+    writes: GroupCommit = request.app.state.writes
+    return writes
+
+
+# Short writes that concurrent requests commit together (store/groupcommit.py).
+WritesDep = Annotated[GroupCommit, Depends(get_writes)]
 
 
 def get_settings(request: Request) -> Settings:

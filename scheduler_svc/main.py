@@ -39,6 +39,7 @@ from scheduler_svc.store.db import (
     make_sessionmaker,
     upgrade,
 )
+from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import Clock, system_clock
 from scheduler_svc.token_cache import TokenCache, watch_token_writes
@@ -85,6 +86,8 @@ def create_app(
         engine = make_engine(settings.sqlalchemy_url)
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        # Agents' reports and audit entries of concurrent requests commit together.
+        app.state.writes = GroupCommit(app.state.sessionmaker, app.state.notifier.notify_threadsafe)
         # Token writes committed through this replica take effect at its next request.
         watch_token_writes(app.state.sessionmaker, app.state.token_cache.invalidate)
         # Anonymous access needs a loopback bind in the settings here, and then per

@@ -28,6 +28,13 @@ REPORTS_RECONCILED = Counter(
     "railover_report_reconcile_requests_total",
     "Jobs an agent's report asked to have reconciled (each covered by one shared pass)",
 )
+# Small writes of concurrent requests share transactions (store/groupcommit.py): how many
+# works each one carried. A quiet service commits batches of one.
+GROUP_COMMIT_WORKS = Histogram(
+    "railover_group_commit_works",
+    "Requests' writes that shared one transaction (agents' reports, audit entries)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 
 DECISION_LATENCY = Histogram(
     "railover_decision_latency_seconds",

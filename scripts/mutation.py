@@ -94,6 +94,11 @@ TARGETS = (
         ),
     ),
     Target(
+        "group-commit",
+        ("scheduler_svc/store/groupcommit.py",),
+        ("tests/store/test_groupcommit.py",),
+    ),
+    Target(
         "collectors",
         ("agent/collectors/*.py",),
         (

@@ -1,17 +1,20 @@
 """Agents' reports: batched, idempotent by event id, decided on at once.
 
-The evidence commits first; then the jobs it touched are reconciled by a pass
-that started after that commit, shared with the other reports of a storm
-(services/passes.py). The answer comes after both.
+The evidence commits first, in a transaction shared with the other reports that
+arrive while one is being written (store/groupcommit.py); then the jobs it
+touched are reconciled by a pass that started after that commit, shared with
+the other reports of a storm (services/passes.py). The answer comes after both.
 """
 
 from __future__ import annotations
 
 import time
 
+from sqlalchemy.orm import Session
+
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, NowDep, PassesDep, SessionDep, SettingsDep
+from scheduler_svc.deps import AgentAuth, NowDep, PassesDep, SettingsDep, WritesDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -22,9 +25,7 @@ from scheduler_svc.errors import (
 )
 from scheduler_svc.schemas import EventBatch, EventIn, EventsAccepted, Role
 from scheduler_svc.services import targets
-from scheduler_svc.services.events import ingest
-from scheduler_svc.store.repositories import NodeRepo
-from scheduler_svc.store.uow import commit
+from scheduler_svc.services.events import IngestResult, ingest
 
 router = routing.router(prefix="/v1", tags=["events"])
 
@@ -38,11 +39,11 @@ router = routing.router(prefix="/v1", tags=["events"])
 def post_events(
     body: EventBatch,
     *,
-    session: SessionDep,
     who: AgentAuth,
     settings: SettingsDep,
     now: NowDep,
     passes: PassesDep,
+    writes: WritesDep,
 ) -> EventsAccepted:
     """Report events; a fault reconciles at once every job with a rank on the node.
 
@@ -58,27 +59,28 @@ def post_events(
     nodes = {e.node for e in body.events}
     for n in sorted(nodes):
         who.require_node(n)
-    known = NodeRepo(session).get_many(nodes)
-    unknown = sorted(nodes - known.keys())
-    if unknown:
-        raise NotFound(f"node {unknown[0]!r} is not registered; PUT /v1/nodes/{unknown[0]} first")
     events: list[EventIn] = list(body.events)
-    targets.refuse_unknown(
-        session,
-        events,
-        known,
-        now=now,
-        future_skew_s=settings.observed_at_future_skew_s,
-        agent=who.role == Role.AGENT,
-    )
-    result = ingest(
-        session,
-        events,
-        now=now,
-        settings=settings,
-    )
+
+    def record(session: Session) -> IngestResult:
+        known = targets.registered_ports(session, nodes)
+        unknown = sorted(nodes - known.keys())
+        if unknown:
+            raise NotFound(
+                f"node {unknown[0]!r} is not registered; PUT /v1/nodes/{unknown[0]} first"
+            )
+        targets.refuse_unknown(
+            session,
+            events,
+            known,
+            now=now,
+            future_skew_s=settings.observed_at_future_skew_s,
+            agent=who.role == Role.AGENT,
+        )
+        return ingest(session, events, now=now, settings=settings)
+
+    # Committed (the evidence, before any pass that is to see it starts) when this returns.
+    result = writes.run(record)
     faults_opened = len(result.faults_opened)
-    commit(session)  # the evidence, before any pass that is to see it starts
     decisions = passes.reconcile(result.jobs) if result.jobs else []
     if decisions:
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)

@@ -15,7 +15,7 @@ from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
 from scheduler_svc.fleet.repositories import AuditRepo
 from scheduler_svc.fleet.worker import DeliveryWorker
 from scheduler_svc.store import models as m
-from scheduler_svc.store.uow import unit_of_work
+from scheduler_svc.store.groupcommit import GroupCommit
 
 log = logging.getLogger("railover.fleet")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -48,7 +48,8 @@ class AuditRequests:
     """ASGI middleware recording every state-changing /v1 call, refused ones included.
 
     The entry is written when the answer starts, before the client sees any of it,
-    in its own transaction so refused and failed calls are kept too; the principal
+    apart from the request's own transaction so refused and failed calls are kept too
+    (in one shared with other requests' short writes, store/groupcommit.py); the principal
     is the one deps.get_principal resolved for the request (none for a call that
     never got past authentication). A call that raises instead of answering (the
     outer error handler then answers 500) is not recorded. Every other request
@@ -90,11 +91,10 @@ async def _audit(request: Request, status: int) -> None:
         detail=getattr(request.state, "audit_detail", None),
     )
     try:
-        await run_in_threadpool(_write_audit, request.app.state.sessionmaker, entry)
+        await run_in_threadpool(_write_audit, request.app.state.writes, entry)
     except Exception:  # an audit failure must not turn a done change into an error
         log.exception("could not write the audit entry for %s %s", request.method, entry.path)
 
 
-def _write_audit(sessions: sessionmaker[Session], entry: m.AuditEntry) -> None:
-    with unit_of_work(sessions) as s:
-        AuditRepo(s).add(entry)
+def _write_audit(writes: GroupCommit, entry: m.AuditEntry) -> None:
+    writes.run(lambda s: AuditRepo(s).add(entry))

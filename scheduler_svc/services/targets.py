@@ -3,8 +3,8 @@
 Checked before anything of the batch is stored: an event for a device or port
 the node never registered (a typo, `../etc`, a card hot-plugged but not yet
 registered) would open a fault on nothing and make a decision for a false
-reason. Pure functions over the registered topology, plus one read for rank
-placement; ingestion calls `check` first.
+reason. Pure functions over the registered ports, plus the reads of those ports
+and of rank placement; the events route calls `refuse_unknown` before ingesting.
 """
 
 from __future__ import annotations
@@ -52,11 +52,23 @@ class Topology:
     ports: Mapping[str, frozenset[int]]
 
 
-def topology_of(node: m.Node) -> Topology:
-    ports: dict[str, set[int]] = {}
-    for r in node.rnics:
-        ports.setdefault(r.name, set()).add(r.port)
-    return Topology({name: frozenset(p) for name, p in ports.items()})
+def registered_ports(session: Session, names: Iterable[str]) -> dict[str, Topology]:
+    """The RNIC ports of each of these nodes that is registered (a node without RNICs maps
+    to an empty topology), in one query of plain rows: a report needs no more of its node."""
+    rows = session.execute(
+        select(m.Node.name, m.Rnic.name, m.Rnic.port)
+        .outerjoin(m.Rnic, m.Rnic.node == m.Node.name)
+        .where(m.Node.name.in_(list(names)))
+    ).tuples()
+    ports: dict[str, dict[str, set[int]]] = {}
+    for node, device, port in rows:
+        devices = ports.setdefault(node, {})
+        if device is not None:
+            devices.setdefault(device, set()).add(port)
+    return {
+        node: Topology({d: frozenset(p) for d, p in devices.items()})
+        for node, devices in ports.items()
+    }
 
 
 def check_devices(
@@ -167,7 +179,7 @@ def _placement(session: Session, wanted: Iterable[tuple[str, int]]) -> dict[tupl
 def refuse_unknown(
     session: Session,
     events: Sequence[EventIn],
-    nodes: Mapping[str, m.Node],
+    topologies: Mapping[str, Topology],
     *,
     now: datetime,
     future_skew_s: float,
@@ -178,7 +190,6 @@ def refuse_unknown(
     Progress for a rank on another node is an agent overreaching its node (403),
     or a fleet manager's mistake (422); the rest are 422, each refusal counted.
     """
-    topologies = {name: topology_of(node) for name, node in nodes.items()}
     refusals = check_devices(events, topologies, now, timedelta(seconds=future_skew_s))
     refusals += check_ranks(session, events)
     if not refusals:

@@ -52,6 +52,19 @@ def pending_nodes(session: Session) -> set[str]:
     return nodes
 
 
+def checkpoint_hooks(session: Session) -> tuple[int, frozenset[str]]:
+    """What this session has queued for after commit so far (see `restore_hooks`)."""
+    return len(session.info.get(_HOOKS, [])), frozenset(session.info.get(_NODES, set()))
+
+
+def restore_hooks(session: Session, checkpoint: tuple[int, frozenset[str]]) -> None:
+    """Forget what was queued for after commit since `checkpoint`: the work that queued
+    it was rolled back to a savepoint (store/groupcommit.py)."""
+    count, nodes = checkpoint
+    del session.info.setdefault(_HOOKS, [])[count:]
+    session.info[_NODES] = set(nodes)
+
+
 def commit(session: Session) -> None:
     """Commit, then run the after-commit hooks and wake the nodes that got commands."""
     nodes: set[str] = session.info.pop(_NODES, set())

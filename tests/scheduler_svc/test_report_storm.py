@@ -4,7 +4,8 @@ Sixteen nodes of one job lose rail 2 (one leaf switch) and post together. Each
 post must be answered after its evidence and the decision covering it have
 committed, the outcome must be the one the same reports give one at a time (on a
 second job of the same shape, on other nodes and switches), and every post is
-counted once in the pass metrics.
+counted once in the pass metrics, its evidence and audit entry once each in the
+group commit's.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def test_a_leaf_storm_is_decided_as_its_reports_one_at_a_time(
         assert r.status_code == 202, r.text
     requests_before = counter(http, "railover_report_reconcile_requests_total")
     passes_before = counter(http, "railover_report_reconcile_passes_total")
+    works_before = counter(http, "railover_group_commit_works_sum")
+    batches_before = counter(http, "railover_group_commit_works_count")
 
     go = threading.Barrier(NODES)
     answers: dict[str, httpx.Response] = {}
@@ -92,3 +95,8 @@ def test_a_leaf_storm_is_decided_as_its_reports_one_at_a_time(
     passes = counter(http, "railover_report_reconcile_passes_total") - passes_before
     assert asked == NODES
     assert 1 <= passes <= NODES
+    # Each post's evidence and its audit entry were written once each, in shared batches.
+    works = counter(http, "railover_group_commit_works_sum") - works_before
+    batches = counter(http, "railover_group_commit_works_count") - batches_before
+    assert works == 2 * NODES
+    assert 1 <= batches <= 2 * NODES

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from railover_testing.cluster_shapes import dual_port_node, hgx_node
 from scheduler_svc.services.commands import transition
+from scheduler_svc.services.targets import registered_ports
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import WAITING, CommandState
 from scheduler_svc.store.repositories import (
@@ -87,6 +88,18 @@ def test_port_state_of_one_port_or_the_whole_card(session: Session) -> None:
     states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
     assert (states[("mlx5_1", 1)], states[("mlx5_1", 2)]) == ("DOWN", "DOWN")
     assert sorted(repo.get_many(["n0", "n1"])) == ["n0"]
+
+
+def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
+    repo = NodeRepo(session)
+    repo.replace_topology("n0", *rows(dual_port_node()), NOW)
+    repo.replace_topology("n1", *rows(hgx_node()), NOW)
+    repo.replace_topology("bare", rows(hgx_node())[0], [], NOW)  # GPUs, no RNIC
+    found = registered_ports(session, ["n0", "bare", "nowhere"])
+    assert sorted(found) == ["bare", "n0"]  # n1 was not asked for; nowhere is not registered
+    assert found["bare"].ports == {}
+    assert found["n0"].ports["mlx5_0"] == frozenset({1, 2})
+    assert len(found["n0"].ports) == len({r["name"] for r in dual_port_node()["rnics"]})
 
 
 def job(job_id: str, nodes: list[str]) -> m.Job:
