@@ -63,7 +63,13 @@ def service(db_url: str, *, old_path: bool = False) -> Iterator[tuple[str, int]]
     """`railover serve` in its own process; yields its URL and pid."""
     head = ("-c", OLD_PATH) if old_path else ("-m", "scheduler_svc")
     # Nobody acknowledges: no re-issue of a delivered command may wake a poll meanwhile.
-    env = {"RAILOVER_LOG_LEVEL": "ERROR", "RAILOVER_COMMAND_ACK_TIMEOUT_S": "3600"}
+    # The service's cap on a poll's wait is raised to W, so a poll waits the W it asks for
+    # (its default, 30 s, would end longer polls early); the service's stop ends them.
+    env = {
+        "RAILOVER_LOG_LEVEL": "ERROR",
+        "RAILOVER_COMMAND_ACK_TIMEOUT_S": "3600",
+        "RAILOVER_COMMANDS_WAIT_MAX_S": str(max(30.0, WAIT_S)),
+    }
     with benchlib.served_process(db_url, head=head, env=env) as served:
         yield served
 

@@ -118,7 +118,7 @@ def serve(
     """Run the service (migrates the store first)."""
     import uvicorn
 
-    from scheduler_svc.main import create_app
+    from scheduler_svc.main import PollEndingServer, create_app
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
     from scheduler_svc.store.repositories import TokenRepo
 
@@ -140,8 +140,9 @@ def serve(
         raise typer.Exit(2)
     if not is_loopback(settings.host):
         settings = settings.model_copy(update={"allow_anonymous_loopback": False})
+    app = create_app(settings, migrate=False)
     config = uvicorn.Config(
-        create_app(settings, migrate=False),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
@@ -155,7 +156,7 @@ def serve(
         shown,
         bound_port,
     )
-    uvicorn.Server(config).run(sockets=[listener])
+    PollEndingServer(config, app.state.notifier).run(sockets=[listener])
 
 
 def _bind(host: str, port: int) -> socket.socket:

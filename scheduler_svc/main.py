@@ -8,7 +8,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from types import FrameType
 
+import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,7 +32,7 @@ from scheduler_svc.config import Settings, get_settings, is_loopback
 from scheduler_svc.deps import Principal
 from scheduler_svc.error_handlers import LimitBody, document_errors, install_error_handlers
 from scheduler_svc.fleet.service import AuditRequests, Fleet
-from scheduler_svc.notify import CommandListener, CommandNotifier
+from scheduler_svc.notify import CommandListener, CommandNotifier, CommandWatermark
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.store.db import (
@@ -73,6 +75,21 @@ class RequestTiming:
         await self.app(scope, receive, timed)
 
 
+class PollEndingServer(uvicorn.Server):
+    """uvicorn's server, which also ends the waiting long-polls when it is told to stop
+    (SIGTERM, SIGINT): it waits for open requests, and those would hold it for up to
+    RAILOVER_COMMANDS_WAIT_MAX_S (notify.CommandNotifier.close)."""
+
+    def __init__(self, config: uvicorn.Config, notifier: CommandNotifier) -> None:
+        super().__init__(config)
+        self._notifier = notifier
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # The handler may have interrupted the event loop itself: close on its next turn.
+        self._notifier.close_threadsafe()
+
+
 def create_app(
     settings: Settings | None = None, *, migrate: bool = True, clock: Clock = system_clock
 ) -> FastAPI:
@@ -105,11 +122,14 @@ def create_app(
                 settings.host,
             )
         app.state.notifier.bind(asyncio.get_running_loop())
-        # PostgreSQL: commands other replicas commit wake this one's polls through LISTEN.
-        listener = None
+        # Commands other writers commit wake this replica's polls: through LISTEN on
+        # PostgreSQL, through the newest command id, read once a second, on SQLite.
+        listener: CommandListener | CommandWatermark
         if engine.dialect.name == "postgresql":
             listener = CommandListener(settings.sqlalchemy_url, app.state.notifier)
-            listener.start()
+        else:
+            listener = CommandWatermark(app.state.read_sessionmaker, app.state.notifier)
+        listener.start()
         app.state.listener = listener
         # Outbox delivery runs in every replica; claims keep them off each other's rows.
         fleet = Fleet(app.state.sessionmaker, settings)
@@ -135,8 +155,7 @@ def create_app(
         finally:
             coordinator.stop()
             fleet.stop()
-            if listener is not None:
-                listener.stop()
+            listener.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -5,23 +5,27 @@ woken; it never re-reads the store on a timer. Two things wake it:
 
 - `CommandNotifier`, in this replica: a commit here that issued commands calls
   `notify` (store/uow.py runs it right after the commit).
-- `CommandListener`, on PostgreSQL: one connection per replica LISTENs on the
-  channel that every commit issuing commands NOTIFYs with the nodes' names, in
-  the same transaction (store/db.py, `publish_command_nodes`), so a command
-  committed by any replica wakes the poll held by another. When the connection
-  drops it reconnects with backoff, and after each LISTEN it wakes every waiting
-  poll once: what was committed while nobody listened is then read from the store.
+- What the replica learns of other writers' commits:
+  - `CommandListener`, on PostgreSQL: one connection per replica LISTENs on the
+    channel that every commit issuing commands NOTIFYs with the nodes' names, in
+    the same transaction (store/db.py, `publish_command_nodes`), so a command
+    committed by any replica wakes the poll held by another. When the connection
+    drops it reconnects with backoff, and after each LISTEN it wakes every waiting
+    poll once: what was committed while nobody listened is then read from the store.
+  - `CommandWatermark`, on SQLite: one thread reads the newest command id once a
+    second (one indexed read), and wakes the nodes of the commands issued since
+    its last read. SQLite has one writer at a time, so ids grow in commit order
+    and every new command is caught, whoever wrote it (a script on the database
+    file, the CLI), within a second. Its first read comes before the service
+    serves; after a failed read it reads again from scratch and wakes every poll.
 
-SQLite serves one replica, so the notifier alone reaches every poll. The backstop
-for a wake-up that never comes (a writer outside the service, such as a script
-on the database file) is the poll's own deadline: it returns empty and the agent
-polls again at once, which reads the store.
-
-On PostgreSQL, while the listener's LISTEN holds, that renewal skips its look when
-nothing woke the node (nor every poll) since its previous look found nothing: the
-wake-ups are then a complete account of what could have changed. The listener's
-connecting and its losing the connection both void every earlier empty look, so
-after a reconnect the looks happen again; on SQLite every renewal looks.
+While the listener's LISTEN holds (or the watermark's reads succeed), a renewal
+skips its look when nothing woke the node (nor every poll) since its previous
+look found nothing: the wake-ups are then a complete account of what could have
+changed. Losing the connection (a failed read) and connecting again both void
+every earlier empty look, so the looks happen again. On SQLite a command
+committed outside the service reaches a renewal that skipped its look within a
+second, when the watermark wakes the node.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from sqlalchemy import make_url
+from sqlalchemy import func, make_url, select
+from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler_svc.store import models as m
 from scheduler_svc.store.db import COMMANDS_CHANNEL, command_nodes_from_payload
 
 log = logging.getLogger(__name__)
@@ -49,9 +55,8 @@ class CommandNotifier:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, asyncio.Event] = {}
-        # Whether every commit by any replica reaches this notifier: on PostgreSQL while
-        # the listener's LISTEN holds. Never on SQLite, where a writer outside the service
-        # is only caught by a look (the module's docstring).
+        # Whether every commit by any writer reaches this notifier: on PostgreSQL while
+        # the listener's LISTEN holds, on SQLite while the watermark's reads succeed.
         self._listening = False
         # Bumped by every wake-up of all and every change of _listening; per node, by
         # each wake-up of that node. A look's stamp is both, taken as it starts.
@@ -59,6 +64,8 @@ class CommandNotifier:
         self._seq: dict[str, int] = {}
         # node -> the stamp of its last look that found nothing
         self._empty: dict[str, tuple[int, int]] = {}
+        # The service is stopping: waiting polls answer at once (see `close`).
+        self._closing = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -78,8 +85,30 @@ class CommandNotifier:
             event.clear()
 
     @property
+    def closing(self) -> bool:
+        """The service is stopping: a poll answers what it has at once instead of waiting."""
+        return self._closing
+
+    def close(self) -> None:
+        """End every waiting poll, now and from here on: call from the event loop's thread
+        when the server is told to stop. uvicorn waits for open requests before it stops,
+        and 8,192 polls of up to RAILOVER_COMMANDS_WAIT_MAX_S would hold the stop (and a
+        rolling restart) that long; answered empty now, each agent polls again at once,
+        reaching another replica or this one restarted, and nothing is lost: a command
+        stays in the store until a poll takes it."""
+        self._closing = True
+        for event in self._events.values():
+            event.set()
+
+    def close_threadsafe(self) -> None:
+        """`close`, from a signal handler or another thread."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self.close)
+
+    @property
     def listening(self) -> bool:
-        """Whether the listener's LISTEN holds (PostgreSQL; never on SQLite)."""
+        """Whether the listener's LISTEN holds (PostgreSQL) or the watermark reads (SQLite)."""
         return self._listening
 
     def stamp(self, node: str) -> tuple[int, int]:
@@ -97,9 +126,10 @@ class CommandNotifier:
         """Whether a look now would find what the node's last empty look found: nothing.
 
         True only while listening (every commit anywhere that issues commands to the node
-        reaches `notify`), and only if no wake-up of the node or of all, and no change of
-        the listener's connection, came since that look began. A renewal then skips its
-        look and waits at once; a wake-up while it waits ends the wait as usual.
+        reaches `notify`, on SQLite within the watermark's interval), and only if no
+        wake-up of the node or of all, and no change of the listener's connection, came
+        since that look began. A renewal then skips its look and waits at once; a wake-up
+        while it waits ends the wait as usual.
         """
         return self._listening and self._empty.get(node) == self.stamp(node)
 
@@ -270,3 +300,92 @@ class CommandListener:
             if idle >= LISTEN_PING_S:
                 conn.execute("SELECT 1")
                 idle = 0.0
+
+
+# SQLite: how often the watermark reads the newest command id, so the most a command from
+# outside the service waits for a poll that skipped its look; and the pause after a failed
+# read before it reads again from scratch.
+WATERMARK_S = 1.0
+WATERMARK_RETRY_S = 5.0
+
+
+class CommandWatermark:
+    """SQLite's stand-in for the listener: the newest command id, read once a second in a
+    thread of its own; the nodes of commands newer than the last read are woken."""
+
+    def __init__(
+        self,
+        reads: sessionmaker[Session],
+        notifier: CommandNotifier,
+        *,
+        interval_s: float = WATERMARK_S,
+    ) -> None:
+        self._reads = reads
+        self._notifier = notifier
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._newest: int | None = None  # None: read from scratch next
+        self._failing = False  # the last read failed (logged once per run of failures)
+        self.reads = 0  # reads that succeeded, for tests and probes
+
+    def start(self) -> None:
+        """Read once here, before the service serves, then once a second in a thread."""
+        self._read()
+        self._thread = threading.Thread(
+            target=self._run, name="railover-command-watermark", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._notifier.listening_threadsafe(False)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(
+            self._interval_s if self._newest is not None else WATERMARK_RETRY_S
+        ):
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            with self._reads() as session:
+                newest = session.scalar(select(func.max(m.Command.command_id))) or 0
+                nodes: list[str] = []
+                if self._newest is not None and newest > self._newest:
+                    nodes = list(
+                        session.scalars(
+                            select(m.Command.node)
+                            .where(
+                                m.Command.command_id > self._newest,
+                                m.Command.command_id <= newest,
+                            )
+                            .distinct()
+                        )
+                    )
+        except Exception:  # the watermark must outlive anything one read does
+            if not self._failing:
+                log.exception(
+                    "command watermark: reading the store failed; every poll looks, and the "
+                    "watermark reads again in %.0f s",
+                    WATERMARK_RETRY_S,
+                )
+            self._failing = True
+            # What is committed from now on may reach nobody: every renewal looks.
+            self._newest = None
+            self._notifier.listening_threadsafe(False)
+            return
+        self._failing = False
+        self.reads += 1
+        if self._newest is None:
+            self._newest = newest
+            # From here every new command is seen: renewals may skip looks. Polls that
+            # began before this read look once more, for what was committed until it.
+            self._notifier.listening_threadsafe(True)
+            self._notifier.notify_all_threadsafe()
+            return
+        self._newest = newest
+        if nodes:
+            self._notifier.notify_threadsafe(nodes)

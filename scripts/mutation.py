@@ -72,11 +72,14 @@ TARGETS = (
     Target(
         "notify",
         ("scheduler_svc/notify.py",),
-        # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's.
+        # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's, the
+        # SQLite watermark test_watermark.py's, the close at a stop test_stop_ends_polls.py's.
         (
             "tests/scheduler_svc/test_notify.py",
             "tests/scheduler_svc/test_listen.py",
             "tests/scheduler_svc/test_listener_strength.py",
+            "tests/scheduler_svc/test_watermark.py",
+            "tests/scheduler_svc/test_stop_ends_polls.py",
         ),
     ),
     Target(

@@ -76,9 +76,13 @@ async def poll_commands(
             if not cmds and may_skip:
                 notifier.looked_empty(node, stamp)
         remaining = deadline - loop.time()
-        if cmds or remaining <= 0:
+        if cmds or remaining <= 0 or notifier.closing:
             return CommandList(commands=cmds)
         await notifier.wait(node, remaining if RECHECK_S is None else min(RECHECK_S, remaining))
+        if notifier.closing:
+            # The service is stopping (notify.CommandNotifier.close): no look, the agent's
+            # next poll, sent at once, looks wherever it lands.
+            return CommandList(commands=[])
         if RECHECK_S is None and loop.time() >= deadline:
             # Not woken (or only just at the deadline): the agent's next poll, sent at
             # once, is the next look.

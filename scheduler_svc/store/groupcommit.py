@@ -117,8 +117,8 @@ class GroupCommit:
                         restore_hooks(session, hooks)
                         item.result, item.error = None, exc
         except BaseException as exc:
+            # Nothing of the batch is stored: each work that had succeeded fails with it,
+            # and each caller raises it in its own thread, the leader too.
             for item in batch:
                 if item.error is None:
                     item.result, item.error = None, exc
-            if not isinstance(exc, Exception):
-                raise

@@ -119,6 +119,10 @@ def test_a_batch_takes_at_most_max_batch_works(sessions: sessionmaker[Session]) 
 def test_max_batch_must_be_positive(sessions: sessionmaker[Session]) -> None:
     with pytest.raises(ValueError, match="max_batch: 0, at least 1"):
         GroupCommit(sessions, max_batch=0)
+    writes = GroupCommit(sessions, max_batch=1)  # one is allowed: no work shares a batch
+    held = Held(writes)
+    held.queue_behind({f"/q{i}": add(f"/q{i}") for i in range(3)})
+    assert writes.batches == 4
 
 
 def test_a_failing_work_is_rolled_back_alone_and_its_caller_gets_its_error(
@@ -160,8 +164,9 @@ def test_a_failed_commit_fails_every_caller_and_stores_nothing(
     refuse = threading.Event()
 
     @event.listens_for(sessions, "before_commit")
-    def _fail(_s: Session) -> None:
-        if refuse.is_set():
+    def _fail(s: Session) -> None:
+        # The event comes for each work's savepoint too: fail only the batch's own commit.
+        if refuse.is_set() and not s.in_nested_transaction():
             raise RuntimeError("the store went away")
 
     held = Held(writes)
