@@ -83,6 +83,17 @@ TARGETS = (
         ),
     ),
     Target(
+        # The SQLite watermark and the close at a stop, by the tests written for them (the
+        # notify target's whole list takes minutes a mutant: it starts many services).
+        "watermark",
+        ("scheduler_svc/notify.py",),
+        ("tests/scheduler_svc/test_watermark.py", "tests/scheduler_svc/test_stop_ends_polls.py"),
+        only=(
+            "scheduler_svc.notify.xǁCommandWatermarkǁ*",
+            "scheduler_svc.notify.xǁCommandNotifierǁclos*",
+        ),
+    ),
+    Target(
         "spool",
         ("agent/spool.py",),
         ("tests/agent/test_agent_spool.py", "tests/agent/test_spool_strength.py"),
