@@ -29,6 +29,7 @@ from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_ses
 from tests.scheduler_svc.helpers import job_body, register_nodes
 from tests.scheduler_svc.test_listen import NO_RECHECK_S, WOKEN_WITHIN_S, looks  # noqa: F401
 from tests.scheduler_svc.test_notify import serve
+from tests.store.test_idempotency import job
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -68,17 +69,7 @@ def sessions(store: str) -> Iterator[tuple[sessionmaker[Session], sessionmaker[S
     engine = make_engine(store)
     writes = make_sessionmaker(engine)
     with writes.begin() as s:
-        s.add(
-            m.Job(
-                job_id="j1",
-                created_at=NOW,
-                checkpoint_interval_s=3600,
-                reload_s=600,
-                detect_s=0,
-                timeout_s=30,
-                last_checkpoint_at=NOW,
-            )
-        )
+        s.add(job("j1"))
     yield writes, make_read_sessionmaker(engine)
     engine.dispose()
 
