@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.waiting import wait_until
+from scheduler_svc import notify
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.notify import CommandNotifier, CommandWatermark
@@ -183,3 +184,56 @@ def test_on_sqlite_renewals_skip_their_looks_and_an_outside_writer_still_wakes_t
         body = got["r"].json()
         assert [c["kind"] for c in body["commands"]] == ["checkpoint_now"]
         assert looks == ["n0", "n0"]
+
+
+def test_the_first_failure_is_logged_with_its_retry_and_a_stop_before_start_is_fine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+
+    def broken() -> Session:
+        raise OSError("disk gone")
+
+    mark = CommandWatermark(broken, Recording(), interval_s=3600)  # type: ignore[arg-type]
+    mark.stop()  # never started: nothing to join
+    mark._read()
+    failures = [r.getMessage() for r in caplog.records if "watermark" in r.getMessage()]
+    assert failures == [
+        "command watermark: reading the store failed; every poll looks, and the "
+        f"watermark reads again in {notify.WATERMARK_RETRY_S:.0f} s"
+    ]
+
+
+def test_after_a_failed_read_the_thread_retries_on_the_retry_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(notify, "WATERMARK_RETRY_S", 0.01)
+    tries: list[int] = []
+
+    def broken() -> Session:
+        tries.append(1)
+        raise OSError("disk gone")
+
+    # Its interval is out of reach: only the retry interval can bring the next tries.
+    mark = CommandWatermark(broken, Recording(), interval_s=3600)  # type: ignore[arg-type]
+    mark.start()
+    try:
+        assert wait_until(lambda: len(tries) >= 3, timeout=WOKEN_WITHIN_S)
+    finally:
+        mark.stop()
+
+
+def test_while_reads_succeed_the_thread_reads_on_its_interval_named_and_daemonic(
+    sessions: tuple[sessionmaker[Session], sessionmaker[Session]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, reads = sessions
+    monkeypatch.setattr(notify, "WATERMARK_RETRY_S", 3600.0)  # out of reach
+    mark = CommandWatermark(reads, Recording(), interval_s=0.01)
+    mark.start()
+    try:
+        assert wait_until(lambda: mark.reads >= 3, timeout=WOKEN_WITHIN_S)
+        # Named for stack dumps (py-spy dump): daemonic, so a hung read never holds an exit.
+        assert mark._thread is not None
+        assert (mark._thread.name, mark._thread.daemon) == ("railover-command-watermark", True)
+    finally:
+        mark.stop()
