@@ -75,6 +75,11 @@ def sessions(store: str) -> Iterator[tuple[sessionmaker[Session], sessionmaker[S
     engine.dispose()
 
 
+def unreadable() -> Session:
+    """A store that cannot be read, in place of the watermark's sessionmaker."""
+    raise OSError("disk gone")
+
+
 def command_for(writes: sessionmaker[Session], *nodes: str) -> None:
     """Commands put in the store as any writer would, without telling any notifier."""
     with writes.begin() as s:
@@ -109,11 +114,7 @@ def test_a_failed_read_stops_the_skipping_and_the_next_reads_from_scratch(
     told = Recording()
     mark = CommandWatermark(reads, told, interval_s=3600)
     mark._read()
-
-    def broken() -> Session:
-        raise OSError("disk gone")
-
-    monkeypatch.setattr(mark, "_reads", broken)
+    monkeypatch.setattr(mark, "_reads", unreadable)
     mark._read()
     mark._read()
     assert told.told == [("listening", True), "all", ("listening", False), ("listening", False)]
@@ -126,7 +127,7 @@ def test_a_failed_read_stops_the_skipping_and_the_next_reads_from_scratch(
     command_for(writes, "after")
     mark._read()
     assert told.told[6:] == [["after"]]
-    monkeypatch.setattr(mark, "_reads", broken)
+    monkeypatch.setattr(mark, "_reads", unreadable)
     mark._read()
     assert len([r for r in caplog.records if "reading the store failed" in r.getMessage()]) == 2
 
@@ -189,11 +190,7 @@ def test_on_sqlite_renewals_skip_their_looks_and_an_outside_writer_still_wakes_t
 def test_the_first_failure_is_logged_with_its_retry_and_a_stop_before_start_is_fine(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-
-    def broken() -> Session:
-        raise OSError("disk gone")
-
-    mark = CommandWatermark(broken, Recording(), interval_s=3600)  # type: ignore[arg-type]
+    mark = CommandWatermark(unreadable, Recording(), interval_s=3600)  # type: ignore[arg-type]
     mark.stop()  # never started: nothing to join
     mark._read()
     failures = [r.getMessage() for r in caplog.records if "watermark" in r.getMessage()]
@@ -211,7 +208,7 @@ def test_after_a_failed_read_the_thread_retries_on_the_retry_interval(
 
     def broken() -> Session:
         tries.append(1)
-        raise OSError("disk gone")
+        return unreadable()
 
     # Its interval is out of reach: only the retry interval can bring the next tries.
     mark = CommandWatermark(broken, Recording(), interval_s=3600)  # type: ignore[arg-type]
