@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import SSEError, aconnect_sse
 from tenacity import (
     AsyncRetrying,
     RetryError,
@@ -71,6 +72,19 @@ class _Retryable(Exception):
 
 # Statuses that mean "not now" rather than "never".
 _TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def _refusal(endpoint: str, code: int, body: str) -> ServiceError:
+    """What an answer of 300 or more means to the agent (the module's docstring)."""
+    if code >= 500 and code not in _OUTAGE:
+        return ServerFault(f"{endpoint}: HTTP {code}: {body}", code, body)
+    if code in _TRANSIENT:
+        return Unavailable(f"{endpoint}: HTTP {code}: {body}", code, body)
+    if code in (401, 403):
+        # A bad token will not fix itself within one call; the loop's
+        # longer backoff retries it, and the log says why.
+        return Unavailable(f"{endpoint}: HTTP {code} (check RAILOVER_AGENT_TOKEN): {body}", code)
+    return Rejected(f"{endpoint}: HTTP {code}: {body}", code, body)
 
 
 class Backoff:
@@ -143,16 +157,10 @@ class ServiceClient:
         metrics.SERVICE_REQUESTS.labels(endpoint, "ok" if code < 300 else f"http_{code}").inc()
         if code < 300:
             return resp
-        body = resp.text[:2000]
-        if code >= 500 and code not in _OUTAGE:
-            raise _Retryable(ServerFault(f"{endpoint}: HTTP {code}: {body}", code, body))
-        if code in _TRANSIENT:
-            raise _Retryable(Unavailable(f"{endpoint}: HTTP {code}: {body}", code, body))
-        if code in (401, 403):
-            # A bad token will not fix itself within one call; the loop's
-            # longer backoff retries it, and the log says why.
-            raise Unavailable(f"{endpoint}: HTTP {code} (check RAILOVER_AGENT_TOKEN): {body}", code)
-        raise Rejected(f"{endpoint}: HTTP {code}: {body}", code, body)
+        err = _refusal(endpoint, code, resp.text[:2000])
+        if isinstance(err, ServerFault) or (isinstance(err, Unavailable) and code in _TRANSIENT):
+            raise _Retryable(err)
+        raise err
 
     async def _call(
         self,
@@ -211,6 +219,43 @@ class ServiceClient:
         )
         commands: list[dict[str, Any]] = resp.json().get("commands", [])
         return commands
+
+    async def stream_commands(
+        self, heartbeat_s: float, include_unacked: bool = True
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """This node's command stream, as (event, data) until it ends or breaks.
+
+        One attempt, no retries (the command loop reconnects with its backoff). A stream
+        silent for longer than heartbeat_s plus request_timeout_s is taken as lost.
+        Raises what `_call` raises: Rejected (a service without the stream answers 404),
+        Unavailable otherwise.
+        """
+        params = {"heartbeat_s": heartbeat_s, "include_unacked": str(include_unacked).lower()}
+        timeout = httpx.Timeout(
+            self.settings.request_timeout_s, read=heartbeat_s + self.settings.request_timeout_s
+        )
+        url = f"/v1/nodes/{self.node}/commands/stream"
+        try:
+            async with aconnect_sse(
+                self._http, "GET", url, params=params, timeout=timeout
+            ) as source:
+                resp = source.response
+                metrics.SERVICE_UP.set(1)
+                code = resp.status_code
+                metrics.SERVICE_REQUESTS.labels(
+                    "commands_stream", "ok" if code < 300 else f"http_{code}"
+                ).inc()
+                if code >= 300:
+                    await resp.aread()
+                    raise _refusal("commands_stream", code, resp.text[:2000])
+                async for sse in source.aiter_sse():
+                    yield sse.event, sse.json()
+        except (httpx.HTTPError, SSEError, ValueError) as exc:
+            # ValueError: an event's data that is not JSON (a proxy's page, a cut line).
+            metrics.SERVICE_REQUESTS.labels("commands_stream", "error").inc()
+            if not isinstance(exc, ValueError):
+                metrics.SERVICE_UP.set(0)
+            raise Unavailable(f"commands_stream: {type(exc).__name__}: {exc}") from exc
 
     async def ack(
         self,

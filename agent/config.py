@@ -131,6 +131,18 @@ class AgentSettings(BaseSettings):
     request_timeout_s: float = Field(
         default=5.0, gt=0, le=120, description="Timeout of one request to the service"
     )
+    command_stream: bool = Field(
+        default=True,
+        description="Take commands on one stream that stays open (server-sent events); off, "
+        "or against a service without the stream, long-poll for them",
+    )
+    command_heartbeat_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=300,
+        description="Longest silence the command stream may keep: a stream quiet for longer "
+        "(plus request_timeout_s) is taken as lost and opened again",
+    )
     command_wait_s: float = Field(
         default=20.0, ge=0, le=300, description="Long-poll for commands, seconds"
     )

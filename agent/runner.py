@@ -301,16 +301,34 @@ class Agent:
         hub = self.hub
         assert hub is not None
         backoff = Backoff(0.5, self.settings.retry_max_backoff_s)
+        stream = self.settings.command_stream
         # The service hands each command out once; after a restart this agent
         # asks once for those delivered to its predecessor but never acknowledged.
         first = True
         while True:
             try:
+                if stream:
+                    ended = await self._stream_commands(hub, backoff)
+                    if ended in ("max_age", "stopping"):
+                        # An end the service chose: open the next stream at once (after a
+                        # stop, most likely on another replica).
+                        continue
+                    raise Unavailable(f"command stream ended: {ended or 'without an end event'}")
                 cmds = await self.client.fetch_commands(
                     self.settings.command_wait_s, include_unacked=first
                 )
                 first = False
-            except (Unavailable, Rejected) as exc:
+            except Rejected as exc:
+                if stream and exc.status in (404, 405):
+                    # A service from before the stream: long-poll it instead, from here on.
+                    log.warning("the service has no command stream (%s); long-polling", exc)
+                    stream = False
+                    continue
+                delay = backoff.next()
+                log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            except Unavailable as exc:
                 delay = backoff.next()
                 log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
@@ -321,6 +339,27 @@ class Agent:
                 # Only commands still waiting for a client: the service will
                 # keep returning them at once, so do not spin.
                 await asyncio.sleep(self.settings.poll_interval_s)
+
+    async def _stream_commands(self, hub: PluginHub, backoff: Backoff) -> str | None:
+        """Relay one command stream to the plugin hub; its end's reason, None if it broke.
+
+        Each stream asks for the commands delivered but not acknowledged: one sent into a
+        stream that broke reached the store's "delivered", not this agent. The hub knows
+        the commands it has, so one it is sent again is not relayed twice.
+        """
+        async for event, data in self.client.stream_commands(
+            self.settings.command_heartbeat_s, include_unacked=True
+        ):
+            if event == "command":
+                hub.on_command(data)
+            elif event == "end":
+                reason = data.get("reason")
+                return str(reason) if reason is not None else None
+            elif event == "ready":
+                # Open: a break from here on backs off from the start again.
+                backoff.reset()
+                log.debug("command stream open: %s", data)
+        return None
 
     async def _ack_loop(self) -> None:
         """Send the ranks' acks, those that say the same thing together (one request a node)."""

@@ -18,10 +18,17 @@ default, 20 s). Measured:
 Runs: `old` is the path before issue 12 (each waiting poll re-reads the store every
 second: `RECHECK_S = 1.0` set in the service process), `new` the wake-up path; on
 SQLite with one replica, and across two PostgreSQL replicas (polls held on B,
-faults posted to A, B's CPU measured).
+faults posted to A, B's CPU measured). `stream-sqlite` and `stream-postgres` are the
+same with each agent holding the command stream instead (`GET
+/v1/nodes/<node>/commands/stream?heartbeat_s=H`, the agent's default since it exists):
+one open response per agent, a keepalive line every H seconds, read off the chunked
+answer on the same raw sockets. Their "polls/s" column counts keepalives, and the
+CPU of opening the 8,192 streams is printed too (what the streams' reconnects cost,
+one every RAILOVER_COMMANDS_STREAM_MAX_S per agent).
 
     .venv/bin/python benchmarks/bench_idle_polls.py [--agents 8192] [--old-agents 1000]
-        [--idle-s 40] [--samples 64] [--runs old,sqlite,postgres]
+        [--idle-s 40] [--samples 64] [--heartbeat-s 30]
+        [--runs old,sqlite,postgres,stream-sqlite,stream-postgres]
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import httpx
 from railover_testing.cluster_shapes import hgx_node
 
 WAIT_S = 20.0  # the agent's default command_wait_s; --wait-s changes it
+HEARTBEAT_S = 30.0  # the agent's default command_heartbeat_s; --heartbeat-s changes it
 TICKS = os.sysconf("SC_CLK_TCK")
 # Started in the service process in place of `python -m scheduler_svc`: the old path.
 OLD_PATH = (
@@ -134,6 +142,56 @@ class Pollers:
             writer.close()
 
 
+class Streamers(Pollers):
+    """N agents each holding the command stream open, on raw keep-alive connections."""
+
+    async def _agent(self, node: str, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                self.errors += 1
+                return
+            writer.write(
+                (
+                    f"GET /v1/nodes/{node}/commands/stream?heartbeat_s={HEARTBEAT_S}"
+                    f"&include_unacked=false HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n"
+                ).encode()
+            )
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (OSError, asyncio.IncompleteReadError):
+                self.errors += 1
+                return
+            if not head.startswith(b"HTTP/1.1 200") or b"chunked" not in head.lower():
+                self.errors += 1
+                return
+            self.connected += 1
+        pending = b""
+        try:
+            while not self._stop:
+                # One chunk of the chunked answer: its size in hex, CRLF, the bytes, CRLF.
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    raise asyncio.IncompleteReadError(b"", None)  # the stream ended
+                pending += await reader.readexactly(size)
+                await reader.readexactly(2)
+                now = time.perf_counter()
+                while b"\n\n" in pending:
+                    event, pending = pending.split(b"\n\n", 1)
+                    if event.startswith(b"event: command"):
+                        self.deliveries.setdefault(node, []).append(now)
+                    elif event.startswith(b"event: ready") or event.startswith(b": keepalive"):
+                        self.polls += 1  # the first poll's counterpart, then each keepalive
+                    elif event.startswith(b"event: end"):
+                        raise asyncio.IncompleteReadError(b"", None)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            if not self._stop:
+                self.errors += 1
+        finally:
+            writer.close()
+
+
 def setup_jobs(url: str, samples: int) -> list[tuple[str, list[str]]]:
     """`samples` 2-node jobs; returns (job_id, nodes)."""
     jobs = []
@@ -203,23 +261,32 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(
-    poll_url: str, post_url: str, pid: int, *, agents: int, samples: int, idle_s: float
+    poll_url: str,
+    post_url: str,
+    pid: int,
+    *,
+    agents: int,
+    samples: int,
+    idle_s: float,
+    stream: bool = False,
 ) -> dict[str, Any]:
     jobs = setup_jobs(post_url, samples)
     nodes = [n for _, members in jobs for n in members]
     nodes += [f"idle{i:05d}" for i in range(max(0, agents - len(nodes)))]
-    pollers = Pollers(int(poll_url.rsplit(":", 1)[1]), nodes)
+    pollers = (Streamers if stream else Pollers)(int(poll_url.rsplit(":", 1)[1]), nodes)
+    opening = cpu_seconds(pid)
     await pollers.start()
     # Measure in the steady state: every agent's first poll has returned (its first look,
     # which queues on 2 cores, is long over) and its second one waits.
-    settle = time.perf_counter() + 3 * WAIT_S + len(nodes) / 50
+    settle = time.perf_counter() + 3 * max(WAIT_S, HEARTBEAT_S) + len(nodes) / 50
     while pollers.polls < len(nodes):
         if time.perf_counter() > settle:
             raise RuntimeError(f"only {pollers.polls} of {len(nodes)} first polls returned")
         await asyncio.sleep(0.1)
-    # The agents renew together, every WAIT_S: start half-way between two renewals, so that
-    # a window of k * WAIT_S holds k of them whole.
-    await asyncio.sleep(WAIT_S / 2)
+    opened = cpu_seconds(pid) - opening  # every first look (or stream opened)
+    # The agents renew together, every WAIT_S (streams: a keepalive every HEARTBEAT_S):
+    # start half-way between two, so that a window of k periods holds k of them whole.
+    await asyncio.sleep((HEARTBEAT_S if stream else WAIT_S) / 2)
     polls0 = pollers.polls
     svc, client = await idle_cpu(pid, idle_s)
     renewals = (pollers.polls - polls0) / idle_s
@@ -232,6 +299,7 @@ async def measure(
         "svc_cpu": svc,
         "client_cpu": client,
         "polls_per_s": renewals,
+        "open_cpu_s": opened,
         "low": low,
         "high": high,
     }
@@ -252,7 +320,7 @@ def row(label: str, res: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    global WAIT_S  # noqa: PLW0603 (one setting for the whole run, read by the pollers)
+    global WAIT_S, HEARTBEAT_S  # noqa: PLW0603 (one setting for the whole run, read by the pollers)
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -260,16 +328,18 @@ def main() -> None:
     ap.add_argument("--old-agents", type=int, default=1000, help="agents on old and new paths")
     ap.add_argument("--idle-s", type=float, help="idle CPU window (default: 2 x wait-s)")
     ap.add_argument("--wait-s", type=float, default=WAIT_S, help="each poll's wait_s")
+    ap.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S, help="each stream's")
     ap.add_argument("--samples", type=int, default=100, help="faults, each to a 2-node job")
-    ap.add_argument("--runs", default="old,sqlite,postgres")
+    ap.add_argument("--runs", default="old,sqlite,postgres,stream-sqlite,stream-postgres")
     args = ap.parse_args()
     WAIT_S = args.wait_s
-    args.idle_s = args.idle_s or 2 * WAIT_S
+    HEARTBEAT_S = args.heartbeat_s
     runs = args.runs.split(",")
     m = benchlib.machine()
     print(
         f"machine: {m['nproc']} cores, {m['cpu']}; agents: raw asyncio keep-alive sockets in "
-        f"one process, wait_s={WAIT_S:g}; idle window {args.idle_s:g} s; "
+        f"one process, wait_s={WAIT_S:g}, heartbeat_s={HEARTBEAT_S:g}; idle window "
+        f"{args.idle_s or 2 * WAIT_S:g} s ({args.idle_s or 2 * HEARTBEAT_S:g} s for streams); "
         f"{args.samples} faults, each to a 2-node job"
     )
     print(
@@ -281,19 +351,58 @@ def main() -> None:
         "load: the machine's 1-min load average, other users included)"
     )
 
-    def run(label: str, backend: str, agents: int, *, old: bool = False) -> dict[str, Any]:
+    def idle_s(stream: bool) -> float:
+        return float(args.idle_s or 2 * (HEARTBEAT_S if stream else WAIT_S))
+
+    def show(label: str, res: dict[str, Any], stream: bool) -> None:
+        print(row(label, res), flush=True)
+        if stream:
+            print(
+                f"{'':24} opening {res['agents']} streams took {res['open_cpu_s']:.1f} s of "
+                f"service CPU ({res['open_cpu_s'] / res['agents'] * 1000:.2f} ms each)",
+                flush=True,
+            )
+
+    def run(
+        label: str, backend: str, agents: int, *, old: bool = False, stream: bool = False
+    ) -> dict[str, Any]:
         # The old path keeps the service busy, and each fault's request waits for it.
         samples = min(args.samples, 10) if old else args.samples
         with benchlib.scratch_store(backend) as db, service(db, old_path=old) as (url, pid):
             res = asyncio.run(
-                measure(url, url, pid, agents=agents, samples=samples, idle_s=args.idle_s)
+                measure(
+                    url,
+                    url,
+                    pid,
+                    agents=agents,
+                    samples=samples,
+                    idle_s=idle_s(stream),
+                    stream=stream,
+                )
             )
-        print(row(label, res), flush=True)
+        show(label, res, stream)
         return res
+
+    def replicas(label: str, stream: bool) -> None:
+        with benchlib.scratch_store("postgres") as db, ExitStack() as stack:
+            a, _ = stack.enter_context(service(db))
+            b, pid_b = stack.enter_context(service(db))
+            res = asyncio.run(
+                measure(
+                    b,
+                    a,
+                    pid_b,
+                    agents=args.agents,
+                    samples=args.samples,
+                    idle_s=idle_s(stream),
+                    stream=stream,
+                )
+            )
+        show(label, res, stream)
 
     if "old" in runs:
         with benchlib.scratch_store("sqlite") as db, service(db) as (_, pid):
-            svc, client = asyncio.run(idle_cpu(pid, args.idle_s))
+            svc, client = asyncio.run(idle_cpu(pid, idle_s(False)))
         empty = {"agents": 0, "svc_cpu": svc, "client_cpu": client, "polls_per_s": 0.0}
         print(row("sqlite, no agents", empty | {"low": [], "high": []}), flush=True)
         before = run("sqlite, old: 1 s re-read", "sqlite", args.old_agents, old=True)
@@ -303,13 +412,11 @@ def main() -> None:
     if "sqlite" in runs:
         run("sqlite, new", "sqlite", args.agents)
     if "postgres" in runs:
-        with benchlib.scratch_store("postgres") as db, ExitStack() as stack:
-            a, _ = stack.enter_context(service(db))
-            b, pid_b = stack.enter_context(service(db))
-            res = asyncio.run(
-                measure(b, a, pid_b, agents=args.agents, samples=args.samples, idle_s=args.idle_s)
-            )
-        print(row("postgres, 2 replicas: B", res), flush=True)
+        replicas("postgres, 2 replicas: B", stream=False)
+    if "stream-sqlite" in runs:
+        run("sqlite, stream", "sqlite", args.agents, stream=True)
+    if "stream-postgres" in runs:
+        replicas("postgres, streams on B", stream=True)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,18 @@ BENCHMARKS = [
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "8192", "--backend", "sqlite"],
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "256"],
     ["bench_registration.py"],
-    # Old path beside new at the agent's default wait; then 8,192 agents at the longest one.
+    # Old path beside new at the agent's default wait; then 8,192 agents at the longest one,
+    # long-polling and on streams.
     ["bench_idle_polls.py", "--runs", "old"],
-    ["bench_idle_polls.py", "--runs", "sqlite,postgres", "--wait-s", "120", "--samples", "50"],
+    [
+        "bench_idle_polls.py",
+        "--runs",
+        "sqlite,postgres,stream-sqlite,stream-postgres",
+        "--wait-s",
+        "120",
+        "--samples",
+        "50",
+    ],
     ["bench_simulate.py"],
     ["bench_agent.py", "--seconds", "60"],
 ]

@@ -207,6 +207,11 @@ class Settings(BaseSettings):
     commands_wait_max_s: Annotated[float, Field(gt=0, le=120)] = Field(
         default=30.0, description="Longest long-poll an agent may ask for on /v1/commands"
     )
+    commands_stream_max_s: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=1800.0,
+        description="Longest a command stream stays open (each ends 0-10 % sooner, spread); "
+        "the agent reconnects at once, and its token is checked again",
+    )
     max_events_per_request: Annotated[int, Field(ge=1, le=1000)] = Field(
         default=1000,
         description="Events one agent request may carry (the schema caps a batch at 1000)",

@@ -157,3 +157,10 @@ CHECKPOINT_REQUESTS = Counter(
     "railover_checkpoint_requests_total",
     "Normal checkpoints asked of jobs after a mirror failure (checkpoint_now)",
 )
+
+# Open server-sent-event streams of commands (GET /v1/nodes/{node}/commands/stream).
+COMMAND_STREAMS = Gauge("railover_command_streams", "Command streams open on this replica")
+# reason: max_age | stopping | unavailable | client_gone
+COMMAND_STREAM_ENDS = Counter(
+    "railover_command_stream_ends_total", "Command streams ended, by reason", ["reason"]
+)

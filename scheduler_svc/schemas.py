@@ -895,6 +895,25 @@ class CommandList(BaseModel):
     commands: list[CommandOut]
 
 
+class StreamReady(BaseModel):
+    """The data of a command stream's first event, `ready`."""
+
+    heartbeat_s: float = Field(description="The longest silence before a keepalive line")
+    ends_in_s: float = Field(description="When the service will end this stream (max_age)")
+
+
+StreamEndReason = Literal["max_age", "stopping", "unavailable"]
+
+
+class StreamEnd(BaseModel):
+    """The data of a command stream's last event, `end`."""
+
+    reason: StreamEndReason = Field(
+        description="max_age and stopping: open the next stream at once; unavailable (the "
+        "store could not be read): after a backoff"
+    )
+
+
 class AckIn(Strict):
     node: Name
     rank: RankNo | None = Field(

@@ -98,3 +98,11 @@ def test_a_run_rewrites_its_section_and_keeps_the_notes_under_it() -> None:
         mu.with_section("# R\n", "## Test strength\n\n| t |\n")
         == "# R\n\n## Test strength\n\n| t |\n"
     )
+
+
+def test_a_score_is_rounded_down_so_a_survivor_never_reads_as_100() -> None:
+    score = script().score
+    assert score(4331, 4333) == 99.9
+    assert score(73, 73) == 100.0
+    assert score(57, 80) == 71.2
+    assert score(0, 0) == 100.0  # nothing that could survive

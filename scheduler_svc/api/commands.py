@@ -1,13 +1,29 @@
-"""Commands for the CCL processes of a node, fetched by its agent with a long-poll."""
+"""Commands for the CCL processes of a node, fetched by its agent: a long-poll, or a stream.
+
+The stream (`GET /v1/nodes/{node}/commands/stream`, server-sent events) is one
+response per agent that stays open: an idle fleet then costs a keepalive line per
+agent every heartbeat, not a request per agent every wait. The long-poll stays for
+agents that cannot hold a stream (a proxy that buffers, an older agent). Both look
+at the store the same way (`_look`): when they start and when they are woken, never
+on a timer.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import Query, Request
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from scheduler_svc import metrics
 from scheduler_svc.api import routing
 from scheduler_svc.api.jobs import command_out
 from scheduler_svc.deps import AgentAuth, NowDep, SessionDep, SettingsDep
@@ -19,11 +35,22 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import AckIn, CommandList, CommandOut, Id64, Name, Role
+from scheduler_svc.schemas import (
+    AckIn,
+    CommandList,
+    CommandOut,
+    Id64,
+    Name,
+    Role,
+    StreamEnd,
+    StreamEndReason,
+    StreamReady,
+)
 from scheduler_svc.services import acks, registry
 from scheduler_svc.store.repositories import CommandRepo
 from scheduler_svc.store.uow import Clock, unit_of_work
 
+log = logging.getLogger(__name__)
 router = routing.router(prefix="/v1", tags=["commands"])
 
 # A waiting poll looks at the store when it starts and when it is woken, never on a timer
@@ -53,28 +80,8 @@ async def poll_commands(
     notifier = app.state.notifier
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
-    # Delivered but unacknowledged commands change without a wake-up: always looked for.
-    may_skip = not include_unacked and RECHECK_S is None
     while True:
-        # Wake-ups from before this look are answered by it; later ones end the wait below.
-        notifier.reset(node)
-        if may_skip and notifier.unchanged_since_empty(node):
-            # A renewal with nothing new since the last empty look (notify.py): that look's
-            # answer stands, and a wake-up from here on ends the wait as usual.
-            cmds: list[CommandOut] = []
-        else:
-            stamp = notifier.stamp(node)
-            # A short transaction per look, never one held open across the wait.
-            cmds = await run_in_threadpool(
-                _take,
-                app.state.read_sessionmaker,
-                app.state.sessionmaker,
-                node,
-                include_unacked,
-                app.state.clock,
-            )
-            if not cmds and may_skip:
-                notifier.looked_empty(node, stamp)
+        cmds = await _look(app, node, include_unacked)
         remaining = deadline - loop.time()
         if cmds or remaining <= 0 or notifier.closing:
             return CommandList(commands=cmds)
@@ -87,6 +94,173 @@ async def poll_commands(
             # Not woken (or only just at the deadline): the agent's next poll, sent at
             # once, is the next look.
             return CommandList(commands=[])
+
+
+async def _look(app: FastAPI, node: str, include_unacked: bool) -> list[CommandOut]:
+    """One look at the store for a node's commands, or none where it would find nothing.
+
+    Wake-ups from before the look are answered by it; later ones end the wait after it.
+    A look without unacknowledged commands may be skipped: when nothing woke the node
+    since its last look found nothing (notify.py, `unchanged_since_empty`). Delivered but
+    unacknowledged commands change without a wake-up, so a look for them always happens.
+    """
+    notifier = app.state.notifier
+    may_skip = not include_unacked and RECHECK_S is None
+    notifier.reset(node)
+    if may_skip and notifier.unchanged_since_empty(node):
+        return []
+    stamp = notifier.stamp(node)
+    # A short transaction per look, never one held open across a wait.
+    cmds = await run_in_threadpool(
+        _take,
+        app.state.read_sessionmaker,
+        app.state.sessionmaker,
+        node,
+        include_unacked,
+        app.state.clock,
+    )
+    if not cmds and may_skip:
+        notifier.looked_empty(node, stamp)
+    return cmds
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream answer (server-sent events: the WHATWG HTML standard, §9.2)."""
+
+    media_type = "text/event-stream"
+
+
+def sse(event: str, data: BaseModel, event_id: int | None = None) -> bytes:
+    """One server-sent event: its name, its id where it has one, its data as one JSON line."""
+    head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
+    return f"{head}data: {data.model_dump_json()}\n\n".encode()
+
+
+KEEPALIVE = b": keepalive\n\n"
+# A stream's length is drawn from [1 - STREAM_SPREAD, 1] x RAILOVER_COMMANDS_STREAM_MAX_S, so
+# the streams of agents that started together do not all end (and reconnect) together.
+STREAM_SPREAD = 0.1
+
+STREAM_DOC = """Server-sent events (text/event-stream), each `data` one line of JSON:
+
+- `ready` first: a StreamReady;
+- `command`, with `id:` the command's id: a CommandOut, as the long-poll returns it;
+- `end` last: a StreamEnd; reconnect at once after max_age and stopping, with backoff
+  after unavailable (the store could not be read);
+- a comment line `: keepalive` whenever nothing else was sent for heartbeat_s."""
+# One event of the stream, as the WHATWG parser yields it (OpenAPI 3.1: `schema` of a
+# text/event-stream is the schema of each event; 3.2 calls it itemSchema).
+STREAM_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["ready", "command", "end"]},
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "oneOf": [
+                    StreamReady.model_json_schema(),
+                    {"$ref": "#/components/schemas/CommandOut"},
+                    StreamEnd.model_json_schema(),
+                ]
+            },
+        },
+    },
+}
+
+
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": STREAM_DOC, "content": {"text/event-stream": {"schema": STREAM_EVENT}}}
+}
+# Refusals are JSON, as everywhere: said here, or they would take the route's media type.
+for _status, _entry in (responses(Unauthorized, Forbidden) | VALIDATION).items():
+    STREAM_RESPONSES[_status] = {
+        "description": _entry["description"],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+
+
+@router.get(
+    "/nodes/{node}/commands/stream",
+    operation_id="stream_commands",
+    response_class=EventStream,
+    responses=STREAM_RESPONSES,
+)
+async def stream_commands(
+    node: Name,
+    request: Request,
+    who: AgentAuth,
+    heartbeat_s: float = Query(
+        30.0, ge=1, le=300, description="Longest silence on the stream: a keepalive after it"
+    ),
+    include_unacked: bool = Query(
+        True,
+        description="First also send commands delivered before but not acknowledged (any "
+        "reconnect: a command sent into a stream that broke was delivered, not received)",
+    ),
+) -> EventStream:
+    """This node's commands as they are issued, on one response that stays open.
+
+    Each command is sent once, when it is issued (or, with include_unacked, at the start
+    if it was delivered before and not acknowledged). The stream ends after
+    RAILOVER_COMMANDS_STREAM_MAX_S (a little less, spread), or when the service stops;
+    the token is checked when it opens."""
+    who.require_node(node)
+    app = request.app
+    # The first look comes before the answer starts: a store that cannot be read answers
+    # 503, as a poll would, rather than a stream that ends at once.
+    first = await _look(app, node, include_unacked)
+    return EventStream(
+        _stream(app, node, first, heartbeat_s),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(
+    app: FastAPI, node: str, cmds: list[CommandOut], heartbeat_s: float
+) -> AsyncIterator[bytes]:
+    notifier = app.state.notifier
+    loop = asyncio.get_running_loop()
+    lasts = app.state.settings.commands_stream_max_s * (1 - STREAM_SPREAD * random.random())  # noqa: S311
+    ends = loop.time() + lasts
+    reason: StreamEndReason | None = None  # None: the client left first
+    metrics.COMMAND_STREAMS.inc()
+    try:
+        yield sse("ready", StreamReady(heartbeat_s=heartbeat_s, ends_in_s=round(lasts, 3)))
+        beat = loop.time() + heartbeat_s
+        while True:
+            for c in cmds:
+                yield sse("command", c, c.command_id)
+            now = loop.time()
+            if cmds:
+                beat = now + heartbeat_s
+            elif now >= beat:
+                yield KEEPALIVE
+                beat = now + heartbeat_s
+            if notifier.closing:
+                reason = "stopping"
+                break
+            if now >= ends:
+                reason = "max_age"
+                break
+            await notifier.wait(node, min(beat, ends) - now)
+            if notifier.closing:
+                reason = "stopping"
+                break
+            # Woken, or a heartbeat's end: a look, or none where it would find nothing (while
+            # the listener or the watermark holds, nothing unannounced can have come).
+            try:
+                cmds = await _look(app, node, include_unacked=False)
+            except (OperationalError, InterfaceError) as exc:
+                log.warning("command stream of %s: store unavailable: %s", node, exc)
+                reason = "unavailable"
+                break
+        yield sse("end", StreamEnd(reason=reason))
+    finally:
+        metrics.COMMAND_STREAMS.dec()
+        metrics.COMMAND_STREAM_ENDS.labels(reason or "client_gone").inc()
 
 
 def _take(
