@@ -76,9 +76,10 @@ class RequestTiming:
 
 
 class PollEndingServer(uvicorn.Server):
-    """uvicorn's server, which also ends the waiting long-polls when it is told to stop
-    (SIGTERM, SIGINT): it waits for open requests, and those would hold it for up to
-    RAILOVER_COMMANDS_WAIT_MAX_S (notify.CommandNotifier.close)."""
+    """uvicorn's server, which also ends the waiting long-polls and the command streams
+    when it is told to stop (SIGTERM, SIGINT): it waits for open requests, and those
+    would hold it for up to RAILOVER_COMMANDS_WAIT_MAX_S, or a stream's whole
+    RAILOVER_COMMANDS_STREAM_MAX_S (notify.CommandNotifier.close)."""
 
     def __init__(self, config: uvicorn.Config, notifier: CommandNotifier) -> None:
         super().__init__(config)

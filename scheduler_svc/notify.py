@@ -1,7 +1,8 @@
-"""Wakes command long-polls as soon as a commit issues commands to their node.
+"""Wakes command long-polls and streams as soon as a commit issues commands to their node.
 
-A waiting poll looks at the store once when it starts and then only when it is
-woken; it never re-reads the store on a timer. Two things wake it:
+A waiting poll (or a node's command stream, api/commands.py) looks at the store once
+when it starts and then only when it is woken; it never re-reads the store on a
+timer. Two things wake it:
 
 - `CommandNotifier`, in this replica: a commit here that issued commands calls
   `notify` (store/uow.py runs it right after the commit).
