@@ -74,6 +74,14 @@ class _Retryable(Exception):
 _TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
+def _answered(endpoint: str, resp: httpx.Response) -> int:
+    """The service answered: count it by outcome; its status."""
+    metrics.SERVICE_UP.set(1)
+    code = resp.status_code
+    metrics.SERVICE_REQUESTS.labels(endpoint, "ok" if code < 300 else f"http_{code}").inc()
+    return code
+
+
 def _refusal(endpoint: str, code: int, body: str) -> ServiceError:
     """What an answer of 300 or more means to the agent (the module's docstring)."""
     if code >= 500 and code not in _OUTAGE:
@@ -152,9 +160,7 @@ class ServiceClient:
             raise _Retryable(Unavailable(f"{endpoint}: {type(exc).__name__}: {exc}")) from exc
         finally:
             metrics.SERVICE_REQUEST_DURATION.labels(endpoint).observe(time.perf_counter() - start)
-        metrics.SERVICE_UP.set(1)
-        code = resp.status_code
-        metrics.SERVICE_REQUESTS.labels(endpoint, "ok" if code < 300 else f"http_{code}").inc()
+        code = _answered(endpoint, resp)
         if code < 300:
             return resp
         err = _refusal(endpoint, code, resp.text[:2000])
@@ -240,11 +246,7 @@ class ServiceClient:
                 self._http, "GET", url, params=params, timeout=timeout
             ) as source:
                 resp = source.response
-                metrics.SERVICE_UP.set(1)
-                code = resp.status_code
-                metrics.SERVICE_REQUESTS.labels(
-                    "commands_stream", "ok" if code < 300 else f"http_{code}"
-                ).inc()
+                code = _answered("commands_stream", resp)
                 if code >= 300:
                     await resp.aread()
                     raise _refusal("commands_stream", code, resp.text[:2000])

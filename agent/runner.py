@@ -318,17 +318,12 @@ class Agent:
                     self.settings.command_wait_s, include_unacked=first
                 )
                 first = False
-            except Rejected as exc:
-                if stream and exc.status in (404, 405):
+            except (Unavailable, Rejected) as exc:
+                if stream and isinstance(exc, Rejected) and exc.status in (404, 405):
                     # A service from before the stream: long-poll it instead, from here on.
                     log.warning("the service has no command stream (%s); long-polling", exc)
                     stream = False
                     continue
-                delay = backoff.next()
-                log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            except Unavailable as exc:
                 delay = backoff.next()
                 log.warning("fetching commands failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)

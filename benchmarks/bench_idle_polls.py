@@ -110,18 +110,25 @@ class Pollers:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def _send(
+        self, path: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes] | None:
+        """A connection with `GET path` sent on it; None (an error counted) if none opened."""
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            self.errors += 1
+            return None
+        request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n".encode()
+        writer.write(request)
+        return reader, writer, request
+
     async def _agent(self, node: str, gate: asyncio.Semaphore) -> None:
         async with gate:
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                self.errors += 1
+            sent = await self._send(f"/v1/nodes/{node}/commands?wait_s={WAIT_S}")
+            if sent is None:
                 return
-            request = (
-                f"GET /v1/nodes/{node}/commands?wait_s={WAIT_S} HTTP/1.1\r\n"
-                f"Host: 127.0.0.1:{self.port}\r\n\r\n"
-            ).encode()
-            writer.write(request)
+            reader, writer, request = sent
             self.connected += 1
         try:
             while not self._stop:
@@ -147,17 +154,12 @@ class Streamers(Pollers):
 
     async def _agent(self, node: str, gate: asyncio.Semaphore) -> None:
         async with gate:
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                self.errors += 1
-                return
-            writer.write(
-                (
-                    f"GET /v1/nodes/{node}/commands/stream?heartbeat_s={HEARTBEAT_S}"
-                    f"&include_unacked=false HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n"
-                ).encode()
+            sent = await self._send(
+                f"/v1/nodes/{node}/commands/stream?heartbeat_s={HEARTBEAT_S}&include_unacked=false"
             )
+            if sent is None:
+                return
+            reader, writer, _ = sent
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
             except (OSError, asyncio.IncompleteReadError):

@@ -26,6 +26,7 @@ from railover_testing.local import local_service
 from railover_testing.sysfs_fixture import FixtureNode, set_port_state
 from railover_testing.waiting import wait_for, wait_until
 from scheduler_svc.config import Settings
+from tests.agent.test_agent_e2e_service import job_on_n0
 from tests.agent.test_agent_plugin import _connect, _recv_messages
 
 STREAM_S = 1.0
@@ -98,16 +99,7 @@ def test_streams_end_and_reopen_and_each_command_is_relayed_once(
         assert wait_until(
             lambda: a.agent.hub is not None and any(c.hello for c in a.agent.hub.clients)
         )
-        job = {
-            "job_id": "j1",
-            "ranks": [{"rank": i, "node": "n0", "gpu": i} for i in range(8)],
-            "checkpoint_interval_s": 3600,
-            "reload_s": 1800,
-            "detect_s": 0,
-            "timeout_s": 30,
-            "last_checkpoint_at": datetime.now(UTC).isoformat(),
-            "slowdown_k": 1.5,
-        }
+        job = job_on_n0(datetime.now(UTC).isoformat())
         with httpx.Client(base_url=service, timeout=30) as http:
             assert http.post("/v1/jobs", json=job).status_code == 201
             # Just after a checkpoint a restart is cheaper: an abort for every rank.

@@ -201,6 +201,20 @@ def _http(method: str, url: str, body: Any = None) -> Any:
         return json.loads(r.read())
 
 
+def job_on_n0(last_checkpoint_at: str) -> dict[str, Any]:
+    """Job j1: one rank on each of n0's 8 GPUs, checkpointed at `last_checkpoint_at`."""
+    return {
+        "job_id": "j1",
+        "ranks": [{"rank": i, "node": "n0", "gpu": i} for i in range(8)],
+        "checkpoint_interval_s": 3600,
+        "reload_s": 1800,
+        "detect_s": 0,
+        "timeout_s": 30,
+        "last_checkpoint_at": last_checkpoint_at,
+        "slowdown_k": 1.5,
+    }
+
+
 def test_live_service_plan_fault_and_command_relay(
     node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, service: Service
 ) -> None:
@@ -227,20 +241,7 @@ def test_live_service_plan_fault_and_command_relay(
             assert rc[backup] == gpu_rc[p["gpu"]], p
 
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        _http(
-            "POST",
-            f"{base}/v1/jobs",
-            {
-                "job_id": "j1",
-                "ranks": [{"rank": i, "node": "n0", "gpu": i} for i in range(8)],
-                "checkpoint_interval_s": 3600,
-                "reload_s": 1800,
-                "detect_s": 0,
-                "timeout_s": 30,
-                "last_checkpoint_at": now,
-                "slowdown_k": 1.5,
-            },
-        )
+        _http("POST", f"{base}/v1/jobs", job_on_n0(now))
         for rank, p in enumerate(plugins):
             p.connect(str(settings.socket))
             p.sendall(wire.encode(wire.Hello(comm_id=0, pid=100 + rank, abi_version=1, rank=rank)))
