@@ -187,6 +187,9 @@ class Rnic(Base):
     switch: Mapped[str | None] = mapped_column(String(128), index=True)
     rail: Mapped[int | None]
     state: Mapped[str] = mapped_column(String(32), default="ACTIVE")
+    # When `state` was observed (the agent's clock): the port's level. A report observed
+    # before it changes nothing but the history. Null: as registered, never reported.
+    observed_at: Mapped[datetime | None]
 
 
 class Job(Base):
@@ -214,6 +217,10 @@ class Job(Base):
     notify_url: Mapped[str | None] = mapped_column(String(2048))
     mode: Mapped[str] = mapped_column(String(16), default="normal")
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    # The job's incarnation: 1 when first posted, one more each time the fleet manager
+    # posts it again after a restart decision. Commands name it; old ones' reports
+    # never change the new one's state.
+    incarnation: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # A new id whenever the ranks are placed (the job posted, or posted again while
     # restarting): what a cached placement and job index (services.reconciler) are
     # keyed by. Null for jobs placed before it existed (their ranks are read each time).
@@ -263,6 +270,8 @@ class Checkpoint(Base):
     iteration: Mapped[int | None] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(16))
     received_at: Mapped[datetime]
+    # The incarnation that reported it; null when the report did not say.
+    incarnation: Mapped[int | None] = mapped_column(Integer)
 
 
 class Event(Base):
@@ -386,6 +395,8 @@ class Command(Base):
     ack_deadline_at: Mapped[datetime | None]
     # CHECKPOINT_NOW: the iteration the requested checkpoint must be newer than.
     iteration: Mapped[int | None] = mapped_column(BigInteger)
+    # The incarnation of the job whose processes this command is for.
+    incarnation: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class CommandAck(Base):
