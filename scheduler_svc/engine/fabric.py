@@ -6,14 +6,17 @@ has its own clearing rule, and the rule is a function of the evidence and the
 time alone, so every replica reaches the same answer at the same `now`:
 
 - a link down (or an RNIC fatal error) clears when the port is up again and
-  has stayed up for the damping period;
+  has stayed up for the damping period; the port's level (its newest observed
+  state, by observation time) decides, so a fault whose port's newest report is
+  DOWN is failed whatever came before;
 - CQE, counter and PCIe faults clear after a quiet period with the port
   ACTIVE and no new error;
 - a quarantine (a port that flapped too often, or an operator's flag) clears
   only when an operator clears it;
 - a topology loss (a GPU or RNIC gone from a registration) clears when the
   node registers it again;
-- an inferred switch failure clears when one of its links comes back;
+- an inferred switch failure clears when the port faults on it (the evidence that
+  made it, and any since) have all cleared, each by its own damped rule;
 - planned maintenance counts from a lead time before its start (so jobs move
   before anything breaks) until its end, and clears after the damping period
   once its window had started (a cancelled window that never started clears at
@@ -91,7 +94,10 @@ class FaultEvidence:
     recovered_at: datetime | None = None
     # The newest error on the component, for QUIET faults.
     last_error_at: datetime | None = None
+    # The port's level: whether its newest observed state is ACTIVE, and when that was
+    # observed (None: as registered, never reported).
     port_active: bool = True
+    port_since: datetime | None = None
     switch: str | None = None
     note: str = ""  # what the service recorded about it (why a node is unreachable)
 
@@ -214,7 +220,9 @@ def fault_health(f: FaultEvidence, now: datetime, rules: ClearingRules) -> Fault
     """The fault's health at `now` under its kind's clearing rule."""
     rule = CLEAR_RULE[f.kind]
     if rule == ClearRule.PORT_UP_DAMPED:
-        if f.recovered_at is None:
+        # The level decides: a fault cannot be recovering while its port's newest report
+        # is DOWN, whatever up came before it.
+        if f.recovered_at is None or not f.port_active:
             return FaultHealth(f, Health.FAILED, "port is down")
         ready = f.recovered_at + timedelta(seconds=rules.damping_s)
         if now < ready:
@@ -225,7 +233,8 @@ def fault_health(f: FaultEvidence, now: datetime, rules: ClearingRules) -> Fault
     if rule == ClearRule.QUIET:
         if not f.port_active:
             return FaultHealth(f, Health.FAILED, "port is not ACTIVE")
-        since = max(x for x in (f.opened_at, f.last_error_at) if x is not None)
+        # Quiet with the port ACTIVE: from the newest error, and from the port's return.
+        since = max(x for x in (f.opened_at, f.last_error_at, f.port_since) if x is not None)
         ready = since + timedelta(seconds=rules.quiet_s)
         if now < ready:
             return FaultHealth(

@@ -1,8 +1,11 @@
 """Agents' reports: store each once, record the evidence it carries, name the jobs it touches.
 
-An event opens a fault (a link down, an RNIC fatal error, a CQE error that
-means the path is gone), refreshes one (a new error on a component already
-failed), or starts clearing one (a port up). Flapping ports are quarantined
+Port reports set the port's level: its newest observed state, ordered by
+observation time, so a report observed before the newest one known for that
+port (late, reordered) is stored as history and changes nothing else. An event
+opens a fault (a link down, an RNIC fatal error, a CQE error that means the path
+is gone), refreshes one (a new error on a component already failed), or starts
+clearing one (a port up that is the port's newest report). Flapping ports are quarantined
 and correlated port faults become a switch failure here too. None of this
 decides anything: the jobs on the touched nodes (and, for a switch, on every
 node cabled to it) are marked due and returned; once the evidence has committed,
@@ -27,6 +30,8 @@ from scheduler_svc.schemas import EventIn, EventKind
 from scheduler_svc.services import ccl, fabric
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
+    ACTIVE,
+    DOWN,
     CoordinationRepo,
     EventRepo,
     FaultRepo,
@@ -124,7 +129,10 @@ def ingest(
     for e in new_events:
         touched |= _record(session, e, result, settings)
     if touched:
-        fabric.close_cleared(session, now, settings, {n for n in touched if not n.startswith("@")})
+        closed = fabric.close_cleared(
+            session, now, settings, {n for n in touched if not n.startswith("@")}
+        )
+        touched |= {f"@{sw}" for sw in fabric.clear_switches(session, closed, now)}
         nodes = {n for n in touched if not n.startswith("@")}
         for sw in (n[1:] for n in touched if n.startswith("@")):
             nodes |= {n for n, _, _ in CoordinationRepo(session).ports_on_switch(sw)}
@@ -141,6 +149,12 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
     kind = _fault_kind(e)
     if kind is not None:
         fault_kind, port = kind
+        if fault_kind in (FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL) and not NodeRepo(
+            session
+        ).observe_port(e.node, device, port or None, DOWN, e.observed_at):
+            # Observed before the port's newest report (a late or reordered one): it is
+            # history, and the level that came after it stands.
+            return set()
         fault = faults.open_if_new(
             m.Fault(
                 node=e.node,
@@ -163,9 +177,6 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
                 open_.last_error_at = e.observed_at
             return {e.node}
         metrics.FAULTS_OPENED.labels(kind=fault_kind.value).inc()
-        if fault_kind in (FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL):
-            # A CQE error leaves the port ACTIVE; the quiet period needs to see that.
-            NodeRepo(session).set_port_state(e.node, device, port or None, "DOWN")
         EventRepo(session).set_fault([e.event_id], fault.id)
         result.faults_opened.append(fault)
         touched = {e.node}
@@ -176,12 +187,10 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
         return touched
     if _recovers(e):
         port = e.port or 1
-        NodeRepo(session).set_port_state(e.node, device, port, "ACTIVE")
+        if not NodeRepo(session).observe_port(e.node, device, port, ACTIVE, e.observed_at):
+            return set()  # older than the port's newest report: history only
         faults.clear(e.node, device, port, e.observed_at, CLEARED_BY_PORT_UP)
-        # A link on the switch came back up: the switch itself works again.
-        switch = coord_repo.switch_of(e.node, device, port)
-        if switch is not None and coord_repo.clear_switch_fault(switch, e.observed_at):
-            return {e.node, f"@{switch}"}
+        # A switch inferred failed clears once its port faults have (clear_switches).
         return {e.node}
     return set()
 

@@ -16,6 +16,7 @@ from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_n
 from scheduler_svc.engine.reconcile import FabricView
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
+    ACTIVE,
     CoordinationRepo,
     FaultRepo,
     MaintenanceRepo,
@@ -129,8 +130,10 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def _evidence_of(f: m.Fault, port_states: dict[tuple[str, str, int], str]) -> health.FaultEvidence:
-    state = port_states.get((f.node, f.device, f.port or 1), "ACTIVE")
+def _evidence_of(
+    f: m.Fault, port_states: Mapping[tuple[str, str, int], tuple[str, datetime | None]]
+) -> health.FaultEvidence:
+    state, since = port_states.get((f.node, f.device, f.port or 1), (ACTIVE, None))
     return health.FaultEvidence(
         id=f.id,
         node=f.node,
@@ -140,7 +143,8 @@ def _evidence_of(f: m.Fault, port_states: dict[tuple[str, str, int], str]) -> he
         opened_at=f.opened_at,
         recovered_at=f.cleared_at,
         last_error_at=f.last_error_at,
-        port_active=state == "ACTIVE",
+        port_active=state == ACTIVE,
+        port_since=since,
         switch=f.switch,
         note=str(f.detail.get("reason", "")),
     )
@@ -221,6 +225,29 @@ def close_cleared(
         repo.close(row, now, h.reason, None)
         closed.append(row)
     return closed
+
+
+def clear_switches(session: Session, closed: Iterable[m.Fault], now: datetime) -> list[str]:
+    """Close the switch failures whose evidence is gone: no fault on the switch is open.
+
+    Each port fault clears by its own damped rule, so the switch clears only once the
+    last port under it has been up for the damping period, never on the first port up.
+    """
+    repo = CoordinationRepo(session)
+    cleared = []
+    for switch in sorted({f.switch for f in closed if f.switch is not None}):
+        if not repo.switch_has_open_faults(switch) and repo.clear_switch_fault(switch, now):
+            cleared.append(switch)
+    return cleared
+
+
+def nodes_touched(session: Session, faults: Iterable[m.Fault], switches: Iterable[str]) -> set[str]:
+    """The nodes whose jobs closed faults and cleared switches touch."""
+    nodes = {f.node for f in faults}
+    repo = CoordinationRepo(session)
+    for switch in switches:
+        nodes |= {n for n, _, _ in repo.ports_on_switch(switch)}
+    return nodes
 
 
 # Topologies, plans and fabric ports of a set of nodes, given the lost parts on them.

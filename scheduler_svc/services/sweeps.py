@@ -57,7 +57,8 @@ def sweep_once(
     if due:
         with unit_of_work(sessions) as session:
             closed = fabric.close_cleared(session, now, settings)
-            nodes = {f.node for f in closed}
+            switches = fabric.clear_switches(session, closed, now)
+            nodes = fabric.nodes_touched(session, closed, switches)
             if nodes:
                 reconciler.reconcile_jobs(
                     session, JobRepo(session).job_ids_on_nodes(nodes), now, settings

@@ -201,12 +201,26 @@ class NodeRepo:
         self.s.flush()
         return node, changed
 
-    def set_port_state(self, node: str, device: str, port: int | None, state: str) -> None:
+    def observe_port(
+        self, node: str, device: str, port: int | None, state: str, at: datetime
+    ) -> bool:
+        """Record a port's state observed at `at` (every port of the RNIC when `port` is
+        None or 0), unless a newer observation is known: the port's level.
+
+        Returns whether it became the level of some port. Of two reports observed at the
+        same time, the later one stands (an agent sends a port's reports in order).
+        """
         stmt = update(m.Rnic).where(m.Rnic.node == node, m.Rnic.name == device)
         if port:
             stmt = stmt.where(m.Rnic.port == port)
-        self.s.execute(stmt.values(state=state))
+        stmt = stmt.where(m.Rnic.observed_at.is_(None) | (m.Rnic.observed_at <= at))
+        result = self.s.execute(stmt.values(state=state, observed_at=at))
+        return bool(getattr(result, "rowcount", 0))
 
+
+# The port states a report can set (sysfs also says INIT, ARMED, ...: not ACTIVE either).
+DOWN = "DOWN"
+ACTIVE = "ACTIVE"
 
 GPU_FIELDS = ("index", "pci", "numa", "pcie_switch", "root_complex", "nvlink")
 RNIC_FIELDS = (
@@ -744,6 +758,15 @@ class CoordinationRepo:
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
         return _insert_unless_taken(self.s, row)
 
+    def switch_has_open_faults(self, switch: str) -> bool:
+        """Whether some fault on a port cabled to `switch` is still evidence."""
+        found = self.s.scalar(
+            select(m.Fault.id)
+            .where(m.Fault.switch == switch, m.Fault.resolved_at.is_(None))
+            .limit(1)
+        )
+        return found is not None
+
     def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
         row = self.s.scalar(
             select(m.SwitchFault).where(
@@ -772,13 +795,16 @@ class CoordinationRepo:
         return None
 
     # -- topology and history for correlation and damping -------------------------------------
-    def port_states(self, nodes: Iterable[str]) -> dict[tuple[str, str, int], str]:
+    def port_states(
+        self, nodes: Iterable[str]
+    ) -> dict[tuple[str, str, int], tuple[str, datetime | None]]:
+        """Each port's level: its newest observed state and when it was observed."""
         rows = self.s.execute(
-            select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state).where(
+            select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state, m.Rnic.observed_at).where(
                 m.Rnic.node.in_(list(nodes))
             )
         )
-        return {(n, d, p): st for n, d, p, st in rows.tuples()}
+        return {(n, d, p): (st, at) for n, d, p, st, at in rows.tuples()}
 
     def switch_of(self, node: str, device: str, port: int) -> str | None:
         q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)

@@ -47,6 +47,27 @@ def fault(kind: FaultKind, **kw: object) -> FaultEvidence:
 
 
 @pytest.mark.parametrize("kind", [FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL])
+def test_a_fault_whose_port_is_down_now_is_failed_whatever_up_came_before(
+    kind: FaultKind,
+) -> None:
+    # Seen up at 10 s, then down again (the port's newest report): not recovering.
+    again = fault(kind, recovered_at=s(10), port_active=False, port_since=s(11))
+    assert fault_health(again, s(1000), RULES) == FaultHealth(again, Health.FAILED, "port is down")
+
+
+def test_the_quiet_period_counts_from_the_ports_return() -> None:
+    # A CQE error at 0 s, the port down and back ACTIVE at 50 s: quiet from 50 s, not 0 s.
+    f = fault(FaultKind.RETRY_EXCEEDED, last_error_at=s(0), port_since=s(50))
+    assert fault_health(f, s(100), RULES).health == Health.RECOVERING
+    assert fault_health(f, s(139.9), RULES).clears_at == s(140)
+    assert fault_health(f, s(140), RULES).health == Health.HEALTHY
+    down = fault(FaultKind.RETRY_EXCEEDED, last_error_at=s(0), port_active=False, port_since=s(5))
+    assert fault_health(down, s(1000), RULES) == FaultHealth(
+        down, Health.FAILED, "port is not ACTIVE"
+    )
+
+
+@pytest.mark.parametrize("kind", [FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL])
 def test_port_up_damped(kind: FaultKind) -> None:
     down = fault(kind)
     assert fault_health(down, s(1000), RULES) == FaultHealth(down, Health.FAILED, "port is down")

@@ -101,6 +101,49 @@ def test_switch_inferred_and_silent_node_moved_first(
     assert len(http.get("/v1/fabric").json()["switch_faults"]) == 1
 
 
+def test_an_inferred_switch_clears_only_once_every_port_under_it_has_damped(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    """Issue 28, case 5: one node's port up must not clear the switch for the others."""
+    t0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    clock = ManualClock(t0)
+    http = make_service(clock=clock, coordinator_interval_s=0.05, failback_damping_s=60)
+    nodes = ["n0", "n1", "n2", "n3"]
+    register_nodes(http, nodes)
+    r = http.post("/v1/jobs", json=job_body("big", nodes, last_checkpoint_at=t0.isoformat()))
+    assert r.status_code == 201, r.text
+    clock.advance(3000)
+    for i, n in enumerate(["n0", "n1", "n2"]):
+        post(http, ev(n, "port_down", clock() + timedelta(seconds=0.5 * i)))
+    assert len(http.get("/v1/fabric").json()["switch_faults"]) == 1
+    everyone = [3, 11, 19, 27]
+
+    def failed_over() -> list[int]:
+        got: list[int] = http.get("/v1/jobs/big/paths").json()["failed_over_ranks"]
+        return got
+
+    assert failed_over() == everyone
+    assert [d["action"] for d in decisions(http, "big")] == ["failover"] * 3
+    # n0 comes back: the switch stays failed (n1 and n2 are still down), n3 stays moved.
+    post(http, ev("n0", "port_up", clock() + timedelta(seconds=2)))
+    clock.advance(61)
+    wait_for(lambda: sweeps() > 0)
+    before = sweeps()
+    wait_for(lambda: sweeps() > before + 1)  # a sweep ran past n0's damping
+    assert len(http.get("/v1/fabric").json()["switch_faults"]) == 1
+    assert failed_over() == everyone
+    # Each node's port fault and then the switch moved ranks: three failovers, no fail-back.
+    assert [d["action"] for d in decisions(http, "big")] == ["failover"] * 3
+    # The last two come back; once they have damped, the switch clears and all return.
+    post(http, ev("n1", "port_up", clock()), ev("n2", "port_up", clock()))
+    assert failed_over() == everyone
+    clock.advance(61)
+    wait_for(lambda: http.get("/v1/fabric").json()["switch_faults"] == [])
+    wait_for(lambda: decisions(http, "big")[0]["action"] == "failback")
+    assert failed_over() == []
+    assert [d["action"] for d in decisions(http, "big")] == ["failback"] + ["failover"] * 3
+
+
 def test_single_short_flap_fails_over_and_back(make_service: Callable[..., httpx.Client]) -> None:
     http = make_service()
     register_nodes(http, ["n0", "n1"])

@@ -220,7 +220,7 @@ def test_partial_failback_keeps_the_dead_rails_ranks_on_backup_and_its_channels_
 def test_quarantined_port_carries_no_traffic_until_the_flag_is_cleared(
     make: Callable[..., tuple[httpx.Client, ManualClock, str]],
 ) -> None:
-    http, _, _ = make()
+    http, clock, _ = make()
     register_nodes(http, ["n0", "n1"])
     start_job(http, "j", ["n0", "n1"])
     r = http.post(
@@ -236,8 +236,12 @@ def test_quarantined_port_carries_no_traffic_until_the_flag_is_cleared(
     assert paths["ranks"][3]["active"] == "mlx5_2/1" and paths["failed_over_ranks"] == [3]
     # An unrelated fault and its fail-back leave the flagged port out of service.
     post(http, ev("n1", "port_down", T0, device="mlx5_5"))
+    # Observed before the down: history, the port stays down.
     post(http, ev("n1", "port_up", T0 - timedelta(seconds=100), device="mlx5_5"))
+    assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [3, 13]
     post(http, ev("n1", "port_up", T0, device="mlx5_5"))
+    clock.advance(61)  # past the damping period: rank 13 fails back, rank 3 stays
+    wait_for(lambda: decisions(http, "j")[0]["action"] == "failback")
     assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [3]
     r = http.delete(f"/v1/maintenance-flags/{flag['id']}")
     assert r.status_code == 200, r.text

@@ -79,15 +79,32 @@ def test_dual_port_topology_is_stored_port_by_port(session: Session) -> None:
 def test_port_state_of_one_port_or_the_whole_card(session: Session) -> None:
     repo = NodeRepo(session)
     repo.replace_topology("n0", *rows(dual_port_node()), NOW)
-    repo.set_port_state("n0", "mlx5_0", 2, "DOWN")
+    assert repo.observe_port("n0", "mlx5_0", 2, "DOWN", NOW)
     session.expire_all()
     states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
     assert (states[("mlx5_0", 1)], states[("mlx5_0", 2)]) == ("ACTIVE", "DOWN")
-    repo.set_port_state("n0", "mlx5_1", None, "DOWN")  # device fatal: every port
+    assert repo.observe_port("n0", "mlx5_1", None, "DOWN", NOW)  # device fatal: every port
     session.expire_all()
     states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
     assert (states[("mlx5_1", 1)], states[("mlx5_1", 2)]) == ("DOWN", "DOWN")
     assert sorted(repo.get_many(["n0", "n1"])) == ["n0"]
+
+
+def test_a_port_report_older_than_its_level_changes_nothing(session: Session) -> None:
+    repo = NodeRepo(session)
+    repo.replace_topology("n0", *rows(dual_port_node()), NOW)
+    later = NOW + timedelta(seconds=5)
+    assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later)
+    # An up observed before the down arrives after it: history, the port stays down.
+    assert not repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", NOW)
+    levels = CoordinationRepo(session).port_states(["n0"])
+    assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later)
+    # Observed at the same time, the later report stands; a newer one always does.
+    assert repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", later)
+    assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later + timedelta(seconds=1))
+    levels = CoordinationRepo(session).port_states(["n0"])
+    assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later + timedelta(seconds=1))
+    assert levels[("n0", "mlx5_0", 2)] == ("ACTIVE", None)  # never reported: as registered
 
 
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:

@@ -23,18 +23,18 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("rnics", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("observed_at", sa.DateTime(timezone=True), nullable=True))
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1"))
-        )
-    with op.batch_alter_table("commands", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1"))
-        )
-    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("incarnation", sa.Integer(), nullable=True))
+    # Plain ADD COLUMN, not batch mode: on SQLite a batch copies the table, and the copy of
+    # `commands` would lose its AUTOINCREMENT (command ids must never be handed out twice).
+    op.add_column("rnics", sa.Column("observed_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column(
+        "jobs",
+        sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    )
+    op.add_column(
+        "commands",
+        sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    )
+    op.add_column("checkpoints", sa.Column("incarnation", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
