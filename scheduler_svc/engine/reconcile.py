@@ -415,6 +415,8 @@ def _reconcile_paths(
         if not r.primary_ok and r.backup_ok and r.backup
     }
     isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
+    held = _held(job, prev, moved, fabric, conn, options=options)
+    moved.update(held)
     returning = sorted(r for r in prev.moved if r not in moved)
     newly_moved = sorted(r for r in moved if r not in prev.moved or prev.moved[r] != moved[r])
 
@@ -482,6 +484,46 @@ def _reconcile_paths(
         # Same ranks off their primary, another channel plan (a second rail of a node).
         return _failover(p, base, moved, note=None)
     return Reconciled(desired, None, conn, warnings)
+
+
+def _held(
+    job: JobState,
+    prev: Desired,
+    moved: Mapping[int, str],
+    fabric: FabricView,
+    conn: Connectivity,
+    *,
+    options: Options,
+) -> dict[int, str]:
+    """Ranks whose primary is healthy again that must wait on their backup.
+
+    A fail-back is one switch point for every rank of a registered communicator:
+    "return to your primary paths, but for these disabled channels". While some member
+    stays on its backup (its primary still failed) and the plan disables no channel to
+    keep that rail out (one rail, s-Bond only, NVL), such a fail-back would send that
+    member back onto its dead primary; so nobody of that communicator returns until all
+    can. A job without registered communicators is told rank by rank instead.
+    """
+    candidates = {r for r in prev.moved if r not in moved}
+    if not candidates or not moved or not job.communicators or job.nccl is not None:
+        return {}
+    disabled = _with_mitigations(job, fabric, conn, prev, dict(moved), options=options).disabled
+    held: dict[int, str] = {}
+    staying = set(moved)
+    changed = True
+    while changed:  # a held rank stays on its backup, so its other communicators wait too
+        changed = False
+        for comm in job.communicators:
+            if comm.comm_id == IMPLICIT_COMM or disabled.get(comm.comm_id):
+                continue
+            members = set(comm.ranks) if comm.ranks else {r for r, _, _ in job.ranks}
+            waiting = (candidates & members) - held.keys()
+            if waiting and staying & members:
+                for r in waiting:
+                    held[r] = prev.moved[r]
+                staying |= waiting
+                changed = True
+    return held
 
 
 # --- the outcomes -----------------------------------------------------------------------------
@@ -687,6 +729,8 @@ def _failback(
     by_rank = _routes_by_rank(conn, returning)
     gone = sorted(prev.evidence - base.evidence)
     still = sorted(moved)
+    # Primary healthy, kept on the backup until their communicator can return (_held).
+    held = sorted(_primary_ok(conn, still))
     if still:
         desired = _with_mitigations(
             job, fabric, conn, replace(base, mode=Mode.FAILED_OVER), moved, options=options
@@ -703,6 +747,7 @@ def _failback(
             if r in by_rank
         ],
         "still_failed_over": still,
+        "held": held,
         "disabled_channels": {str(c): list(d) for c, d in sorted(desired.disabled.items()) if d},
         "cleared": gone,
     }
@@ -712,8 +757,16 @@ def _failback(
         f"fail back: the primary paths on {what} are healthy again; "
         f"{len(returning)} rank(s) return to their primary at one op count"
     )
-    if still:
-        reason += f"; {len(still)} rank(s) stay on their backup (their primary is still failed)"
+    if len(still) > len(held):
+        reason += (
+            f"; {len(still) - len(held)} rank(s) stay on their backup "
+            "(their primary is still failed)"
+        )
+    if held:
+        reason += (
+            f"; {len(held)} rank(s) wait on their backup until every rank of their "
+            "communicator can return (no channel plan keeps the failed rail out)"
+        )
     if job.nccl is not None:
         # NCCL recovers the port itself (2.30+) or keeps the partner device until the job
         # restarts; either way Railover only records it.
@@ -1102,9 +1155,10 @@ def command_diff(
         now = tuple(desired.disabled.get(cid, ()))
         returning = back & members
         if cid == IMPLICIT_COMM and not job.communicators:
-            # No registered communicator: no progress to place a switch point with.
+            # No registered communicator: no channel plan to agree on, so each rank is told
+            # its own return; a rank whose primary is still failed is told nothing.
             if returning:
-                intents.append(Intent(IntentKind.FAILBACK, cid, _sorted(members, index, k), now))
+                intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(returning)), now))
             continue
         weights = tuple(desired.weights.get(cid, ()))
         split = desired.split.get(cid, 0.0)
@@ -1217,6 +1271,13 @@ def _nodes(job: JobState, conn: Connectivity) -> Set[str]:
     if conn.index is not None:
         return conn.index.nodes
     return {n for _, n, _ in job.ranks}
+
+
+def _primary_ok(conn: Connectivity, ranks: Sequence[int]) -> set[int]:
+    """Those of `ranks` whose primary works now."""
+    return {
+        r for r, route in _routes_by_rank(conn, ranks).items() if r in ranks and route.primary_ok
+    }
 
 
 def _routes_by_rank(conn: Connectivity, ranks: Sequence[int]) -> dict[int, RankRoute]:

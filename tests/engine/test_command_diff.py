@@ -107,9 +107,10 @@ def test_a_job_without_communicators_gets_moves_and_failback_only() -> None:
     bare = job()
     commanded = Desired(mode=FAILED_OVER, moved={0: "m/1"})
     desired = Desired(mode=FAILED_OVER, moved={1: "m/1"}, disabled={0: (1,)}, weights={0: (1.0,)})
+    # Only the rank that returns is told to (issue 28, case 3): rank 1's primary is down.
     assert command_diff(commanded, desired, bare) == [
         Intent(IntentKind.FAILOVER, 0, (1,)),
-        Intent(IntentKind.FAILBACK, 0, (0, 1, 2, 3), (1,)),
+        Intent(IntentKind.FAILBACK, 0, (0,), (1,)),
     ]
     # A plan change alone has no switch point to go with.
     plan_only = Desired(mode=FAILED_OVER, disabled={0: (1,)})
@@ -183,6 +184,6 @@ def test_the_jobs_index_gives_the_same_commands_and_another_jobs_index_is_ignore
         Intent(IntentKind.REBALANCE, 6, (0, 1, 2, 3), (1,)),
     ]
     assert command_diff(cases[4][0], cases[4][1], job(), indexed(other_comms)) == [
-        Intent(IntentKind.FAILBACK, 0, ALL, ()),
+        Intent(IntentKind.FAILBACK, 0, (0,), ()),
         Intent(IntentKind.CHECKPOINT_NOW, 0, ALL, iteration=3),
     ]

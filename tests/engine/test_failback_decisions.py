@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.reconcile import Action, Desired, Mode
+from scheduler_svc.engine.reconcile import Action, CommSpec, Desired, IntentKind, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 
@@ -29,6 +29,7 @@ def test_whole_failback_record() -> None:
         "mitigation": "failback",
         "returning": [{"rank": 3, "node": "n0", "gpu": 3, "to": "mlx5_3/1"}],
         "still_failed_over": [],
+        "held": [],
         "disabled_channels": {},
         "cleared": ["fault:1"],
     }
@@ -60,6 +61,53 @@ def test_partial_failback_keeps_the_still_failed_rank_and_its_channels() -> None
     assert d.plan["cleared"] == ["fault:1"]
     assert s.desired.mode == Mode.FAILED_OVER
     assert s.desired.moved == {13: "mlx5_4/1"}
+
+
+def test_a_one_rail_communicator_returns_whole_or_not_at_all() -> None:
+    """Issue 28, case 3: no channel plan can keep a failed rail out of a one-rail
+    communicator, so a fail-back there would send the still-failed rank back too."""
+    s = Story(["n0", "n1"], job_kw={"communicators": (CommSpec(5, 4, ranks=(3, 11)),)})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
+    s.step(3000)
+    assert s.desired.moved == {3: "mlx5_2/1", 11: "mlx5_2/1"}
+    assert s.desired.disabled == {}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    held = s.step(3220)
+    assert held.decision is None  # the outcome did not change: rank 3 waits for rank 11
+    assert s.desired.moved == {3: "mlx5_2/1", 11: "mlx5_2/1"}
+    assert s.intents[-1] == []
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000, recovered_at=at(3300))
+    d = s.step(3420).decision
+    assert d is not None and d.action == Action.FAILBACK
+    assert [r["rank"] for r in d.plan["returning"]] == [3, 11]
+    assert s.desired.moved == {} and s.desired.mode == Mode.NORMAL
+    assert [(i.kind, i.ranks) for i in s.intents[-1]] == [(IntentKind.FAILBACK, (3, 11))]
+
+
+def test_a_rank_waits_on_its_backup_while_a_one_rail_peer_is_still_failed() -> None:
+    """Rank 3 is in a one-rail communicator with still-failed rank 11, and in the
+    world communicator with DCR: it waits, and the decision says why."""
+    comms = (CommSpec(5, 4, ranks=(3, 11)), CommSpec(77, 16))
+    s = Story(["n0", "n1"], job_kw={"communicators": comms})
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
+    s.faults[3] = down(3, "n0", "mlx5_6", 3000)
+    s.step(3000)
+    assert s.desired.moved == {3: "mlx5_2/1", 6: "mlx5_7/1", 11: "mlx5_2/1"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.faults[3] = down(3, "n0", "mlx5_6", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None and d.action == Action.FAILBACK
+    assert [r["rank"] for r in d.plan["returning"]] == [6]
+    assert d.plan["held"] == [3]
+    assert d.plan["still_failed_over"] == [3, 11]
+    assert d.reason.endswith(
+        "1 rank(s) stay on their backup (their primary is still failed); 1 rank(s) wait on "
+        "their backup until every rank of their communicator can return (no channel plan "
+        "keeps the failed rail out)"
+    )
+    assert s.desired.moved == {3: "mlx5_2/1", 11: "mlx5_2/1"}
 
 
 def test_stock_nccl_failback_is_recorded_and_without_port_recovery_stays_failed_over() -> None:

@@ -101,13 +101,14 @@ class Story:
             (i * 8 + g, n, g) for i, n in enumerate(self.nodes) for g in range(8)
         )
         comms = () if self.comm_channels is None else (CommSpec(77, self.comm_channels),)
+        comms = self.job_kw.get("communicators", comms)
         kw: dict[str, Any] = {
             "checkpoint_interval_s": 3600,
             "reload_s": 600,
             "detect_s": 0,
             "timeout_s": 30,
             "slowdown_k": 1.5,
-        } | self.job_kw
+        } | {k: v for k, v in self.job_kw.items() if k != "communicators"}
         return JobState(
             job_id="j",
             mode=self.mode,
