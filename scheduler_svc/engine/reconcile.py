@@ -1273,6 +1273,13 @@ def _nodes(job: JobState, conn: Connectivity) -> Set[str]:
     return {n for _, n, _ in job.ranks}
 
 
+def backups_of(conn: Connectivity, ranks: Sequence[int]) -> dict[int, str]:
+    """The backup RNIC of each of `ranks` that has one."""
+    wanted = set(ranks)
+    routes = _routes_by_rank(conn, ranks)
+    return {r: route.backup for r, route in routes.items() if r in wanted and route.backup}
+
+
 def _primary_ok(conn: Connectivity, ranks: Sequence[int]) -> set[int]:
     """Those of `ranks` whose primary works now."""
     return {

@@ -10,7 +10,8 @@ weights) and fail-backs at one switch point per communicator, aborts to every no
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SWITCH_KINDS = tuple(k.value for k in m.SWITCH_KINDS)
 WAITING = tuple(s.value for s in m.WAITING)
+ALL_STATES = tuple(s.value for s in CommandState)
 _ALLOWED: dict[CommandState, tuple[CommandState, ...]] = {
     CommandState.ISSUED: (
         CommandState.DELIVERED,
@@ -220,10 +222,61 @@ def switch_point(
     return cmds
 
 
+@dataclass(frozen=True)
+class Overtaken:
+    """A fail-back switch point on its way that a new failover overtook: superseded."""
+
+    comm_id: int
+    epoch: int
+    ranks: tuple[int, ...]  # every rank it was sent to
+    returning: tuple[int, ...]  # those it was returning to their primary
+
+
+def overtake_returns(
+    session: Session, job: m.Job, staying: Set[int], now: datetime
+) -> list[Overtaken]:
+    """Supersede each fail-back on its way that would take one of `staying` (ranks the
+    job now keeps on their backup) to its primary; what each one was.
+
+    A switch point is all or nothing, so the whole of it goes, on every node, unless some
+    node already applied it (then its op count has passed: the ranks are back, and
+    moving them again is an ordinary failover). The ranks it was returning never left
+    their backups.
+    """
+    repo = CoordinationRepo(session)
+    rows = repo.job_commands(job.job_id, [CommandKind.FAILBACK.value], ALL_STATES)
+    groups: dict[tuple[int, int], list[m.Command]] = {}
+    for c in rows:
+        groups.setdefault((c.comm_id, c.epoch), []).append(c)
+    out = []
+    for (comm_id, epoch), cmds in sorted(groups.items()):
+        ranks = {r for c in cmds for r in c.ranks}
+        if not ranks & staying or any(c.state not in WAITING for c in cmds):
+            continue
+        for c in cmds:
+            transition(session, c, CommandState.SUPERSEDED, now)
+        returning = _returning(session, cmds) & ranks
+        out.append(Overtaken(comm_id, epoch, tuple(sorted(ranks)), tuple(sorted(returning))))
+        log.info(
+            "job %s: a failover overtook the fail-back of comm %d (epoch %d): superseded",
+            job.job_id,
+            comm_id,
+            epoch,
+        )
+    return out
+
+
+def _returning(session: Session, cmds: Sequence[m.Command]) -> set[int]:
+    """The ranks a fail-back returned: as its decision recorded them, else all it named."""
+    decision_id = cmds[0].decision_id
+    decision = None if decision_id is None else session.get(m.Decision, decision_id)
+    if decision is None or "returning" not in (decision.plan or {}):
+        return {r for c in cmds for r in c.ranks}
+    return {int(r["rank"]) for r in decision.plan["returning"]}
+
+
 def max_epoch(session: Session, job_id: str, comm_id: int) -> int:
-    cmds = CoordinationRepo(session).comm_commands(
-        job_id, comm_id, SWITCH_KINDS, [s.value for s in CommandState]
-    )
+    cmds = CoordinationRepo(session).comm_commands(job_id, comm_id, SWITCH_KINDS, ALL_STATES)
     return max((c.epoch for c in cmds), default=0)
 
 

@@ -296,6 +296,9 @@ def reconcile_job(
 ) -> m.Decision | None:
     """One pass for a locked job: store the decision if the outcome changed, send the diff."""
     state, _, out = current(session, job, now, settings)
+    overtaken = _overtake_returns(session, job, out, now)
+    if overtaken:
+        state, _, out = current(session, job, now, settings)  # from where the ranks really are
     row = None
     if out.decision is not None:
         row = record_decision(session, job, out.decision, now)
@@ -318,6 +321,7 @@ def reconcile_job(
     commanded = Desired.from_json(job.commanded)
     index = out.conn.index
     intents = engine.command_diff(commanded, desired, state, index)
+    overrides = _overrides(overtaken, intents, desired, state)
     # A restarting job is asked nothing: its next incarnation is, if still wanted then.
     asked = desired.checkpoint_after if desired.mode != Mode.RESTARTING else None
     if asked is not None and asked != commanded.checkpoint_after:
@@ -331,6 +335,21 @@ def reconcile_job(
         job.commanded = replace(commanded, checkpoint_after=None).to_json()
     if state.nccl is not None:
         intents = []  # stock NCCL reads no commands: its own failover does the moving
+        job.commanded = desired.to_json()
+    if overrides:
+        # Newer than the fail-back they overtake, so a rank that armed it drops it.
+        rank_nodes = {r: n for r, n, _ in state.ranks} if index is None else index.rank_node
+        epoch = max(job.decision_count, *(o.epoch + 1 for o in overtaken))
+        commands.issue(
+            session,
+            job,
+            overrides,
+            rank_nodes,
+            decision_id=None if row is None else row.decision_id,
+            epoch=epoch,
+            now=now,
+            settings=settings,
+        )
         job.commanded = desired.to_json()
     if intents:
         commands.issue(
@@ -348,6 +367,63 @@ def reconcile_job(
     if job.desired != new_json:
         job.desired = new_json
     return row
+
+
+def _overtake_returns(
+    session: Session, job: m.Job, out: engine.Reconciled, now: datetime
+) -> list[commands.Overtaken]:
+    """A failover overtaking a fail-back on its way (issue 28, case 4): supersede it, and
+    take up the job from where its ranks really are.
+
+    The ranks that fail-back was returning never left their backups, so the stored
+    desired and commanded states get them back as moved (those the new pass keeps moved
+    are its news to decide; the others return, or wait, by the usual rules).
+    """
+    desired = out.desired
+    if desired.mode != Mode.FAILED_OVER:
+        return []  # a restart's ABORT supersedes everything already
+    commanded = Desired.from_json(job.commanded)
+    if all(commanded.moved.get(r) == k for r, k in desired.moved.items()):
+        return []  # nobody newly on a backup: nothing to overtake
+    overtaken = commands.overtake_returns(session, job, set(desired.moved), now)
+    if not overtaken:
+        return []
+    returning = sorted({r for o in overtaken for r in o.returning})
+    backups = engine.backups_of(out.conn, returning)
+    prev = Desired.from_json(job.desired)
+    kept = {r: k for r, k in backups.items() if r not in desired.moved and r not in prev.moved}
+    if kept:
+        job.desired = replace(prev, mode=Mode.FAILED_OVER, moved={**kept, **prev.moved}).to_json()
+    job.commanded = replace(commanded, moved={**backups, **commanded.moved}).to_json()
+    return overtaken
+
+
+def _overrides(
+    overtaken: list[commands.Overtaken],
+    intents: list[engine.Intent],
+    desired: Desired,
+    state: engine.JobState,
+) -> list[engine.Intent]:
+    """What replaces, at the ranks, each fail-back that a failover overtook.
+
+    A registered communicator gets a switch point of its plan now (a REBALANCE, unless
+    the pass already sends it one), whose newer epoch replaces the armed fail-back on
+    every rank. Without communicators each rank kept on its backup is told so again.
+    """
+    switched = {i.comm_id for i in intents if i.coordinated}
+    members = {c.comm_id: c.ranks for c in state.communicators}
+    everyone = tuple(r for r, _, _ in state.ranks)
+    out = []
+    for o in overtaken:
+        if not state.communicators:
+            stay = tuple(r for r in o.ranks if r in desired.moved)
+            if stay:
+                out.append(engine.Intent(engine.IntentKind.FAILOVER, o.comm_id, stay))
+        elif o.comm_id not in switched:
+            ranks = tuple(sorted(members.get(o.comm_id) or everyone))
+            disabled = tuple(desired.disabled.get(o.comm_id, ()))
+            out.append(engine.Intent(engine.IntentKind.REBALANCE, o.comm_id, ranks, disabled))
+    return out
 
 
 def request_checkpoint(

@@ -436,3 +436,64 @@ def test_a_report_whose_pass_never_ran_is_reconciled_once_its_grace_is_over(
             assert s.scalar(select(m.Job.reconcile_due_at)) is None
     finally:
         engine.dispose()
+
+
+def live(http: httpx.Client, job: str, kind: str) -> list[dict[str, Any]]:
+    return [c for c in commands(http, job, kind) if c["state"] in ("issued", "delivered")]
+
+
+def test_a_failover_overtakes_a_failback_on_its_way_without_communicators(
+    make: Callable[..., tuple[httpx.Client, ManualClock, str]],
+) -> None:
+    """Issue 28, case 4: the port fails again before the fail-back's op count."""
+    http, clock, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    body = job_body(
+        "j", ["n0", "n1"], last_checkpoint_at=(T0 - timedelta(seconds=3000)).isoformat()
+    )
+    assert http.post("/v1/jobs", json=body).status_code == 201
+    post(http, ev("n0", "port_down", T0))
+    post(http, ev("n0", "port_up", T0 + timedelta(seconds=5)))
+    clock.advance(66)
+    wait_for(lambda: len(live(http, "j", "failback")) == 1)
+    (back,) = live(http, "j", "failback")
+    assert back["ranks"] == [3]  # only the rank that returns is told (case 3)
+    post(http, ev("n0", "port_down", T0 + timedelta(seconds=70)))
+    assert live(http, "j", "failback") == []
+    assert [c["state"] for c in commands(http, "j", "failback")] == ["superseded"]
+    again = [c for c in live(http, "j", "failover") if c["command_id"] > back["command_id"]]
+    assert [(c["ranks"], c["epoch"] > back["epoch"]) for c in again] == [([3], True)]
+    assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [3]
+    assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
+
+
+def test_a_failover_overtakes_a_failback_of_a_communicator_with_a_new_switch_point(
+    make: Callable[..., tuple[httpx.Client, ManualClock, str]],
+) -> None:
+    """The communicator's pending fail-back (rail 6 still out) gives way to one switch
+    point (a newer epoch) that keeps rails 3 and 6 out; nothing returns rank 3 to its
+    dead primary, and it is not told to move: it never left its backup."""
+    http, clock, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    start_job(http, "j", ["n0", "n1"])
+    post(http, ev("n0", "port_down", T0), ev("n0", "port_down", T0, device="mlx5_6"))
+    assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [3, 6]
+    post(http, ev("n0", "port_up", T0 + timedelta(seconds=5)))
+    clock.advance(66)
+    wait_for(lambda: len(live(http, "j", "failback")) == 2)  # one per node
+    first = live(http, "j", "failback")
+    assert {c["epoch"] for c in first} == {first[0]["epoch"]}
+    assert first[0]["disabled_channels"] == [6, 14]
+    post(http, ev("n0", "port_down", T0 + timedelta(seconds=70)))
+    assert live(http, "j", "failback") == []
+    # The plan is R²CCL balance here: its switch point replaces the fail-back.
+    switch = live(http, "j", "balance")
+    assert {c["node"] for c in switch} == {"n0", "n1"}
+    assert {(c["epoch"], tuple(c["disabled_channels"])) for c in switch} == {
+        (first[0]["epoch"] + 1, (3, 6, 11, 14))
+    }
+    # Rank 3 never left its backup: no failover after the first one.
+    assert [c["command_id"] for c in commands(http, "j", "failover")] == [1]
+    paths = http.get("/v1/jobs/j/paths").json()
+    assert paths["failed_over_ranks"] == [3, 6]
+    assert paths["ranks"][3]["active"] == "mlx5_2/1"
