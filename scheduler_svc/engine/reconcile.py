@@ -463,7 +463,9 @@ def _reconcile_paths(
         and cp.id != prev.checkpoint_id
     ):
         return _at_checkpoint(p, desired, prev, cp)
-    # 4. While failed over, a steady measured k that changes the input re-decides.
+    # 4. While failed over, a steady measured k far enough from the decided one is asked
+    #    the cost question again; only a changed answer (restart now, or nothing to do) is
+    #    a decision. The same failover again is none: k stays the one decided with.
     if (
         prev.mode == Mode.FAILED_OVER
         and job.measured_k is not None
@@ -471,7 +473,7 @@ def _reconcile_paths(
         and abs(job.measured_k - prev.k) > options.measured_k_tolerance * prev.k
     ):
         note = f"measured k {job.measured_k:.3f} replaces {prev.k:.3f}"
-        return _cost_decision(
+        again = _cost_decision(
             p,
             base,
             moved,
@@ -480,6 +482,9 @@ def _reconcile_paths(
             note=note,
             trigger=f"measured_k:{job.measured_k:.4f}",
         )
+        same = again.decision is not None and again.decision.action == Action.FAILOVER
+        if not (same and again.desired.same_outcome(desired)):
+            return again
     if not desired.same_outcome(prev) and prev.mode == Mode.FAILED_OVER and moved:
         # Same ranks off their primary, another channel plan (a second rail of a node).
         return _failover(p, base, moved, note=None)
@@ -806,12 +811,12 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
     remaining = max(0.0, repair - degraded_for)
     restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
     verdict = "restart" if restart else "keep"
-    k_changed = prev.k is not None and abs(k - prev.k) > options.measured_k_tolerance * prev.k
     seen = replace(desired, checkpoint_id=cp.id, verdict=verdict, k=k)
     if restart:
         seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, **_NO_PLAN)
-    elif prev.verdict == "keep" and not k_changed:
-        # The answer stands: a FlowCheck job checkpointing every iteration gets one decision.
+    elif prev.verdict == "keep":
+        # The answer stands, whatever k it now rests on: a FlowCheck job checkpointing
+        # every iteration gets one decision.
         return Reconciled(seen, None, conn, warnings)
     return Reconciled(
         seen,

@@ -132,9 +132,9 @@ def test_a_measured_k_and_a_checkpoint_in_one_pass_are_one_decision() -> None:
     assert s.step(3102).decision is None
 
 
-def test_a_new_k_at_a_checkpoint_is_recorded_even_when_the_verdict_stands() -> None:
-    """A "keep" again at a later checkpoint is no decision, unless k changed since: then the
-    same verdict is recorded with the k it now rests on."""
+def test_a_new_k_at_a_checkpoint_is_no_decision_while_the_verdict_stands() -> None:
+    """Issue 28, case 11: a "keep" again at a later checkpoint is no decision, whatever k
+    it now rests on; the k is kept with the verdict, and a verdict that flips is one."""
     s = failed_over(repair_estimate_s=50)
     s.checkpoint = CheckpointSeen(8, at(3100), at(3100))
     assert s.step(3100).decision is not None  # keep
@@ -142,8 +142,9 @@ def test_a_new_k_at_a_checkpoint_is_recorded_even_when_the_verdict_stands() -> N
     assert s.step(3110).decision is None  # keep again, same k
     s.measured_k = 1.25
     s.checkpoint = CheckpointSeen(10, at(3120), at(3120))
-    d = s.step(3120).decision
-    assert d is not None and d.trigger == "checkpoint:10" and d.plan["k"] == 1.25
+    out = s.step(3120)
+    assert out.decision is None
+    assert (out.desired.checkpoint_id, out.desired.verdict, out.desired.k) == (10, "keep", 1.25)
     assert s.step(3121).decision is None
 
 
