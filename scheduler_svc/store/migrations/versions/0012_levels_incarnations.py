@@ -30,8 +30,11 @@ def upgrade() -> None:
             sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1"))
         )
     with op.batch_alter_table("commands", schema=None) as batch_op:
+        # A plain constant default: SQLite adds the column in place. With sa.text("1") the
+        # batch recreated the table without AUTOINCREMENT, and a deleted job's command ids
+        # were handed out again (agents de-duplicate by id).
         batch_op.add_column(
-            sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1"))
+            sa.Column("incarnation", sa.Integer(), nullable=False, server_default="1")
         )
     with op.batch_alter_table("checkpoints", schema=None) as batch_op:
         batch_op.add_column(sa.Column("incarnation", sa.Integer(), nullable=True))
