@@ -860,7 +860,12 @@ class JobPathsOut(BaseModel):
 class CommandOut(BaseModel):
     command_id: int
     node: str
-    job_id: str
+    job_id: str = Field(description="The job whose processes the command is for")
+    incarnation: int = Field(
+        default=1,
+        description="The job's incarnation the command is for: a process of another "
+        "incarnation of the job (one that named it) is not sent it",
+    )
     decision_id: str | None
     kind: CommandKind
     epoch: int
@@ -888,6 +893,14 @@ class CommandOut(BaseModel):
     created_at: datetime
     iteration: int | None = Field(
         default=None, description="checkpoint_now: the checkpoint must be newer than this"
+    )
+    other_jobs_ranks: list[int] | None = Field(
+        default=None,
+        description="Only as delivered to the node's agent (poll and stream): the rank "
+        "numbers other jobs hold on this node when the command was taken, empty when the "
+        "job is alone there. A plugin client that named no job and says one of these "
+        "ranks (or no rank) may be another job's process: the agent sends it nothing. "
+        "Null in listings and ack answers",
     )
 
 

@@ -404,3 +404,15 @@ def take_commands(
     session: Session, node: str, now: datetime, include_unacked: bool = False
 ) -> list[m.Command]:
     return commands.take_for_node(session, node, now, include_unacked)
+
+
+def other_jobs_ranks(session: Session, node: str, cmds: list[m.Command]) -> dict[int, list[int]]:
+    """Per command: the rank numbers other jobs hold on its node (sorted), for the agent to
+    tell whether a plugin client that named no job can be this command's job's process."""
+    if not cmds:
+        return {}
+    held = JobRepo(session).ranks_on_node(node)
+    return {
+        c.command_id: sorted({r for job, ranks in held.items() if job != c.job_id for r in ranks})
+        for c in cmds
+    }

@@ -317,6 +317,16 @@ class JobRepo:
     def job_ids_on_node(self, node: str) -> list[str]:
         return self.job_ids_on_nodes([node])
 
+    def ranks_on_node(self, node: str) -> dict[str, set[int]]:
+        """Each job with ranks on the node, and those ranks' numbers (a few rows: one per GPU)."""
+        out: dict[str, set[int]] = {}
+        rows = self.s.execute(
+            select(m.JobRank.job_id, m.JobRank.rank).where(m.JobRank.node == node)
+        )
+        for job_id, rank in rows.tuples():
+            out.setdefault(job_id, set()).add(rank)
+        return out
+
     def job_ids_on_nodes(self, nodes: Iterable[str]) -> list[str]:
         return sorted(
             self.s.scalars(
