@@ -349,6 +349,12 @@ class JobIn(Strict):
     ccl: CclIn | None = Field(
         default=None, description="The CCL the job runs when it is stock NCCL (not Railover's)"
     )
+    replaces: JobId | None = Field(
+        default=None,
+        description="A running job this one takes the GPUs of: it is ended (deleted, as "
+        "DELETE /v1/jobs/{id} does) when this one is registered. Without it, ranks on a "
+        "GPU another running job holds are refused (409)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> JobIn:
@@ -370,6 +376,15 @@ class JobIn(Strict):
             if any(r >= n for r in c.ranks):
                 raise ValueError(f"communicators[{i}].ranks: ranks must be below {n}")
         return self
+
+    @field_validator("replaces", mode="after")
+    @classmethod
+    def _not_itself(cls, replaces: str | None, info: ValidationInfo) -> str | None:
+        if replaces is not None and replaces == info.data.get("job_id"):
+            raise ValueError(
+                "a job cannot replace itself: post it again once it restarts, or DELETE it first"
+            )
+        return replaces
 
     @field_validator("allow_scaling", mode="after")
     @classmethod

@@ -11,6 +11,7 @@ says it replaces that job.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -124,3 +125,101 @@ def test_the_stream_carries_whom_a_command_is_for(start: Callable[..., Running])
     assert data is not None
     cmd = json.loads(data.removeprefix("data: "))
     assert (cmd["job_id"], cmd["incarnation"], cmd["other_jobs_ranks"]) == ("a", 1, [0, 1, 2, 3])
+
+
+def test_a_gpu_a_running_job_holds_is_refused_and_nothing_is_stored(
+    start: Callable[..., Running],
+) -> None:
+    http = start().http
+    register_nodes(http, ["n0", "n1"])
+    assert http.post("/v1/jobs", json=job_body("a", ["n0"])).status_code == 201
+    # The bug: exactly a's GPUs, under another id, was accepted.
+    r = http.post("/v1/jobs", json=job_body("b", ["n0"]))
+    assert r.status_code == 409, r.text
+    body = r.json()
+    assert body["error"] == "conflict"
+    assert "job 'a'" in body["detail"] and "GPU 0 of node 'n0'" in body["detail"]
+    assert body["fields"][0]["field"] == "ranks.0.gpu"
+    # One GPU in common is enough; the one named is the first rank on one.
+    some = job_body("b", ["n1"], gpus=2)
+    some["ranks"][1] = {"rank": 1, "node": "n0", "gpu": 7}
+    r = http.post("/v1/jobs", json=some)
+    assert r.status_code == 409 and r.json()["fields"][0]["field"] == "ranks.1.gpu"
+    assert "GPU 7 of node 'n0'" in r.json()["detail"]
+    assert http.get("/v1/jobs/b").status_code == 404
+    assert [j["job_id"] for j in http.get("/v1/jobs").json()] == ["a"]
+    # Another node, or the same node's other GPUs, is no conflict: jobs may share a node.
+    assert http.post("/v1/jobs", json=job_body("c", ["n1"])).status_code == 201
+    http.delete("/v1/jobs/c")
+    half = on_gpus("a2", "n1", range(4))
+    assert http.post("/v1/jobs", json=half).status_code == 201
+    assert http.post("/v1/jobs", json=on_gpus("b2", "n1", range(4, 8))).status_code == 201
+
+
+def test_replaces_ends_the_holder_and_takes_its_gpus(start: Callable[..., Running]) -> None:
+    http = start(command_ack_timeout_s=10**6).http
+    register_nodes(http, ["n0", "n1"])
+    assert http.post("/v1/jobs", json=job_body("a", ["n0"])).status_code == 201
+    # Long after a's checkpoint: a fails over, and its commands wait for n0's agent.
+    http.post("/v1/events", json={"events": [event("n0", device="mlx5_0", after_s=3000)]})
+    assert http.get("/v1/jobs/a/commands").json()["commands"]
+    r = http.post("/v1/jobs", json=job_body("b", ["n0"], replaces="a"))
+    assert r.status_code == 201, r.text
+    # Ended as DELETE ends a job: gone, and its commands with it.
+    assert http.get("/v1/jobs/a").status_code == 404
+    assert [j["job_id"] for j in http.get("/v1/jobs").json()] == ["b"]
+    assert all(c["job_id"] == "b" for c in http.get("/v1/nodes/n0/commands").json()["commands"])
+    # A replaces naming a job that is gone ends nothing: b still holds the GPUs ...
+    r = http.post("/v1/jobs", json=job_body("c", ["n0"], replaces="a"))
+    assert r.status_code == 409 and "job 'b'" in r.json()["detail"]
+    # ... and where nobody holds them, the job is placed.
+    assert http.post("/v1/jobs", json=job_body("c", ["n1"], replaces="a")).status_code == 201
+    r = http.post("/v1/jobs", json=job_body("d", ["n0"], replaces="d"))
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "replaces"
+
+
+def test_replacing_one_holder_leaves_the_other_in_the_way(start: Callable[..., Running]) -> None:
+    http = start().http
+    register_nodes(http, ["n0"])
+    assert http.post("/v1/jobs", json=on_gpus("a", "n0", range(4))).status_code == 201
+    assert http.post("/v1/jobs", json=on_gpus("b", "n0", range(4, 8))).status_code == 201
+    r = http.post("/v1/jobs", json=job_body("c", ["n0"], replaces="a"))
+    assert r.status_code == 409 and "job 'b'" in r.json()["detail"]
+    # Refused whole: a, which it would have replaced, is still there.
+    assert [j["job_id"] for j in http.get("/v1/jobs").json()] == ["a", "b"]
+
+
+def test_a_restarting_job_holds_no_gpus_until_it_is_posted_again(
+    start: Callable[..., Running],
+) -> None:
+    http = start(command_ack_timeout_s=10**6).http
+    register_nodes(http, ["n0", "n1"])
+    assert http.post("/v1/jobs", json=job_body("a", ["n0"])).status_code == 201
+    http.post("/v1/events", json={"events": [event("n0", device="mlx5_0", after_s=10)]})
+    assert http.get("/v1/jobs/a").json()["mode"] == "restarting"
+    # Its processes were told to abort: the fleet manager may place another job there ...
+    assert http.post("/v1/jobs", json=job_body("b", ["n0"])).status_code == 201
+    # ... and a's new incarnation may not come back onto b's GPUs, but may go elsewhere.
+    r = http.post("/v1/jobs", json=job_body("a", ["n0"]))
+    assert r.status_code == 409 and "job 'b'" in r.json()["detail"]
+    assert http.post("/v1/jobs", json=job_body("a", ["n1"])).status_code == 201
+
+
+def test_two_posts_at_once_onto_one_gpu_place_one_job(start: Callable[..., Running]) -> None:
+    svc = start()
+    register_nodes(svc.http, ["n0"])
+    statuses: list[int] = []
+    barrier = threading.Barrier(2)
+
+    def post(job_id: str) -> None:
+        with httpx.Client(base_url=svc.url, timeout=30) as c:
+            barrier.wait()
+            statuses.append(c.post("/v1/jobs", json=job_body(job_id, ["n0"])).status_code)
+
+    threads = [threading.Thread(target=post, args=(j,)) for j in ("x", "y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(statuses) == [201, 409]
+    assert len(svc.http.get("/v1/jobs").json()) == 1
