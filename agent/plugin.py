@@ -4,6 +4,12 @@ Frames are the plugin's wire format (``native_plugin.wire``, mirroring
 ``railover_wire.h``); this module only maps them to events and back. A
 connection that sends a malformed or oversized frame is dropped and counted;
 the listener itself never stops for a client's mistake.
+
+A command goes only to the processes of the job (and incarnation) it is for
+(``PluginClient.is_for``; the rule is ``railover_wire.h``'s "How a process is
+tied to its job"): a process that named its job in its HELLO gets that job's
+commands and no other's; one that named none gets a command only where no other
+job on the node can be it.
 """
 
 from __future__ import annotations
@@ -54,12 +60,42 @@ class PluginClient:
     # The plugin's ABI (HELLO): from wire.ABI_WITH_EXTENSIONS on it reads BALANCE and
     # NVL_TRANSIT with their extension frames.
     abi_version: int = 0
+    # The job the process named in its HELLO and that job's incarnation; "" and 0 when it
+    # named none (a plugin before wire version 2, or a launcher that set no RAILOVER_JOB_ID)
+    # or does not know it.
+    job: str = ""
+    incarnation: int = 0
 
     def matches(self, comm_id: int, ranks: list[int]) -> bool:
         # A client that did not say its communicator (comm_id 0) gets everything.
         if self.comm_id and comm_id and self.comm_id != comm_id:
             return False
         return not ranks or self.rank is None or self.rank in ranks
+
+    def is_for(self, cmd: dict[str, Any], comm_id: int, ranks: list[int]) -> bool:
+        """Whether this process is one of those the command is for."""
+        if not self.matches(comm_id, ranks):
+            return False
+        if self.job:
+            if self.job != str(cmd.get("job_id") or ""):
+                return False
+            wanted = cmd.get("incarnation")
+            return not self.incarnation or wanted is None or int(wanted) == self.incarnation
+        return not self.could_be_another_jobs(cmd, comm_id)
+
+    def could_be_another_jobs(self, cmd: dict[str, Any], comm_id: int) -> bool:
+        """A process that named no job, which another job on the node may own: it says a
+        rank number (or none) another job holds here, and no communicator of the command's."""
+        if self.job:
+            return False
+        if comm_id and self.comm_id == comm_id:
+            return False  # a communicator belongs to one job (the service refuses a second)
+        others = cmd.get("other_jobs_ranks")
+        if others is None:
+            return False  # a service from before the field cannot say: delivered as before
+        if self.rank is None:
+            return bool(others)
+        return self.rank in others
 
 
 @dataclass
@@ -198,14 +234,14 @@ class PluginHub:
     # returns again (our ack was lost) is re-acked, not re-applied.
     handled: dict[int, str] = field(default_factory=dict)
     acks: asyncio.Queue[AckRequest] = field(default_factory=asyncio.Queue)
-    # Latest progress per (comm_id, rank): the CCL may report every
+    # Latest progress per (job, comm_id, rank): the CCL may report every
     # collective; the service needs the newest count, once per poll.
-    progress: dict[tuple[int, int | None], Event] = field(default_factory=dict)
+    progress: dict[tuple[str, int, int | None], Event] = field(default_factory=dict)
     # (comm_id, rank, pid) already announced: the NCCL profiler re-announces its
     # communicators on every reconnection, the service needs each once.
     announced: set[tuple[int, int, int]] = field(default_factory=set)
-    # Newest ops_done per (comm_id, rank), kept across polls for too-late acks.
-    last_ops: dict[tuple[int, int | None], int] = field(default_factory=dict)
+    # Newest ops_done per (job, comm_id, rank), kept across polls for too-late acks.
+    last_ops: dict[tuple[str, int, int | None], int] = field(default_factory=dict)
 
     # -- plugin -> agent ------------------------------------------------------------------------
     def on_message(self, client: PluginClient, msg: wire.Message) -> None:
@@ -220,6 +256,8 @@ class PluginHub:
             client.hello = True
             client.takes_commands = msg.abi_version != wire.HELLO_NCCL_PROFILER
             client.abi_version = msg.abi_version
+            client.job = msg.job
+            client.incarnation = msg.incarnation
             self.deliver_pending()
             return
         if isinstance(msg, wire.CqeError):
@@ -270,8 +308,9 @@ class PluginHub:
             )
         elif isinstance(msg, wire.Progress):
             r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
-            self.last_ops[(msg.comm_id, r)] = msg.ops_done
-            self.progress[(msg.comm_id, r)] = new_event(
+            # By job too: two jobs on the node may both have comm 0 and this rank number.
+            self.last_ops[(client.job, msg.comm_id, r)] = msg.ops_done
+            self.progress[(client.job, msg.comm_id, r)] = new_event(
                 self.node,
                 "progress",
                 observed_at=_ts(msg.timestamp_ns),
@@ -330,7 +369,7 @@ class PluginHub:
             # Past the switch point: the service proposes a later one, past this count.
             status, detail = "too_late", "too_late"
             if ops_done is None:
-                ops_done = self.last_ops.get((client.comm_id, client.rank))
+                ops_done = self.last_ops.get((client.job, client.comm_id, client.rank))
         else:
             try:
                 detail = wire.AckStatus(msg.status).name.lower()
@@ -391,11 +430,8 @@ class PluginHub:
             frame = to_wire_command(cmd)
             assert frame is not None  # checked in on_command
             ranks = [int(r) for r in cmd.get("ranks") or []]
-            targets = [
-                c
-                for c in self.clients
-                if c.hello and c.takes_commands and c.matches(frame.comm_id, ranks)
-            ]
+            takers = [c for c in self.clients if c.hello and c.takes_commands]
+            targets = [c for c in takers if c.is_for(cmd, frame.comm_id, ranks)]
             older = 0
             for c in targets:
                 data = frames_for(cmd, c.abi_version)
@@ -419,12 +455,30 @@ class PluginHub:
                     f"predate ABI {wire.ABI_WITH_EXTENSIONS} ({cmd.get('kind')})",
                 )
             elif now - pc.first_seen >= self.hold_s:
-                self._finish(
-                    cid,
-                    "failed",
-                    f"no plugin client for comm_id {frame.comm_id} on this node "
-                    f"within {self.hold_s:g}s",
-                )
+                self._finish(cid, "failed", self._nobody_for(cmd, frame.comm_id, ranks, takers))
+
+    def _nobody_for(
+        self, cmd: dict[str, Any], comm_id: int, ranks: list[int], takers: list[PluginClient]
+    ) -> str:
+        """Why a command found no process within the hold time, for its failed ack."""
+        job = cmd.get("job_id")
+        detail = (
+            f"no plugin client of job {job!r} for comm_id {comm_id} on this node "
+            f"within {self.hold_s:g}s"
+        )
+        near = [c for c in takers if c.matches(comm_id, ranks)]
+        unnamed = sum(c.could_be_another_jobs(cmd, comm_id) for c in near)
+        if unnamed:
+            detail += (
+                f"; {unnamed} that named no job could be another job's (its rank number is "
+                "held by another job on this node): set RAILOVER_JOB_ID for the job's processes"
+            )
+        other = sum(
+            bool(c.job) and c.job == job and not c.is_for(cmd, comm_id, ranks) for c in near
+        )
+        if other:
+            detail += f"; {other} of another incarnation of {job!r}"
+        return detail
 
 
 class PluginServer:

@@ -54,7 +54,8 @@ def run(seconds: float, nodes: int, tick_s: float) -> dict[str, Any]:
         with httpx.Client(base_url=service.url, timeout=30) as http:
             wait_for(lambda: len(http.get("/v1/nodes").json()) == nodes, 300, "registrations")
             half = max(1, nodes // 2)
-            for j, members in enumerate((names[:half], names[half:] or names[:half])):
+            # A GPU has one running job: one node is one job.
+            for j, members in enumerate(m for m in (names[:half], names[half:]) if m):
                 body = {
                     "job_id": f"soak{j}",
                     "ranks": [

@@ -1,14 +1,16 @@
-"""Typed ctypes binding of ``librailover_plugin.so`` (ABI v2), for tests and simulated ranks.
+"""Typed ctypes binding of ``librailover_plugin.so`` (ABI v3), for tests and simulated ranks.
 
-The names follow the C table ``railoverPlugin_v2`` in ``include/railover_plugin.h`` (every
-call of ``railoverPlugin_v1`` plus ``poll_command_v2``)::
+The names follow the C table ``railoverPlugin_v3`` in ``include/railover_plugin.h`` (every
+call of ``railoverPlugin_v1``, ``poll_command_v2``, and ``init_v3``, which names the job)::
 
-    with Plugin(socket_path="/run/railover/agent.sock", rank=0, comm_id=7) as plugin:
+    with Plugin(socket_path="/run/railover/agent.sock", rank=0, comm_id=7, job_id="llm") as plugin:
         plugin.report_progress(7, 0, ops_done)
         cmd = plugin.poll_command()
         if cmd is not None:
             plugin.ack_command(cmd.command_id, AckStatus.APPLIED)
 
+``Plugin(abi=1)`` or ``abi=2`` initialises through that older table's ``init``, as a CCL
+built against its header does: the job then comes from ``RAILOVER_JOB_ID`` only.
 ``poll_command`` is the ABI 1 view a CCL built against the older header gets (a BALANCE
 comes out as a REBALANCE; an NVL_TRANSIT is answered UNSUPPORTED by the library);
 ``poll_command_v2`` returns a ``CclCommand`` with the weights and transit GPUs.
@@ -57,7 +59,7 @@ __all__ = [
     "load_library",
 ]
 
-ABI_VERSION: Final = 2
+ABI_VERSION: Final = 3
 DEFAULT_LIBRARY: Final = Path(__file__).resolve().parent / "build" / "librailover_plugin.so"
 
 # railover_status_t
@@ -113,6 +115,15 @@ class _Config(ctypes.Structure):
         ("reconnect_max_ms", ctypes.c_uint32),
         ("log_interval_ms", ctypes.c_uint32),
         ("drain_timeout_ms", ctypes.c_uint32),
+    )
+
+
+class _ConfigV3(ctypes.Structure):
+    _fields_ = (
+        ("base", _Config),
+        ("job_id", ctypes.c_char_p),
+        ("incarnation", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     )
 
 
@@ -283,6 +294,13 @@ _POLL2 = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_CommandV2), cty
 _AGREE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(_Vote), _u32, _u32, ctypes.POINTER(_Agreement)
 )
+_INIT3 = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(_ConfigV3),
+    ctypes.c_size_t,
+    _LOG_FN,
+    ctypes.POINTER(ctypes.c_void_p),
+)
 
 
 class _PluginV1(ctypes.Structure):
@@ -311,9 +329,15 @@ class _PluginV2(ctypes.Structure):
     _fields_ = (*_PluginV1._fields_, ("poll_command_v2", _POLL2))
 
 
+class _PluginV3(ctypes.Structure):
+    """``railoverPlugin_v3_t``: v2's members, then ABI 3's."""
+
+    _fields_ = (*_PluginV2._fields_, ("init_v3", _INIT3))
+
+
 # --- loading --------------------------------------------------------------------------------
 
-_loaded: dict[Path, _PluginV2] = {}
+_loaded: dict[Path, _PluginV3] = {}
 _load_lock = threading.Lock()
 
 
@@ -325,8 +349,8 @@ def library_path(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(env) if env else DEFAULT_LIBRARY
 
 
-def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV2:
-    """Load the library once per path and return its ``railoverPlugin_v2`` table."""
+def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV3:
+    """Load the library once per path and return its ``railoverPlugin_v3`` table."""
     lib_path = library_path(path).resolve()
     with _load_lock:
         table = _loaded.get(lib_path)
@@ -341,7 +365,10 @@ def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV2:
         v1 = _PluginV1.in_dll(lib, "railoverPlugin_v1")
         if v1.abi_version != 1:
             raise PluginError(f"loading {lib_path}: railoverPlugin_v1 says {v1.abi_version}", -3)
-        table = _PluginV2.in_dll(lib, "railoverPlugin_v2")
+        v2 = _PluginV2.in_dll(lib, "railoverPlugin_v2")
+        if v2.abi_version != 2:
+            raise PluginError(f"loading {lib_path}: railoverPlugin_v2 says {v2.abi_version}", -3)
+        table = _PluginV3.in_dll(lib, "railoverPlugin_v3")
         if table.abi_version != ABI_VERSION:
             raise PluginError(f"loading {lib_path}: ABI version {table.abi_version}", -3)
         _loaded[lib_path] = table
@@ -412,8 +439,11 @@ def _default_log(level: int, message: str) -> None:
 class Plugin:
     """One plugin handle (``init`` … ``finalize``); a context manager.
 
-    Config arguments mirror ``railover_config_t``: ``None``/0 means the
-    ``RAILOVER_PLUGIN_*`` environment variable, else the library default.
+    Config arguments mirror ``railover_config_v3_t``: ``None``/0 means the
+    ``RAILOVER_PLUGIN_*`` (``RAILOVER_JOB_*`` for the job) environment variable, else the
+    library default. ``abi`` picks the table whose ``init`` is called: 3 (``init_v3``, with
+    ``job_id`` and ``incarnation``), or 1 or 2, as a CCL built against that header would
+    (the job then only from the environment; ``job_id`` and ``incarnation`` must be unset).
     """
 
     def __init__(
@@ -427,20 +457,33 @@ class Plugin:
         reconnect_max_ms: int = 0,
         log_interval_ms: int = 0,
         drain_timeout_ms: int = 0,
+        job_id: str | None = None,
+        incarnation: int = 0,
+        abi: int = ABI_VERSION,
         log: LogFn | None = _default_log,
         lib_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        if abi not in (1, 2, ABI_VERSION):
+            raise PluginError(f"abi {abi} (this binding knows 1 to {ABI_VERSION})", -1)
+        if abi < ABI_VERSION and (job_id is not None or incarnation):
+            raise PluginError(f"job_id and incarnation need init_v3 (abi {ABI_VERSION})", -1)
         self._api = load_library(lib_path)
+        self._abi = abi
         self._socket_path = os.fsencode(socket_path) if socket_path is not None else None
-        self._config = _Config(
-            socket_path=self._socket_path,
-            ring_size=ring_size,
-            rank=rank,
-            comm_id=comm_id,
-            reconnect_min_ms=reconnect_min_ms,
-            reconnect_max_ms=reconnect_max_ms,
-            log_interval_ms=log_interval_ms,
-            drain_timeout_ms=drain_timeout_ms,
+        self._job_id = job_id.encode() if job_id is not None else None
+        self._config = _ConfigV3(
+            base=_Config(
+                socket_path=self._socket_path,
+                ring_size=ring_size,
+                rank=rank,
+                comm_id=comm_id,
+                reconnect_min_ms=reconnect_min_ms,
+                reconnect_max_ms=reconnect_max_ms,
+                log_interval_ms=log_interval_ms,
+                drain_timeout_ms=drain_timeout_ms,
+            ),
+            job_id=self._job_id,
+            incarnation=incarnation,
         )
         self._log_cb = _LOG_FN(self._make_log(log)) if log is not None else _LOG_FN()
         self._handle: int | None = None
@@ -465,7 +508,17 @@ class Plugin:
             if self._handle is not None:
                 raise PluginError("init (already initialised)", Status.ERR_INVALID)
             handle = ctypes.c_void_p()
-            rc = self._api.init(ctypes.byref(self._config), self._log_cb, ctypes.byref(handle))
+            if self._abi == ABI_VERSION:
+                rc = self._api.init_v3(
+                    ctypes.byref(self._config),
+                    ctypes.sizeof(self._config),
+                    self._log_cb,
+                    ctypes.byref(handle),
+                )
+            else:  # every table's init is one function: the job from the environment
+                rc = self._api.init(
+                    ctypes.byref(self._config.base), self._log_cb, ctypes.byref(handle)
+                )
             if rc != OK:
                 raise PluginError("init", rc)
             self._handle = handle.value

@@ -4,10 +4,16 @@ The C header is the definition; this module must agree with it byte for byte, wh
 ``tests/native_plugin/test_plugin_wire_agreement.py`` checks by compiling against the header.
 
 A frame is a 16-byte little-endian header (magic, version, type, payload_len, reserved)
-followed by a fixed-layout little-endian payload whose length is fixed per type.
-Dataclass fields appear in wire order; reserved fields are not exposed (written as 0,
-ignored when read). Names (``dev_name``, ``peer``, ...) are ``str``: UTF-8, at most 63
-bytes, no NUL.
+followed by a fixed-layout little-endian payload whose length is fixed per type and
+version. Dataclass fields appear in wire order; reserved fields are not exposed (written
+as 0, ignored when read). Names (``dev_name``, ``peer``, ...) are ``str``: UTF-8, at most
+63 bytes, no NUL; a HELLO's ``job`` at most 255.
+
+Versions: ``decode_frame`` and ``FrameDecoder`` take versions ``MIN_VERSION`` to
+``VERSION``. Version 2 changed only HELLO's payload (``PAYLOAD_LAYOUT_V2``: the job the
+process belongs to); ``encode`` writes every frame at the lowest version that holds it,
+so a ``Hello`` naming a job goes as version 2 and everything else as version 1, which
+receivers of either version read.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from enum import IntEnum
 from typing import ClassVar, Final
 
@@ -23,14 +29,17 @@ __all__ = [
     "ABI_WITH_EXTENSIONS",
     "HEADER_SIZE",
     "HELLO_NCCL_PROFILER",
+    "JOB_LEN",
     "LARGEST_COMMAND_PAYLOAD",
     "LARGEST_REPORT_PAYLOAD",
     "MAGIC",
     "MAX_CHANNELS",
     "MAX_PAYLOAD",
     "MAX_TRANSIT",
+    "MIN_VERSION",
     "NAME_LEN",
     "PAYLOAD_LAYOUT",
+    "PAYLOAD_LAYOUT_V2",
     "RANK_UNKNOWN",
     "TO_PLUGIN",
     "VERSION",
@@ -58,10 +67,12 @@ __all__ = [
 ]
 
 MAGIC: Final = 0x52564C52
-VERSION: Final = 1
+VERSION: Final = 2  # the newest; RAILOVER_WIRE_VERSION
+MIN_VERSION: Final = 1  # the oldest a receiver takes; RAILOVER_WIRE_VERSION_MIN
 HEADER_SIZE: Final = 16
 MAX_PAYLOAD: Final = 1024
 NAME_LEN: Final = 64
+JOB_LEN: Final = 256  # RAILOVER_WIRE_JOB_LEN: Hello.job, at most 255 bytes
 RANK_UNKNOWN: Final = 0xFFFFFFFF
 # Hello.abi_version of the NCCL profiler plugin, which reads no commands.
 HELLO_NCCL_PROFILER: Final = 0x4E43
@@ -190,13 +201,20 @@ class Progress:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello:
-    """First frame of every plugin connection (plugin → agent)."""
+    """First frame of every plugin connection (plugin → agent).
+
+    ``job`` is the job the process belongs to ("" names none: the version-1 frame, as every
+    plugin before version 2 sends); ``incarnation`` the job's incarnation, 0 when not
+    known (the version-1 ``reserved`` slot, always 0 before).
+    """
 
     TYPE: ClassVar[MsgType] = MsgType.HELLO
     comm_id: int
     pid: int
     abi_version: int
     rank: int
+    incarnation: int = 0
+    job: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -407,7 +425,7 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
         ("pid", "I"),
         ("abi_version", "I"),
         ("rank", "I"),
-        ("reserved", "I"),
+        ("incarnation", "I"),
     ),
     MsgType.COMMUNICATOR: (
         ("comm_id", "Q"),
@@ -463,6 +481,11 @@ PAYLOAD_LAYOUT: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
     ),
 }
 
+# The payloads version 2 changed; every other type's is PAYLOAD_LAYOUT's at version 2 too.
+PAYLOAD_LAYOUT_V2: Final[Mapping[MsgType, tuple[tuple[str, str], ...]]] = {
+    MsgType.HELLO: (*PAYLOAD_LAYOUT[MsgType.HELLO], ("job", f"{JOB_LEN}s")),
+}
+
 # Frames the agent sends; every other type goes plugin -> agent.
 TO_PLUGIN: Final = frozenset({MsgType.COMMAND, MsgType.COMMAND_WEIGHTS, MsgType.COMMAND_TRANSIT})
 
@@ -495,9 +518,10 @@ _F32_MAX: Final = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 
 def _field_shape(code: str) -> tuple[int, str]:
-    """(entries, struct letter) of a layout code: "Q" is (1, "Q"), "64f" (64, "f"), "64s" a name."""
+    """(entries, struct letter) of a layout code: "Q" is (1, "Q"), "64f" (64, "f"); for a
+    name, "64s", (64, "s"): its size in bytes (it is one entry of the unpacked tuple)."""
     letter = code[-1]
-    if letter == "s" or len(code) == 1:
+    if len(code) == 1:
         return 1, letter
     return int(code[:-1]), letter
 
@@ -505,18 +529,23 @@ def _field_shape(code: str) -> tuple[int, str]:
 class _Codec:
     """Precomputed pack/unpack plan for one message type."""
 
-    __slots__ = ("cls", "header", "names", "shapes", "struct", "wire_fields")
+    __slots__ = ("cls", "header", "names", "shapes", "struct", "version", "wire_fields")
 
-    def __init__(self, msg_type: MsgType, layout: tuple[tuple[str, str], ...]) -> None:
+    def __init__(
+        self, msg_type: MsgType, layout: tuple[tuple[str, str], ...], version: int = MIN_VERSION
+    ) -> None:
         self.cls = _CLASSES[msg_type]
         self.wire_fields = layout
+        self.version = version
         self.struct = struct.Struct("<" + "".join(code for _, code in layout))
-        self.header = _HEADER.pack(MAGIC, VERSION, msg_type, self.struct.size, 0)
+        self.header = _HEADER.pack(MAGIC, version, msg_type, self.struct.size, 0)
         # (name, entries, letter) per field in wire order; reserved ones included.
         self.shapes = tuple((name, *_field_shape(code)) for name, code in layout)
         self.names = tuple(name for name, _ in layout if name != "reserved")
+        # An older layout holds the first fields; the later ones take their defaults.
         dataclass_names = tuple(f.name for f in fields(self.cls))
-        assert dataclass_names == self.names, (msg_type, dataclass_names, self.names)
+        assert dataclass_names[: len(self.names)] == self.names, (msg_type, self.names)
+        assert all(f.default is not MISSING for f in fields(self.cls)[len(self.names) :]), msg_type
 
     def encode(self, msg: Message) -> bytes:
         values: list[int | float | bytes] = []
@@ -526,7 +555,7 @@ class _Codec:
                 continue
             value = getattr(msg, name)
             if letter == "s":
-                values.append(_encode_name(name, value))
+                values.append(_encode_name(name, value, n))
             elif n > 1:
                 values.extend(
                     _encode_number(f"{type(msg).__name__}.{name}", letter, v) for v in value
@@ -540,8 +569,9 @@ class _Codec:
         args: dict[str, object] = {}
         i = 0
         for name, n, letter in self.shapes:
-            chunk = raw[i : i + n]
-            i += n
+            entries = 1 if letter == "s" else n
+            chunk = raw[i : i + entries]
+            i += entries
             if name == "reserved":
                 continue
             if letter == "s":
@@ -572,23 +602,32 @@ def _encode_number(what: str, letter: str, value: object) -> int | float:
     return value
 
 
-def _encode_name(name: str, value: object) -> bytes:
+def _encode_name(name: str, value: object, size: int) -> bytes:
     if not isinstance(value, str):
         raise WireError(f"{name}={value!r} is not a str")
     raw = value.encode("utf-8")
     if b"\0" in raw:
         raise WireError(f"{name}={value!r} contains NUL")
-    if len(raw) >= NAME_LEN:
-        raise WireError(f"{name} is {len(raw)} bytes of UTF-8; at most {NAME_LEN - 1} fit")
+    if len(raw) >= size:
+        raise WireError(f"{name} is {len(raw)} bytes of UTF-8; at most {size - 1} fit")
     return raw
 
 
+# Version-1 layouts, by type: every frame but a Hello naming a job is written with these.
 _CODECS: Final[Mapping[int, _Codec]] = {
     t: _Codec(t, layout) for t, layout in PAYLOAD_LAYOUT.items()
 }
+_CODECS_V2: Final[Mapping[int, _Codec]] = {
+    t: _Codec(MsgType(t), PAYLOAD_LAYOUT_V2[MsgType(t)], 2) if t in PAYLOAD_LAYOUT_V2 else c
+    for t, c in _CODECS.items()
+}
+# What a frame of each version is decoded with, by (version, type).
+_DECODERS: Final[Mapping[tuple[int, int], _Codec]] = {
+    (v, t): c for v, table in ((1, _CODECS), (2, _CODECS_V2)) for t, c in table.items()
+}
 _CODEC_BY_CLASS: Final[Mapping[type[Message], _Codec]] = {c.cls: c for c in _CODECS.values()}
 
-assert max(c.struct.size for c in _CODECS.values()) <= MAX_PAYLOAD
+assert max(c.struct.size for c in _DECODERS.values()) <= MAX_PAYLOAD
 # RAILOVER_WIRE_LARGEST_V1_PAYLOAD (plugin -> agent, the plugin's ring slots) and
 # RAILOVER_WIRE_LARGEST_V1_COMMAND_PAYLOAD (agent -> plugin).
 LARGEST_REPORT_PAYLOAD: Final = max(c.struct.size for t, c in _CODECS.items() if t not in TO_PLUGIN)
@@ -596,27 +635,30 @@ LARGEST_COMMAND_PAYLOAD: Final = max(c.struct.size for t, c in _CODECS.items() i
 
 
 def encode(msg: Message) -> bytes:
-    """One complete frame (header + payload) for ``msg``; ``WireError`` if a field won't fit."""
+    """One complete frame (header + payload) for ``msg``, at the lowest version that holds
+    it (a ``Hello`` naming a job: 2; everything else: 1); ``WireError`` if a field won't fit."""
     codec = _CODEC_BY_CLASS.get(type(msg))
     if codec is None:
         raise WireError(f"{type(msg).__name__} is not a wire message")
+    if isinstance(msg, Hello) and msg.job:
+        codec = _CODECS_V2[MsgType.HELLO]
     return codec.encode(msg)
 
 
 def _check_header(magic: int, version: int, msg_type: int, payload_len: int) -> _Codec:
     if magic != MAGIC:
         raise WireError(f"bad magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
-    if version != VERSION:
-        raise WireError(f"unsupported version {version}, expected {VERSION}")
+    if not MIN_VERSION <= version <= VERSION:
+        raise WireError(f"unsupported version {version}, expected {MIN_VERSION} to {VERSION}")
     if payload_len > MAX_PAYLOAD:
         raise WireError(f"payload_len {payload_len} exceeds the maximum {MAX_PAYLOAD}")
-    codec = _CODECS.get(msg_type)
+    codec = _DECODERS.get((version, msg_type))
     if codec is None:
         raise WireError(f"unknown message type {msg_type}")
     if payload_len != codec.struct.size:
         raise WireError(
             f"payload_len {payload_len} does not match {MsgType(msg_type).name} "
-            f"({codec.struct.size} bytes)"
+            f"({codec.struct.size} bytes at version {version})"
         )
     return codec
 

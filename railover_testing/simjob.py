@@ -1,8 +1,8 @@
 """A stand-in training job whose ranks talk to their node's agent through the real plugin.
 
 Each rank is a thread with its own ``Plugin`` handle (its own socket connection and
-HELLO carrying ``comm_id`` and ``rank``), as each GPU's proxy thread in a CCL process
-would have. The ranks run collective operations in lockstep: one barrier per op, as an
+HELLO carrying ``comm_id``, ``rank`` and the job's id), as each GPU's proxy thread in a CCL
+process would have. The ranks run collective operations in lockstep: one barrier per op, as an
 allreduce completes on every rank or on none. Around that they follow the switch-point
 contract of ``railover_plugin.h`` ("Switch points"), as a failover-capable CCL must:
 
@@ -215,6 +215,9 @@ class SimulatedJob:
                     socket_path=Path(sockets[n]),
                     rank=r,
                     comm_id=comm_id,
+                    # As a launcher setting RAILOVER_JOB_ID would: the agent then sends the
+                    # rank only its job's commands, though another job shares the node.
+                    job_id=job_id,
                     reconnect_min_ms=10,
                     reconnect_max_ms=200,
                     lib_path=lib_path,

@@ -92,15 +92,24 @@ class RailoverClient:
     # --- calls -------------------------------------------------------------------
 
     def register_job(self, job: JobIn, *, replace: bool = False) -> JobOut:
-        """Register the job; with replace=True an existing job of that id is replaced."""
+        """Register the job; with replace=True an existing job of that id is replaced.
+
+        A 409 for another reason (a GPU another running job holds: set ``job.replaces``
+        to end that job) is raised as it came."""
         body = job.model_dump(mode="json", exclude_none=True)
         try:
             return self._call("POST", "/v1/jobs", JobOut, json=body)
         except RailoverError as exc:
             if exc.status != 409:
                 raise
+            conflict = exc
         if not replace:
-            return self.get_job(job.job_id)
+            try:
+                return self.get_job(job.job_id)
+            except RailoverError as exc:
+                if exc.status == 404:  # not this job's own: the 409 was about another
+                    raise conflict from None
+                raise
         self.delete_job(job.job_id)
         return self._call("POST", "/v1/jobs", JobOut, json=body)
 

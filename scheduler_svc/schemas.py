@@ -349,6 +349,12 @@ class JobIn(Strict):
     ccl: CclIn | None = Field(
         default=None, description="The CCL the job runs when it is stock NCCL (not Railover's)"
     )
+    replaces: JobId | None = Field(
+        default=None,
+        description="A running job this one takes the GPUs of: it is ended (deleted, as "
+        "DELETE /v1/jobs/{id} does) when this one is registered. Without it, ranks on a "
+        "GPU another running job holds are refused (409)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> JobIn:
@@ -370,6 +376,15 @@ class JobIn(Strict):
             if any(r >= n for r in c.ranks):
                 raise ValueError(f"communicators[{i}].ranks: ranks must be below {n}")
         return self
+
+    @field_validator("replaces", mode="after")
+    @classmethod
+    def _not_itself(cls, replaces: str | None, info: ValidationInfo) -> str | None:
+        if replaces is not None and replaces == info.data.get("job_id"):
+            raise ValueError(
+                "a job cannot replace itself: post it again once it restarts, or DELETE it first"
+            )
+        return replaces
 
     @field_validator("allow_scaling", mode="after")
     @classmethod
@@ -860,7 +875,12 @@ class JobPathsOut(BaseModel):
 class CommandOut(BaseModel):
     command_id: int
     node: str
-    job_id: str
+    job_id: str = Field(description="The job whose processes the command is for")
+    incarnation: int = Field(
+        default=1,
+        description="The job's incarnation the command is for: a process of another "
+        "incarnation of the job (one that named it) is not sent it",
+    )
     decision_id: str | None
     kind: CommandKind
     epoch: int
@@ -888,6 +908,14 @@ class CommandOut(BaseModel):
     created_at: datetime
     iteration: int | None = Field(
         default=None, description="checkpoint_now: the checkpoint must be newer than this"
+    )
+    other_jobs_ranks: list[int] | None = Field(
+        default=None,
+        description="Only as delivered to the node's agent (poll and stream): the rank "
+        "numbers other jobs hold on this node when the command was taken, empty when the "
+        "job is alone there. A plugin client that named no job and says one of these "
+        "ranks (or no rank) may be another job's process: the agent sends it nothing. "
+        "Null in listings and ack answers",
     )
 
 

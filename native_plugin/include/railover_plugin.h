@@ -4,9 +4,9 @@
  *
  * Pattern (as NCCL's net/tuner plugins): the library exports exactly one
  * symbol per ABI version, a const struct of function pointers. Load it with
- * dlopen()/dlsym("railoverPlugin_v1") and call through the struct. A later
- * ABI adds railoverPlugin_v2 next to v1; v1 keeps its layout and meaning for
- * as long as the library ships it. Structs and enums here are only ever
+ * dlopen()/dlsym("railoverPlugin_v3") and call through the struct. A later
+ * ABI adds its table next to the older ones (v1, v2, v3 today); each keeps its
+ * layout and meaning for as long as the library ships it. Structs and enums here are only ever
  * appended to, and only under a new ABI version for structs passed by value.
  *
  * Threading: every call except init/finalize may be made from any number of
@@ -48,9 +48,9 @@ extern "C" {
 #endif
 
 /* The newest ABI this header describes; the library exports a table for each
- * version up to it (railoverPlugin_v1, railoverPlugin_v2) and says this one in
- * HELLO, which tells the agent which frames it may send (see railover_wire.h). */
-#define RAILOVER_PLUGIN_ABI_VERSION 2
+ * version up to it (railoverPlugin_v1, _v2, _v3) and says this one in HELLO,
+ * which tells the agent which frames it may send (see railover_wire.h). */
+#define RAILOVER_PLUGIN_ABI_VERSION 3
 
 /* Status codes returned by every call. Only ever appended. */
 typedef enum {
@@ -94,9 +94,10 @@ typedef struct {
    * 192 bytes, allocated once at init. */
   uint32_t ring_size;
   /* Rank and communicator announced in HELLO; they identify the process to
-   * the agent. rank: RAILOVER_RANK_UNKNOWN when not known (0 is a rank, so
-   * it is taken literally here, unlike the other fields); comm_id: 0 when not
-   * known. */
+   * the agent, with the job (railover_config_v3_t; for init, the environment:
+   * RAILOVER_JOB_ID, RAILOVER_JOB_INCARNATION). rank: RAILOVER_RANK_UNKNOWN
+   * when not known (0 is a rank, so it is taken literally here, unlike the
+   * other fields); comm_id: 0 when not known. */
   uint32_t rank;
   uint64_t comm_id;
   /* Reconnect back-off in milliseconds: first retry after
@@ -282,7 +283,10 @@ typedef struct {
   /* Allocates the ring (the only allocation the plugin makes), starts the
    * sender thread, and writes a handle to *handle. Connects in the
    * background: reports made before the first connection wait in the ring
-   * and are sent once connected. Several handles may coexist in one process. */
+   * and are sent once connected. Several handles may coexist in one process.
+   * The job the HELLO names comes from the environment (RAILOVER_JOB_ID,
+   * RAILOVER_JOB_INCARNATION; see init_v3), so a CCL built against ABI 1 or 2
+   * names its job once the launcher sets them. */
   int (*init)(const railover_config_t* config, railover_log_fn log, void** handle);
 
   /* Stops the sender thread after draining (see drain_timeout_ms), closes
@@ -424,6 +428,73 @@ typedef struct {
 
 /* The exported symbol of librailover_plugin.so for ABI version 2. */
 extern const railoverPlugin_v2_t railoverPlugin_v2;
+
+/* ---- ABI version 3: the job a process belongs to. ----
+ *
+ * Two jobs can share a node and, within it, the rank numbers and communicator 0.
+ * HELLO names the job (railover_wire_hello_v2) so that the agent sends this
+ * process only its own job's commands; "How a process is tied to its job" in
+ * railover_wire.h has the agent's rule, for processes that name a job and for
+ * those that do not.
+ *
+ * Configuration for init_v3: railover_config_t, then the job. Like the base
+ * fields, a NULL or "" job_id and a 0 incarnation mean "the environment
+ * variable, else none".
+ */
+typedef struct {
+  railover_config_t base;
+  /* The job_id the job was registered under (POST /v1/jobs), at most 255 bytes of
+   * UTF-8; copied during init. Env RAILOVER_JOB_ID; unset: the process names no
+   * job (HELLO version 1). Longer than 255 bytes: RAILOVER_ERR_CONFIG. */
+  const char* job_id;
+  /* The job's incarnation (1 when first posted, one more each time the fleet
+   * manager posts it again after a restart), when the launcher knows it. Env
+   * RAILOVER_JOB_INCARNATION (a decimal u32); 0 or unset: not known, and the
+   * process takes its job's commands of any incarnation. */
+  uint32_t incarnation;
+  uint32_t reserved; /* 0 */
+} railover_config_v3_t;
+
+/*
+ * ABI version 3: every member of v2, same order, same meaning, then init_v3.
+ * A CCL built against this header uses railoverPlugin_v3; one built against ABI 1
+ * or 2 keeps its table, which the library still exports, and names its job through
+ * the environment.
+ */
+typedef struct {
+  const char* name;     /* "railover" */
+  uint32_t abi_version; /* 3 */
+  /* init: the job from the environment only (see railoverPlugin_v1_t.init). */
+  int (*init)(const railover_config_t* config, railover_log_fn log, void** handle);
+  int (*finalize)(void* handle);
+  int (*report_cqe_error)(void* handle, const char* dev_name, uint32_t port, uint32_t qp_num,
+                          uint32_t wc_status, uint32_t vendor_err, const char* peer);
+  int (*report_port_event)(void* handle, const char* dev_name, uint32_t port,
+                           uint32_t ibv_event_type);
+  int (*report_path_switch)(void* handle, uint64_t comm_id, uint32_t channel,
+                            const char* from_dev, const char* to_dev, uint32_t reason);
+  int (*report_progress)(void* handle, uint64_t comm_id, uint32_t rank, uint64_t ops_done);
+  int (*poll_command)(void* handle, railover_command_t* out);
+  int (*ack_command)(void* handle, uint64_t command_id, int32_t status);
+  int (*stats)(void* handle, railover_stats_t* out, size_t out_size);
+  int (*ack_command_at)(void* handle, uint64_t command_id, int32_t status, uint64_t ops_done);
+  int (*agree)(const railover_switch_vote_t* votes, uint32_t n_votes, uint32_t self,
+               railover_agreement_t* out);
+  int (*poll_command_v2)(void* handle, railover_command_v2_t* out, size_t out_size);
+
+  /* Members from here on are new in ABI 3. */
+
+  /* As init, with the job: reads min(config_size, sizeof(railover_config_v3_t))
+   * bytes of *config, so a caller built against a later, longer struct keeps
+   * working, and one passing only the base (config_size ==
+   * sizeof(railover_config_t)) gets init's behaviour; a NULL config is init(NULL).
+   * config_size below sizeof(railover_config_t) is RAILOVER_ERR_INVALID. */
+  int (*init_v3)(const railover_config_v3_t* config, size_t config_size, railover_log_fn log,
+                 void** handle);
+} railoverPlugin_v3_t;
+
+/* The exported symbol of librailover_plugin.so for ABI version 3. */
+extern const railoverPlugin_v3_t railoverPlugin_v3;
 
 #ifdef __cplusplus
 }

@@ -15,11 +15,24 @@
  * the C side can memcpy them straight onto the wire.
  *
  * Validity (a receiver drops the connection on the first invalid frame):
- *   - magic == RAILOVER_WIRE_MAGIC and version == RAILOVER_WIRE_VERSION;
+ *   - magic == RAILOVER_WIRE_MAGIC and RAILOVER_WIRE_VERSION_MIN <= version <=
+ *     RAILOVER_WIRE_VERSION;
  *   - type is one of railover_wire_type;
  *   - payload_len <= RAILOVER_WIRE_MAX_PAYLOAD and equals the size of the
- *     payload struct for that type exactly (the v1 payloads never grow;
- *     a longer payload needs a new version).
+ *     payload struct for that type at that version exactly (payloads never
+ *     grow within a version; a longer payload needs a new version).
+ *
+ * Versions. The header's version says the layout of that frame's payload.
+ * Version 2 changed one payload, HELLO's (railover_wire_hello_v2: the job the
+ * process belongs to); every other type has the same payload at versions 1
+ * and 2. A sender writes each frame at the lowest version that holds what it
+ * says, so that a receiver of an older version reads everything it can: the
+ * agent writes version 1 (a plugin before version 2 accepts nothing else), a
+ * plugin writes its reports and acks at version 1 and its HELLO at version 2
+ * when it names a job, at version 1 when it does not. An agent before version
+ * 2 drops a connection whose HELLO names a job: upgrade the agents before the
+ * plugins of jobs that name themselves (a plugin that names no job works with
+ * either).
  * Reserved fields are written as 0 by senders and ignored by receivers.
  * Strings (dev names, peer) are UTF-8, NUL-padded to their fixed size; a
  * sender writes at most size-1 bytes so there is always a terminating NUL.
@@ -37,10 +50,12 @@
 #endif
 
 #define RAILOVER_WIRE_MAGIC 0x52564C52u /* "RLVR" as the bytes 52 4C 56 52 */
-#define RAILOVER_WIRE_VERSION 1u
+#define RAILOVER_WIRE_VERSION 2u     /* the newest version this header describes */
+#define RAILOVER_WIRE_VERSION_MIN 1u /* the oldest a receiver accepts; see "Versions" */
 #define RAILOVER_WIRE_HEADER_SIZE 16u
 #define RAILOVER_WIRE_MAX_PAYLOAD 1024u
 #define RAILOVER_WIRE_NAME_LEN 64u /* dev_name, from_dev, to_dev, peer */
+#define RAILOVER_WIRE_JOB_LEN 256u /* railover_wire_hello_v2.job: a job id of up to 255 bytes */
 
 /* Frame types. Only ever appended; a value is never reused. */
 enum railover_wire_type {
@@ -139,14 +154,50 @@ typedef struct railover_wire_progress {
   uint32_t pid;          /* reporting process */
 } railover_wire_progress;
 
-/* Type 5: first frame on every (re)connection, so the agent knows who speaks. */
+/* Type 5: first frame on every (re)connection, so the agent knows who speaks.
+ * Version 1: this struct (24 bytes); the process names no job. */
 typedef struct railover_wire_hello {
   uint64_t comm_id;     /* communicator given at init, 0 when not known */
   uint32_t pid;         /* the plugin's process */
   uint32_t abi_version; /* RAILOVER_PLUGIN_ABI_VERSION of the library */
   uint32_t rank;        /* rank given at init, RAILOVER_RANK_UNKNOWN when not known */
-  uint32_t reserved;    /* 0 */
+  uint32_t incarnation; /* the job's incarnation, 0 when not known. This was `reserved`
+                         * (always 0) before version 2: same offset and size. */
 } railover_wire_hello;
+
+/* Type 5 at version 2: HELLO naming the job the process belongs to (280 bytes).
+ * The first 24 bytes are railover_wire_hello's, field for field.
+ *
+ * How a process is tied to its job. The service addresses every command to a
+ * job and an incarnation (and, within it, a communicator and job-rank numbers,
+ * which two jobs on one node may both use). The agent hands a command to:
+ *   - a process that named a job (this frame, job != ""): only if job is the
+ *     command's job and incarnation is 0 (not known) or the command's. Such a
+ *     process never receives another job's command, whatever its comm_id and
+ *     rank;
+ *   - a process that named no job (a version-1 HELLO, or job ""), as every plugin
+ *     before version 2 does: only where it cannot be another job's, that is
+ *     when the command names its communicator (comm_id != 0 and equal to the
+ *     HELLO's: a communicator id belongs to one job), or when no other job on
+ *     the node holds the process's rank number (and, for a process whose rank is
+ *     RAILOVER_RANK_UNKNOWN, when no other job has a rank on the node at all).
+ *     Otherwise it gets nothing, and a command no process could take is answered
+ *     failed after the agent's hold time, saying why.
+ * The rank and communicator rules are as before: a process with comm_id 0 takes
+ * any communicator's command, one with a rank takes commands naming that rank.
+ * librailover_plugin.so names the job from railover_config_v3_t.job_id, else the
+ * environment variable RAILOVER_JOB_ID, which the launcher sets to the job_id
+ * the job was registered under; the incarnation likewise from
+ * railover_config_v3_t.incarnation, else RAILOVER_JOB_INCARNATION. */
+typedef struct railover_wire_hello_v2 {
+  uint64_t comm_id;     /* as in railover_wire_hello */
+  uint32_t pid;         /* as in railover_wire_hello */
+  uint32_t abi_version; /* as in railover_wire_hello */
+  uint32_t rank;        /* as in railover_wire_hello */
+  uint32_t incarnation; /* as in railover_wire_hello: 0 when not known */
+  char job[RAILOVER_WIRE_JOB_LEN]; /* the job_id given to the service, UTF-8, NUL-padded;
+                                    * not "" (that HELLO is sent as version 1) */
+} railover_wire_hello_v2;
 
 #define RAILOVER_RANK_UNKNOWN 0xFFFFFFFFu
 
@@ -206,11 +257,15 @@ RAILOVER_WIRE_ASSERT_SIZE(railover_wire_port_event, 88);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_path_switch, 160);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_progress, 32);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_hello, 24);
+RAILOVER_WIRE_ASSERT_SIZE(railover_wire_hello_v2, 280);
+RAILOVER_STATIC_ASSERT(offsetof(railover_wire_hello_v2, job) == sizeof(railover_wire_hello),
+                       "railover_wire_hello_v2 begins with railover_wire_hello");
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_command, 48);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack, 16);
 RAILOVER_WIRE_ASSERT_SIZE(railover_wire_ack_at, 24);
 
-/* Largest v1 payload plugin -> agent; the plugin's ring slots are sized from it. */
+/* Largest v1 payload plugin -> agent; the plugin's ring slots are sized from it.
+ * (HELLO, of version 2 too, never goes through the ring.) */
 #define RAILOVER_WIRE_LARGEST_V1_PAYLOAD 160u
 
 /* ---- Appended for the NCCL profiler plugin (libnccl-profiler-railover.so). ----

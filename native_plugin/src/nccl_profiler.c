@@ -329,7 +329,8 @@ static uint64_t comm_ops_done(rvn_comm* c) {
 /* Appends one frame to the output buffer; 0 when it does not fit now. */
 static int out_frame(rvn_reporter* r, uint16_t type, const void* payload, uint32_t len) {
   if (r->fd < 0 || r->out_len + RAILOVER_WIRE_HEADER_SIZE + len > OUT_BUF_SIZE) return 0;
-  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION, type, len, 0};
+  /* Version 1: its HELLO names no job (it takes no commands); the rest is version 1 too. */
+  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION_MIN, type, len, 0};
   memcpy(r->out + r->out_len, &h, sizeof(h));
   memcpy(r->out + r->out_len + sizeof(h), payload, len);
   r->out_len += (uint32_t)sizeof(h) + len;

@@ -1,5 +1,5 @@
 /*
- * Railover native plugin, ABI v1: report ring, sender thread, command queue.
+ * Railover native plugin, ABI v1-v3: report ring, sender thread, command queue.
  *
  * Report calls run on the CCL's proxy threads and must cost ~100 ns: they
  * format a complete wire frame straight into a ring slot and return. One
@@ -93,6 +93,8 @@ typedef struct rv_plugin {
   char socket_path[sizeof(((struct sockaddr_un*)0)->sun_path)];
   uint32_t rank;
   uint64_t comm_id;
+  char job[RAILOVER_WIRE_JOB_LEN]; /* "" names no job: HELLO version 1 */
+  uint32_t incarnation;
   uint32_t reconnect_min_ms, reconnect_max_ms, log_interval_ms, drain_timeout_ms;
   railover_log_fn log;
 
@@ -158,9 +160,16 @@ static inline void put_name(char* dst, const char* src) {
   memset(dst + n, 0, RAILOVER_WIRE_NAME_LEN - n);
 }
 
-static inline void put_header(unsigned char* frame, uint16_t type, uint32_t payload_len) {
-  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION, type, payload_len, 0};
+static inline void put_header_at(unsigned char* frame, uint16_t version, uint16_t type,
+                                 uint32_t payload_len) {
+  railover_wire_header h = {RAILOVER_WIRE_MAGIC, version, type, payload_len, 0};
   memcpy(frame, &h, sizeof(h));
+}
+
+/* Every frame but a HELLO naming a job has its version-1 layout: sent as version 1,
+ * which agents of every version read (railover_wire.h, "Versions"). */
+static inline void put_header(unsigned char* frame, uint16_t type, uint32_t payload_len) {
+  put_header_at(frame, RAILOVER_WIRE_VERSION_MIN, type, payload_len);
 }
 
 /* Claims a ring slot for a report, or counts the drop. Before the first
@@ -578,17 +587,32 @@ static void try_connect(rv_plugin* p) {
    * disconnect, anything left from a race with it is stale. */
   if (atomic_load_explicit(&p->ever_connected, memory_order_relaxed)) discard_queues(p);
   atomic_store_explicit(&p->ever_connected, 1, memory_order_relaxed);
-  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_hello)];
-  railover_wire_hello h = {p->comm_id, p->pid, RAILOVER_PLUGIN_ABI_VERSION, p->rank, 0};
-  put_header(frame, RAILOVER_MSG_HELLO, sizeof(h));
-  memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &h, sizeof(h));
-  out_append(p, frame, sizeof(frame), FRAME_HELLO);
+  unsigned char frame[RAILOVER_WIRE_HEADER_SIZE + sizeof(railover_wire_hello_v2)];
+  railover_wire_hello_v2 h;
+  memset(&h, 0, sizeof(h));
+  h.comm_id = p->comm_id;
+  h.pid = p->pid;
+  h.abi_version = RAILOVER_PLUGIN_ABI_VERSION;
+  h.rank = p->rank;
+  h.incarnation = p->incarnation;
+  /* A process that names no job says exactly what a plugin before version 2 says. */
+  uint32_t len = sizeof(railover_wire_hello);
+  if (p->job[0] != '\0') {
+    memcpy(h.job, p->job, sizeof(h.job));
+    len = sizeof(h);
+  }
+  put_header_at(frame, p->job[0] != '\0' ? 2 : 1, RAILOVER_MSG_HELLO, len);
+  memcpy(frame + RAILOVER_WIRE_HEADER_SIZE, &h, len);
+  out_append(p, frame, RAILOVER_WIRE_HEADER_SIZE + len, FRAME_HELLO);
   bump(&p->connects, 1);
   atomic_store_explicit(&p->connected, 1, memory_order_relaxed);
   plog(p, RAILOVER_LOG_INFO, "railover: connected to agent at %s", p->socket_path);
 }
 
-static uint32_t expected_payload(uint16_t type) {
+/* The payload size of `type` at `version`; UINT32_MAX for a type or version not known. */
+static uint32_t expected_payload(uint16_t type, uint16_t version) {
+  if (version < RAILOVER_WIRE_VERSION_MIN || version > RAILOVER_WIRE_VERSION) return UINT32_MAX;
+  if (type == RAILOVER_MSG_HELLO && version >= 2) return sizeof(railover_wire_hello_v2);
   switch (type) {
     case RAILOVER_MSG_CQE_ERROR: return sizeof(railover_wire_cqe_error);
     case RAILOVER_MSG_PORT_EVENT: return sizeof(railover_wire_port_event);
@@ -734,9 +758,9 @@ static int parse_input(rv_plugin* p) {
   while (p->in_len - off >= RAILOVER_WIRE_HEADER_SIZE) {
     railover_wire_header h;
     memcpy(&h, p->in_buf + off, sizeof(h));
-    uint32_t want = expected_payload(h.type);
-    if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION ||
-        h.payload_len > RAILOVER_WIRE_MAX_PAYLOAD || h.payload_len != want) {
+    uint32_t want = expected_payload(h.type, h.version);
+    if (h.magic != RAILOVER_WIRE_MAGIC || h.payload_len > RAILOVER_WIRE_MAX_PAYLOAD ||
+        h.payload_len != want) {
       bump(&p->malformed_received, 1);
       char why[160];
       snprintf(why, sizeof(why), "malformed frame (magic 0x%08x version %u type %u length %u)",
@@ -939,13 +963,38 @@ static void free_plugin(rv_plugin* p) {
   free(p);
 }
 
-static int init(const railover_config_t* config, railover_log_fn log, void** handle) {
+/* The job HELLO names: the configured one, else RAILOVER_JOB_ID, else none (""). */
+static int pick_job(const char* configured, char* out, railover_log_fn log) {
+  const char* job = configured;
+  if (job == NULL || *job == '\0') job = getenv("RAILOVER_JOB_ID");
+  if (job == NULL) job = "";
+  size_t n = strlen(job);
+  if (n >= RAILOVER_WIRE_JOB_LEN) {
+    if (log) {
+      char msg[256];
+      snprintf(msg, sizeof(msg), "railover: the job id \"%.32s...\" is %zu bytes; at most %u fit",
+               job, n, RAILOVER_WIRE_JOB_LEN - 1);
+      log(RAILOVER_LOG_ERROR, msg);
+    }
+    return -1;
+  }
+  memset(out, 0, RAILOVER_WIRE_JOB_LEN);
+  memcpy(out, job, n);
+  return 0;
+}
+
+static int init_with(const railover_config_v3_t* config, railover_log_fn log, void** handle) {
   if (handle == NULL) return RAILOVER_ERR_INVALID;
   *handle = NULL;
   railover_config_t cfg;
   memset(&cfg, 0, sizeof(cfg));
   cfg.rank = RAILOVER_RANK_UNKNOWN;
-  if (config) cfg = *config;
+  if (config) cfg = config->base;
+  char job[RAILOVER_WIRE_JOB_LEN];
+  if (pick_job(config ? config->job_id : NULL, job, log) != 0) return RAILOVER_ERR_CONFIG;
+  uint32_t incarnation = config ? config->incarnation : 0;
+  if (incarnation == 0 && read_env_u32("RAILOVER_JOB_INCARNATION", &incarnation, log) != 0)
+    return RAILOVER_ERR_CONFIG;
 
   const char* path = cfg.socket_path;
   if (path == NULL || *path == '\0') path = getenv("RAILOVER_PLUGIN_SOCKET");
@@ -986,6 +1035,8 @@ static int init(const railover_config_t* config, railover_log_fn log, void** han
   p->pid = (uint32_t)getpid();
   p->rank = cfg.rank;
   p->comm_id = cfg.comm_id;
+  memcpy(p->job, job, sizeof(p->job));
+  p->incarnation = incarnation;
   p->reconnect_min_ms = pick(cfg.reconnect_min_ms, 10);
   p->reconnect_max_ms = pick(cfg.reconnect_max_ms, 1000);
   if (p->reconnect_max_ms < p->reconnect_min_ms) p->reconnect_max_ms = p->reconnect_min_ms;
@@ -1003,6 +1054,27 @@ static int init(const railover_config_t* config, railover_log_fn log, void** han
   }
   *handle = p;
   return RAILOVER_OK;
+}
+
+static int init(const railover_config_t* config, railover_log_fn log, void** handle) {
+  if (config == NULL) return init_with(NULL, log, handle);
+  railover_config_v3_t v3;
+  memset(&v3, 0, sizeof(v3));
+  v3.base = *config;
+  return init_with(&v3, log, handle);
+}
+
+static int init_v3(const railover_config_v3_t* config, size_t config_size, railover_log_fn log,
+                   void** handle) {
+  if (config == NULL) return init_with(NULL, log, handle);
+  if (config_size < sizeof(railover_config_t)) {
+    if (handle) *handle = NULL;
+    return RAILOVER_ERR_INVALID;
+  }
+  railover_config_v3_t v3;
+  memset(&v3, 0, sizeof(v3));
+  memcpy(&v3, config, config_size < sizeof(v3) ? config_size : sizeof(v3));
+  return init_with(&v3, log, handle);
 }
 
 static int finalize(void* handle) {
@@ -1047,4 +1119,22 @@ EXPORT const railoverPlugin_v2_t railoverPlugin_v2 = {
     .ack_command_at = ack_command_at,
     .agree = agree,
     .poll_command_v2 = poll_command_v2,
+};
+
+EXPORT const railoverPlugin_v3_t railoverPlugin_v3 = {
+    .name = "railover",
+    .abi_version = 3,
+    .init = init,
+    .finalize = finalize,
+    .report_cqe_error = report_cqe_error,
+    .report_port_event = report_port_event,
+    .report_path_switch = report_path_switch,
+    .report_progress = report_progress,
+    .poll_command = poll_command,
+    .ack_command = ack_command,
+    .stats = stats,
+    .ack_command_at = ack_command_at,
+    .agree = agree,
+    .poll_command_v2 = poll_command_v2,
+    .init_v3 = init_v3,
 };

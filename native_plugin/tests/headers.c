@@ -24,6 +24,18 @@ unsigned long railover_header_check2(const railoverPlugin_v2_t* api, railover_co
          RAILOVER_MSG_COMMAND_WEIGHTS + RAILOVER_MSG_COMMAND_TRANSIT + RAILOVER_WIRE_MAX_TRANSIT;
 }
 
+unsigned long railover_header_check3(const railoverPlugin_v3_t* api);
+unsigned long railover_header_check3(const railoverPlugin_v3_t* api) {
+  railover_config_v3_t cfg;
+  railover_wire_hello_v2 hello = {0, 1, RAILOVER_PLUGIN_ABI_VERSION, 0, 0, {0}};
+  void* handle = NULL;
+  cfg.base.socket_path = NULL;
+  cfg.job_id = "job";
+  cfg.incarnation = 1;
+  return (unsigned long)api->init_v3(&cfg, sizeof(cfg), NULL, &handle) + hello.abi_version +
+         RAILOVER_WIRE_JOB_LEN + RAILOVER_WIRE_VERSION + RAILOVER_WIRE_VERSION_MIN;
+}
+
 unsigned long railover_header_check(const railoverPlugin_v1_t* api);
 unsigned long railover_header_check(const railoverPlugin_v1_t* api) {
   railover_wire_ack_at ack = {1, RAILOVER_ACK_TOO_LATE, 2, 3};

@@ -114,7 +114,7 @@ static int accept_plugin(int lfd) {
   CHECK(read_frame(fd, buf, sizeof(buf)) == RAILOVER_MSG_HELLO, "hello first");
   railover_wire_hello hello;
   memcpy(&hello, buf, sizeof(hello));
-  CHECK(hello.abi_version == 2, "hello says ABI %u", hello.abi_version);
+  CHECK(hello.abi_version == RAILOVER_PLUGIN_ABI_VERSION, "hello says ABI %u", hello.abi_version);
   return fd;
 }
 

@@ -88,7 +88,8 @@ static void serve(listener_t* l, int fd) {
     while (len - off >= RAILOVER_WIRE_HEADER_SIZE) {
       railover_wire_header h;
       memcpy(&h, buf + off, sizeof(h));
-      if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION ||
+      /* A process that names no job sends every frame at version 1 (railover_wire.h). */
+      if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION_MIN ||
           h.payload_len > RAILOVER_WIRE_MAX_PAYLOAD) {
         atomic_fetch_add(&l->bad_frames, 1);
         close(fd);

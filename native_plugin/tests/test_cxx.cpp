@@ -24,8 +24,25 @@ int main() {
   check(api->abi_version == 1, "abi version");
   // ABI 2 from C++: the newer table and its command struct.
   const railoverPlugin_v2_t* api2 = &railoverPlugin_v2;
-  check(api2->abi_version == RAILOVER_PLUGIN_ABI_VERSION && api2->poll_command_v2 != nullptr,
-        "abi 2 table");
+  check(api2->abi_version == 2 && api2->poll_command_v2 != nullptr, "abi 2 table");
+  // ABI 3 from C++: the job a process belongs to, given at init.
+  const railoverPlugin_v3_t* api3 = &railoverPlugin_v3;
+  check(api3->abi_version == RAILOVER_PLUGIN_ABI_VERSION && api3->init_v3 != nullptr,
+        "abi 3 table");
+  static_assert(sizeof(railover_wire_hello_v2) == 280, "hello v2 size");
+  {
+    railover_config_v3_t cfg3;
+    std::memset(&cfg3, 0, sizeof(cfg3));
+    cfg3.base.socket_path = "/nonexistent/railover-test-cxx.sock";
+    cfg3.base.ring_size = 16;
+    cfg3.base.rank = 1;
+    cfg3.job_id = "llm-7";
+    cfg3.incarnation = 2;
+    void* h3 = nullptr;
+    check(api3->init_v3(&cfg3, sizeof(cfg3), nullptr, &h3) == RAILOVER_OK && h3 != nullptr,
+          "init_v3");
+    check(api3->finalize(h3) == RAILOVER_OK, "finalize v3");
+  }
   static_assert(sizeof(railover_command_v2_t) == 448, "command v2 size");
   static_assert(sizeof(railover_wire_command_weights) == 272, "weights frame size");
   check(std::strcmp(api->name, "railover") == 0, "name");

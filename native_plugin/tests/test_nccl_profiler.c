@@ -156,7 +156,7 @@ static void serve(int fd) {
     while (len - off >= RAILOVER_WIRE_HEADER_SIZE) {
       railover_wire_header h;
       memcpy(&h, buf + off, sizeof(h));
-      if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION ||
+      if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION_MIN ||
           h.payload_len != payload_size(h.type) || h.reserved != 0) {
         agent.bad_frames++;
         off = len;

@@ -276,7 +276,11 @@ def _take(
             return []
     with unit_of_work(writes) as session:
         cmds = registry.take_commands(session, node, clock(), include_unacked)
-        return [command_out(c) for c in cmds]
+        others = registry.other_jobs_ranks(session, node, cmds)
+        return [
+            command_out(c).model_copy(update={"other_jobs_ranks": others[c.command_id]})
+            for c in cmds
+        ]
 
 
 @router.post(

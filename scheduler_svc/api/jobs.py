@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
@@ -13,7 +13,7 @@ from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
-    Conflict,
+    ErrorBody,
     Forbidden,
     NotFound,
     Unauthorized,
@@ -122,18 +122,29 @@ def command_out(c: m.Command) -> CommandOut:
     return CommandOut.model_validate(c, from_attributes=True)
 
 
+CREATE_JOB_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": ErrorBody,
+        "description": "The job exists and is not restarting; a communicator is another "
+        "job's; or a rank names a GPU another running job holds: the answer names that "
+        "job and the GPU (ranks.N.gpu), and posting with replaces set to that job ends it",
+    }
+}
+
+
 @router.post(
     "",
     status_code=201,
     operation_id="create_job",
-    responses=responses(Unauthorized, Forbidden, Conflict, Unprocessable),
+    responses=responses(Unauthorized, Forbidden, Unprocessable) | CREATE_JOB_CONFLICT,
 )
 def create_job(
     body: JobIn, session: SessionDep, _: FleetAuth, settings: SettingsDep, now: NowDep
 ) -> JobOut:
     """Register a job: rank placement, checkpoint settings and where to notify.
 
-    Posting a job that is restarting again is its new incarnation (409 otherwise)."""
+    Posting a job that is restarting again is its new incarnation (409 otherwise). A GPU
+    another running job holds is refused (409) unless the post replaces that job."""
     # Deliveries to a notify_url are always signed: without a secret the job is refused
     # here rather than accepted and never notified.
     if body.notify_url is not None and settings.notify_secret is None:

@@ -118,6 +118,7 @@ def issue(
                 created_at=now,
                 ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
                 iteration=intent.iteration,
+                incarnation=job.incarnation,
             )
             for node, ranks in sorted(by_node.items())
         ]
@@ -204,6 +205,7 @@ def switch_point(
             ranks=sorted(rs),
             created_at=now,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+            incarnation=job.incarnation,
         )
         for node, rs in sorted(by_node.items())
     ]
@@ -349,6 +351,8 @@ def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Set
             attempt=cmd.attempt + 1,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
             iteration=cmd.iteration,
+            # A retry is for the processes the first issue was for, not a later incarnation.
+            incarnation=cmd.incarnation,
         )
         CommandRepo(session).add_all([retry])
         notify_nodes(session, [cmd.node])

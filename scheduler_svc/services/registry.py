@@ -160,6 +160,7 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         return _repost(session, existing, body, now, settings)
     # The job is refused whole: nothing of it is stored.
     _validate_ranks(session, body)
+    claim_gpus(session, body)
     timeout = body.timeout_s
     if timeout is None:
         # JobIn's validator guarantees both IB fields when timeout_s is absent.
@@ -223,6 +224,36 @@ def _validate_ranks(session: Session, body: JobIn) -> None:
         raise Unprocessable(problems)
 
 
+def claim_gpus(session: Session, body: JobIn) -> None:
+    """The job's ranks may only name GPUs no other running job holds (Conflict otherwise,
+    naming the holder and a GPU), unless the post says it `replaces` that job: the one it
+    names is then ended as DELETE ends a job, before this one is placed.
+
+    Two jobs on one GPU would each take the other's processes for its own: the agent
+    tells jobs' processes apart by what they announce, and a CCL that names no job only
+    by rank numbers, which both jobs use. Checked under the placement lock, so two
+    posts at once cannot both take a GPU. A `replaces` naming a job that no longer
+    exists ends nothing.
+    """
+    jobs = JobRepo(session)
+    jobs.lock_placement()
+    if body.replaces is not None:
+        replaced = jobs.lock(body.replaces)
+        if replaced is not None:
+            jobs.delete(replaced)
+    held = jobs.gpu_holders({r.node for r in body.ranks}, besides=body.job_id)
+    if not held:
+        return
+    for i, r in enumerate(body.ranks):
+        holder = held.get((r.node, r.gpu))
+        if holder is not None:
+            raise Conflict(
+                f"ranks[{i}].gpu: GPU {r.gpu} of node {r.node!r} is held by running job "
+                f"{holder!r}; end it first (DELETE /v1/jobs/{holder}), or post this job "
+                f'with "replaces": "{holder}"'
+            )
+
+
 def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: Settings) -> m.Job:
     """The fleet manager restarted the job under the same id: a new incarnation.
 
@@ -230,6 +261,7 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     come from the new post; the decision history stays.
     """
     _validate_ranks(session, body)
+    claim_gpus(session, body)
     taken = {
         c: j
         for c, j in CoordinationRepo(session)
@@ -404,3 +436,15 @@ def take_commands(
     session: Session, node: str, now: datetime, include_unacked: bool = False
 ) -> list[m.Command]:
     return commands.take_for_node(session, node, now, include_unacked)
+
+
+def other_jobs_ranks(session: Session, node: str, cmds: list[m.Command]) -> dict[int, list[int]]:
+    """Per command: the rank numbers other jobs hold on its node (sorted), for the agent to
+    tell whether a plugin client that named no job can be this command's job's process."""
+    if not cmds:
+        return {}
+    held = JobRepo(session).ranks_on_node(node)
+    return {
+        c.command_id: sorted({r for job, ranks in held.items() if job != c.job_id for r in ranks})
+        for c in cmds
+    }

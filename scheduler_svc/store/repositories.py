@@ -331,6 +331,44 @@ class JobRepo:
     def job_ids_on_node(self, node: str) -> list[str]:
         return self.job_ids_on_nodes([node])
 
+    def lock_placement(self) -> None:
+        """Serialise the checks of which GPUs jobs hold with the writes that place ranks.
+
+        Two jobs posted at once onto the same GPU would each miss the other's uncommitted
+        ranks on PostgreSQL (READ COMMITTED); under one transaction advisory lock the
+        second sees the first's. SQLite has one writer already.
+        """
+        if self.s.get_bind().dialect.name == "postgresql":
+            self.s.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": "railover placement"},
+            )
+
+    def gpu_holders(self, nodes: Iterable[str], *, besides: str) -> dict[tuple[str, int], str]:
+        """(node, gpu) -> job for the GPUs of these nodes that running jobs other than
+        `besides` hold. A restarting job holds none: its processes were told to abort, and
+        it is placed again when the fleet manager posts it."""
+        rows = self.s.execute(
+            select(m.JobRank.node, m.JobRank.gpu, m.JobRank.job_id)
+            .join(m.Job, m.Job.job_id == m.JobRank.job_id)
+            .where(
+                m.JobRank.node.in_(list(nodes)),
+                m.JobRank.job_id != besides,
+                m.Job.mode != m.JobMode.RESTARTING.value,
+            )
+        )
+        return {(node, gpu): job for node, gpu, job in rows.tuples()}
+
+    def ranks_on_node(self, node: str) -> dict[str, set[int]]:
+        """Each job with ranks on the node, and those ranks' numbers (a few rows: one per GPU)."""
+        out: dict[str, set[int]] = {}
+        rows = self.s.execute(
+            select(m.JobRank.job_id, m.JobRank.rank).where(m.JobRank.node == node)
+        )
+        for job_id, rank in rows.tuples():
+            out.setdefault(job_id, set()).add(rank)
+        return out
+
     def job_ids_on_nodes(self, nodes: Iterable[str]) -> list[str]:
         return sorted(
             self.s.scalars(

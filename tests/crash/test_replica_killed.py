@@ -26,6 +26,19 @@ from tests.scheduler_svc.helpers import job_body
 
 NODES = ["r0", "r1", "r2", "r3"]
 JOBS = 12
+# A GPU has one running job: each node has 12 GPUs behind each of its 8 RNICs, and job j
+# takes the j-th behind each, so every fault still touches every job.
+NODE = hgx_node(rails=8, gpus=8 * JOBS, switches=8)
+
+
+def _job(j: int) -> dict[str, Any]:
+    body = job_body(f"job{j}", NODES)
+    body["ranks"] = [
+        {"rank": i * 8 + s, "node": n, "gpu": s * JOBS + j}
+        for i, n in enumerate(NODES)
+        for s in range(8)
+    ]
+    return body
 
 
 def _fault(node: str, device: str) -> dict[str, Any]:
@@ -52,9 +65,9 @@ def test_the_other_replica_completes_and_nothing_is_decided_twice(
     try:
         with httpx.Client(base_url=a.url, timeout=30) as http:
             for n in NODES:
-                assert http.put(f"/v1/nodes/{n}", json=hgx_node()).status_code == 200
+                assert http.put(f"/v1/nodes/{n}", json=NODE).status_code == 200
             for j in range(JOBS):
-                assert http.post("/v1/jobs", json=job_body(f"job{j}", NODES)).status_code == 201
+                assert http.post("/v1/jobs", json=_job(j)).status_code == 201
         batches = [[_fault(n, f"mlx5_{d}")] for d in range(8) for n in NODES]
         answers: list[tuple[str, int]] = []
         failures: list[BaseException] = []

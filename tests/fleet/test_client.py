@@ -47,6 +47,20 @@ def test_client_registers_reports_and_waits(db_url: str) -> None:
         assert sub.secret and sub.job_id == "j1"
 
 
+def test_a_gpu_another_job_holds_is_the_conflict_raised(db_url: str) -> None:
+    """register_job answers its own job's 409 with the stored job, never another's."""
+    settings = Settings(db_url=db_url, port=0)
+    with local_service(settings) as url, RailoverClient(url) as rv:
+        register_nodes(rv._http, ["n0"])
+        rv.register_job(JobIn.model_validate(job_body("a", ["n0"])))
+        b = JobIn.model_validate(job_body("b", ["n0"]))
+        for replace in (False, True):
+            with pytest.raises(RailoverError) as info:
+                rv.register_job(b, replace=replace)
+            assert info.value.status == 409 and "job 'a'" in info.value.body["detail"]
+        assert rv.register_job(b.model_copy(update={"replaces": "a"})).job_id == "b"
+
+
 def test_client_and_hook_take_a_checkpoint_request(db_url: str) -> None:
     """FlowCheck: a node reports a lost iteration; rank 0's hook hears of it on its next
     report, calls back once, says a checkpoint is due until one newer is saved."""

@@ -22,6 +22,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "railoverPlugin_v1_t": binding._PluginV1,
     "railover_command_v2_t": binding._CommandV2,
     "railoverPlugin_v2_t": binding._PluginV2,
+    "railover_config_v3_t": binding._ConfigV3,
+    "railoverPlugin_v3_t": binding._PluginV3,
 }
 
 

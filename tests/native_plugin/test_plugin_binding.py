@@ -86,7 +86,50 @@ def test_socket_path_from_environment(
         wait_until(lambda: plugin.stats().connected == 1)
         wait_until(lambda: len(agent.hellos) == 1)
     hello = agent.hellos[0]
-    assert (hello.rank, hello.comm_id, hello.abi_version) == (5, 9, 2)
+    assert (hello.rank, hello.comm_id, hello.abi_version) == (5, 9, 3)
+
+
+def test_the_hello_names_the_job_given_else_the_environments(
+    plugin_lib: Path, agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ABI 3: init_v3's job and incarnation; the older tables' init, RAILOVER_JOB_ID's."""
+    monkeypatch.delenv("RAILOVER_JOB_ID", raising=False)
+    monkeypatch.delenv("RAILOVER_JOB_INCARNATION", raising=False)
+    # (abi, job_id, incarnation, environment)
+    runs: list[tuple[int, str | None, int, dict[str, str]]] = [
+        (3, "llm-7", 3, {}),
+        (2, None, 0, {"RAILOVER_JOB_ID": "from-env", "RAILOVER_JOB_INCARNATION": "9"}),
+        (1, None, 0, {"RAILOVER_JOB_ID": "from-env"}),
+        (3, "given", 0, {"RAILOVER_JOB_ID": "from-env"}),
+        (2, None, 0, {}),
+    ]
+    for n, (abi, job_id, incarnation, env) in enumerate(runs, start=1):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        plugin = Plugin(
+            socket_path=agent.path, rank=n, abi=abi, job_id=job_id, incarnation=incarnation, **FAST
+        )
+        with plugin:
+            wait_until(lambda: len(agent.hellos) == n)  # noqa: B023  # called in this turn
+        for name in env:
+            monkeypatch.delenv(name)
+    named = [(h.rank, h.job, h.incarnation, h.abi_version) for h in agent.hellos]
+    assert named == [
+        (1, "llm-7", 3, 3),
+        (2, "from-env", 9, 3),
+        (3, "from-env", 0, 3),
+        (4, "given", 0, 3),
+        (5, "", 0, 3),  # named no job: the version-1 HELLO
+    ]
+    with pytest.raises(PluginError, match="need init_v3"):
+        Plugin(socket_path=agent.path, abi=2, job_id="x")
+
+
+def test_a_job_id_that_does_not_fit_is_refused_at_init(plugin_lib: Path, agent_path: Path) -> None:
+    lines: list[str] = []
+    with pytest.raises(PluginError, match="configuration"):
+        Plugin(socket_path=agent_path, job_id="j" * 256, log=lambda _l, m: lines.append(m)).init()
+    assert any("at most 255 fit" in line for line in lines)
 
 
 def test_calls_after_finalize_raise(plugin_lib: Path, agent_path: Path) -> None:

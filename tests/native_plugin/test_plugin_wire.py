@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -17,6 +18,10 @@ NAME = st.text(
     st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]), max_size=15
 ).filter(lambda s: len(s.encode()) < wire.NAME_LEN)
 
+JOB = st.text(
+    st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]), max_size=80
+).filter(lambda s: len(s.encode()) < wire.JOB_LEN)
+
 MESSAGES: st.SearchStrategy[wire.Message] = st.one_of(
     st.builds(wire.CqeError, timestamp_ns=U64, port=U32, qp_num=U32, wc_status=U32,
               vendor_err=U32, pid=U32, dev_name=NAME, peer=NAME),
@@ -26,6 +31,8 @@ MESSAGES: st.SearchStrategy[wire.Message] = st.one_of(
               pid=U32, from_dev=NAME, to_dev=NAME),
     st.builds(wire.Progress, comm_id=U64, ops_done=U64, timestamp_ns=U64, rank=U32, pid=U32),
     st.builds(wire.Hello, comm_id=U64, pid=U32, abi_version=U32, rank=U32),
+    st.builds(wire.Hello, comm_id=U64, pid=U32, abi_version=U32, rank=U32, incarnation=U32,
+              job=JOB),
     st.builds(wire.Communicator, comm_id=U64, timestamp_ns=U64, rank=U32, nranks=U32,
               n_nodes=U32, pid=U32, host=NAME, job=NAME),
     st.builds(wire.Stall, comm_id=U64, seq_number=U64, timestamp_ns=U64, open_ns=U64,
@@ -69,6 +76,41 @@ def test_known_bytes() -> None:
     )
 
 
+def test_a_hello_naming_a_job_is_version_2_and_one_naming_none_is_version_1() -> None:
+    named = wire.Hello(comm_id=9, pid=42, abi_version=3, rank=5, incarnation=2, job="llm-7")
+    frame = wire.encode(named)
+    head = struct.pack("<IHHII", wire.MAGIC, 2, int(wire.MsgType.HELLO), 24 + wire.JOB_LEN, 0)
+    body = struct.pack("<QIIII", 9, 42, 3, 5, 2) + b"llm-7".ljust(wire.JOB_LEN, b"\0")
+    assert frame == head + body
+    # No job: byte for byte what a plugin before version 2 sends (incarnation was reserved).
+    bare = wire.Hello(comm_id=9, pid=42, abi_version=1, rank=5)
+    old = struct.pack("<IHHII", wire.MAGIC, 1, int(wire.MsgType.HELLO), 24, 0)
+    assert wire.encode(bare) == old + struct.pack("<QIIII", 9, 42, 1, 5, 0)
+    assert wire.FrameDecoder().feed(frame + wire.encode(bare)) == [named, bare]
+    # A version-2 HELLO is 280 bytes, a version-1 one 24: either length at the other
+    # version is refused.
+    with pytest.raises(wire.WireError, match=r"does not match HELLO \(280 bytes at version 2"):
+        wire.decode_frame(struct.pack("<IHHII", wire.MAGIC, 2, 5, 24, 0) + bytes(24))
+    with pytest.raises(wire.WireError, match=r"does not match HELLO \(24 bytes at version 1"):
+        wire.decode_frame(head[:4] + b"\x01\x00" + head[6:] + body)
+    with pytest.raises(wire.WireError, match="at most 255 fit"):
+        wire.encode(wire.Hello(comm_id=0, pid=0, abi_version=3, rank=0, job="j" * 256))
+    longest = replace_job(named, "j" * 255)
+    assert wire.decode_frame(wire.encode(longest)) == longest
+
+
+def replace_job(hello: wire.Hello, job: str) -> wire.Hello:
+    return dataclasses.replace(hello, job=job)
+
+
+def test_every_other_frame_is_version_1_and_is_read_at_version_2_too() -> None:
+    """What a version-2 sender writes for an unchanged type, a version-1 receiver reads."""
+    cmd = wire.Command(command_id=1, comm_id=2, ops_done=3, disabled_channels=4, kind=1, epoch=5)
+    frame = wire.encode(cmd)
+    assert struct.unpack_from("<H", frame, 4) == (1,)
+    assert wire.decode_frame(frame[:4] + b"\x02\x00" + frame[6:]) == cmd
+
+
 def test_extension_frames_refuse_what_does_not_fit() -> None:
     with pytest.raises(wire.WireError, match="at most 64"):
         wire.CommandWeights.of(1, [0.5] * 65, 0.0)
@@ -86,7 +128,7 @@ def test_extension_frames_refuse_what_does_not_fit() -> None:
     ("mutate", "needle"),
     [
         (lambda f: b"XXXX" + f[4:], "magic"),
-        (lambda f: f[:4] + b"\x02\x00" + f[6:], "version"),
+        (lambda f: f[:4] + b"\x03\x00" + f[6:], "version"),
         (lambda f: f[:6] + b"\x63\x00" + f[8:], "unknown message type 99"),
         (lambda f: f[:8] + struct.pack("<I", 2000) + f[12:], "exceeds"),
         (lambda f: f[:8] + struct.pack("<I", 12) + f[12:], "does not match ACK"),

@@ -33,9 +33,14 @@ C_STRUCTS = {
     wire.MsgType.COMMAND_TRANSIT: "railover_wire_command_transit",
 }
 
+# Version 2's payloads (the types it changed), as C names them.
+C_STRUCTS_V2 = {wire.MsgType.HELLO: "railover_wire_hello_v2"}
+
 C_CONSTANTS = {
     "RAILOVER_WIRE_MAGIC": wire.MAGIC,
     "RAILOVER_WIRE_VERSION": wire.VERSION,
+    "RAILOVER_WIRE_VERSION_MIN": wire.MIN_VERSION,
+    "RAILOVER_WIRE_JOB_LEN": wire.JOB_LEN,
     "RAILOVER_WIRE_HEADER_SIZE": wire.HEADER_SIZE,
     "RAILOVER_WIRE_MAX_PAYLOAD": wire.MAX_PAYLOAD,
     "RAILOVER_WIRE_NAME_LEN": wire.NAME_LEN,
@@ -70,6 +75,7 @@ def python_layout() -> dict[str, int]:
     out = dict(C_CONSTANTS)
     layouts: dict[str, tuple[tuple[str, str], ...]] = {"railover_wire_header": HEADER_FIELDS}
     layouts.update({C_STRUCTS[t]: fields for t, fields in wire.PAYLOAD_LAYOUT.items()})
+    layouts.update({C_STRUCTS_V2[t]: fields for t, fields in wire.PAYLOAD_LAYOUT_V2.items()})
     for cname, fields in layouts.items():
         offset = 0
         for name, code in fields:
@@ -116,6 +122,7 @@ def test_header_matches_python(compiler: list[str], tmp_path: Path) -> None:
 
 def test_every_message_type_has_a_layout_and_class() -> None:
     assert set(wire.PAYLOAD_LAYOUT) == set(wire.MsgType) == set(C_STRUCTS)
+    assert set(wire.PAYLOAD_LAYOUT_V2) == set(C_STRUCTS_V2)
 
 
 def test_largest_payload_constants() -> None:
@@ -129,13 +136,17 @@ C_BYTES = r"""
 #include <stdio.h>
 #include <string.h>
 #include "railover_wire.h"
-static void dump(unsigned type, const void* p, unsigned n) {
-  railover_wire_header h = {RAILOVER_WIRE_MAGIC, RAILOVER_WIRE_VERSION, (uint16_t)type, n, 0};
+static void dump_at(unsigned version, unsigned type, const void* p, unsigned n) {
+  railover_wire_header h = {RAILOVER_WIRE_MAGIC, (uint16_t)version, (uint16_t)type, n, 0};
   const unsigned char* b = (const unsigned char*)&h;
   for (unsigned i = 0; i < sizeof(h); i++) printf("%02x", b[i]);
   b = (const unsigned char*)p;
   for (unsigned i = 0; i < n; i++) printf("%02x", b[i]);
   printf("\n");
+}
+/* Frames whose layout version 2 did not change are written at version 1. */
+static void dump(unsigned type, const void* p, unsigned n) {
+  dump_at(RAILOVER_WIRE_VERSION_MIN, type, p, n);
 }
 int main(void) {
   railover_wire_command c;
@@ -154,13 +165,18 @@ int main(void) {
   t.command_id = 42; t.n_ranks = 2; t.mb_per_channel = 40;
   t.ranks[0] = 3; t.transit_gpus[0] = 2; t.ranks[1] = 11; t.transit_gpus[1] = 7;
   dump(RAILOVER_MSG_COMMAND_TRANSIT, &t, sizeof(t));
+  railover_wire_hello_v2 hv;
+  memset(&hv, 0, sizeof(hv));
+  hv.comm_id = 0xC0FFEEull; hv.pid = 4242; hv.abi_version = 3; hv.rank = RAILOVER_RANK_UNKNOWN;
+  hv.incarnation = 6; strcpy(hv.job, "job-\xc3\xa9t\xc3\xa9");
+  dump_at(RAILOVER_WIRE_VERSION, RAILOVER_MSG_HELLO, &hv, sizeof(hv));
   return 0;
 }
 """
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
-def test_extension_frames_byte_for_byte(compiler: list[str], tmp_path: Path) -> None:
+def test_extension_and_hello_frames_byte_for_byte(compiler: list[str], tmp_path: Path) -> None:
     need_tool(compiler[0])
     src = tmp_path / "bytes.c"
     src.write_text(C_BYTES)
@@ -172,7 +188,12 @@ def test_extension_frames_byte_for_byte(compiler: list[str], tmp_path: Path) -> 
         text=True,
     )
     printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    command, weights, transit = (bytes.fromhex(line) for line in printed.split())
+    command, weights, transit, hello = (bytes.fromhex(line) for line in printed.split())
+    assert hello == wire.encode(
+        wire.Hello(comm_id=0xC0FFEE, pid=4242, abi_version=3, rank=wire.RANK_UNKNOWN,
+                   incarnation=6, job="job-été")
+    )  # fmt: skip
+    assert len(hello) == 16 + 280
     ws = (0.0625, 0.125, 0.125, 0.125, 0.0625, 0.125, 0.125, 0.25)
     assert command == wire.encode(
         wire.Command(command_id=41, comm_id=0xABCDEF0123456789, ops_done=1200,

@@ -141,10 +141,11 @@ def test_bad_events_change_nothing(http: httpx.Client) -> None:
 
 
 def test_k_from_bandwidth_model_and_defaults(http: httpx.Client) -> None:
-    register_nodes(http, ["n0", "n1"])
+    register_nodes(http, ["n0", "n1", "n2", "n3"])
     http.post("/v1/jobs", json=job_body("modelled", ["n0", "n1"], slowdown_k=None, comm_share=0.4))
-    http.post("/v1/jobs", json=job_body("default", ["n0", "n1"], slowdown_k=None))
-    http.post("/v1/events", json={"events": [event("n0", after_s=3000)]})
+    # On GPUs of its own (a GPU has one running job), under the same fault.
+    http.post("/v1/jobs", json=job_body("default", ["n2", "n3"], slowdown_k=None))
+    http.post("/v1/events", json={"events": [event("n0", after_s=3000), event("n2", after_s=3000)]})
     modelled = http.get("/v1/jobs/modelled/decisions").json()["decisions"][0]
     # The backup now carries two GPUs: half the bandwidth, communication 40 % of a step.
     assert modelled["inputs"]["k_source"] == "model"
