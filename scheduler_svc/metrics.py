@@ -18,6 +18,13 @@ EVENTS_REFUSED = Counter(
 )
 
 FAULTS_OPENED = Counter("railover_faults_opened_total", "Faults opened, by kind", ["kind"])
+# An UNREACHABLE fault closed because the node's agent reached the service again
+# (services/reach.py); how: poll | stream | ack
+NODES_REACHABLE_AGAIN = Counter(
+    "railover_nodes_reachable_again_total",
+    "Unreachable nodes whose agent was heard from again, by how",
+    ["how"],
+)
 
 # A storm's reports share their jobs' reconcile passes (services/passes.py): the ratio
 # of these two is how many reports one pass answered for.
