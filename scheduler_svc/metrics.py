@@ -25,6 +25,12 @@ NODES_REACHABLE_AGAIN = Counter(
     "Unreachable nodes whose agent was heard from again, by how",
     ["how"],
 )
+# kind: nvl_transit | failback (services/refusals.py: fallen back from, never a restart)
+MITIGATIONS_REFUSED = Counter(
+    "railover_mitigations_refused_total",
+    "Optional mitigations the ranks refused, by command kind",
+    ["kind"],
+)
 
 # A storm's reports share their jobs' reconcile passes (services/passes.py): the ratio
 # of these two is how many reports one pass answered for.

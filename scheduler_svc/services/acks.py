@@ -2,10 +2,11 @@
 
 `applied` from every addressed rank settles a command. `too_late` (the rank was
 already past the switch point, at `ops_done`) proposes the same plan later under
-a new epoch. `failed` means those ranks cannot do what they were told: their
-node counts as unreachable, which is evidence like any fault, and the job is
-reconciled under it. Any ack from the node's agent is also word that the node is
-reachable (services/reach.py).
+a new epoch. `failed` of an optional mitigation (an NVL transit, a fail-back) is
+fallen back from (services/refusals.py); of a move (a failover, a channel plan) it
+means those ranks cannot do what they were told: their node counts as unreachable,
+which is evidence like any fault, and the job is reconciled under it. Any ack from
+the node's agent is also word that the node is reachable (services/reach.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.errors import NotFound, Unprocessable
 from scheduler_svc.schemas import AckIn
-from scheduler_svc.services import commands, reach, reconciler
+from scheduler_svc.services import commands, reach, reconciler, refusals
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import AckStatus, CommandKind, CommandState
 from scheduler_svc.store.repositories import CommandRepo, FaultRepo, JobRepo
@@ -90,9 +91,11 @@ def ack_command(
         return cmd
     if status == AckStatus.FAILED:
         commands.transition(session, cmd, CommandState.FAILED, now)
-        if job is not None and cmd.kind not in NOT_A_MOVE:
-            detail = body.detail or "no detail"
-            why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
+        detail = body.detail or "no detail"
+        why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
+        if job is not None and cmd.kind in refusals.OPTIONAL:
+            refusals.refused(session, job, cmd, why, now=now, settings=settings)
+        elif job is not None and cmd.kind not in NOT_A_MOVE:
             cannot_move(session, cmd, why, now, settings)
         return cmd
     if status == AckStatus.APPLIED:

@@ -345,15 +345,17 @@ class JobRepo:
     def mark_due(self, job_ids: Sequence[str], at: datetime) -> None:
         """Have the coordinator reconcile these jobs at `at` unless a pass does first.
 
-        Only jobs not already due (an earlier mark, or a failed pass, keeps its
-        time). On PostgreSQL a job whose row a pass holds locked is skipped rather
-        than waited for: the pass, or the next one the caller asks for, covers it,
-        and a report must not queue behind a whole-job pass to record its evidence.
+        Only jobs not already due by then (an earlier mark, or a failed pass, keeps
+        its time; a later one, a refused fail-back's retry, gives way). On PostgreSQL a
+        job whose row a pass holds locked is skipped rather than waited for: the pass,
+        or the next one the caller asks for, covers it, and a report must not queue
+        behind a whole-job pass to record its evidence.
         """
         if not job_ids:
             return
         unmarked = select(m.Job.job_id).where(
-            m.Job.job_id.in_(list(job_ids)), m.Job.reconcile_due_at.is_(None)
+            m.Job.job_id.in_(list(job_ids)),
+            or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > at),
         )
         if self.s.get_bind().dialect.name == "postgresql":
             unmarked = unmarked.with_for_update(skip_locked=True)
@@ -563,6 +565,9 @@ class FaultRepo:
 class DecisionRepo:
     def __init__(self, session: Session) -> None:
         self.s = session
+
+    def get(self, decision_id: str) -> m.Decision | None:
+        return self.s.get(m.Decision, decision_id)
 
     def add(self, d: m.Decision) -> m.Decision | None:
         """Store a decision; None when this (job, trigger) was already decided."""
