@@ -18,6 +18,19 @@ EVENTS_REFUSED = Counter(
 )
 
 FAULTS_OPENED = Counter("railover_faults_opened_total", "Faults opened, by kind", ["kind"])
+# An UNREACHABLE fault closed because the node's agent reached the service again
+# (services/reach.py); how: poll | stream | ack
+NODES_REACHABLE_AGAIN = Counter(
+    "railover_nodes_reachable_again_total",
+    "Unreachable nodes whose agent was heard from again, by how",
+    ["how"],
+)
+# kind: nvl_transit | failback (services/refusals.py: fallen back from, never a restart)
+MITIGATIONS_REFUSED = Counter(
+    "railover_mitigations_refused_total",
+    "Optional mitigations the ranks refused, by command kind",
+    ["kind"],
+)
 
 # A storm's reports share their jobs' reconcile passes (services/passes.py): the ratio
 # of these two is how many reports one pass answered for.

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -26,7 +27,8 @@ from starlette.concurrency import run_in_threadpool
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
 from scheduler_svc.api.jobs import command_out
-from scheduler_svc.deps import AgentAuth, NowDep, SessionDep, SettingsDep
+from scheduler_svc.config import Settings
+from scheduler_svc.deps import AgentAuth, NowDep, Principal, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -46,9 +48,9 @@ from scheduler_svc.schemas import (
     StreamEndReason,
     StreamReady,
 )
-from scheduler_svc.services import acks, registry
+from scheduler_svc.services import acks, reach, registry
 from scheduler_svc.store.repositories import CommandRepo
-from scheduler_svc.store.uow import Clock, unit_of_work
+from scheduler_svc.store.uow import Clock, Notify, unit_of_work
 
 log = logging.getLogger(__name__)
 router = routing.router(prefix="/v1", tags=["commands"])
@@ -80,8 +82,11 @@ async def poll_commands(
     notifier = app.state.notifier
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, app.state.settings.commands_wait_max_s)
+    # The request itself is word from the agent; a look after a wake-up is not (see reach.py).
+    heard = _heard(who, node, reach.How.POLL, "polled for commands")
     while True:
-        cmds = await _look(app, node, include_unacked)
+        cmds = await _look(app, node, include_unacked, heard)
+        heard = None
         remaining = deadline - loop.time()
         if cmds or remaining <= 0 or notifier.closing:
             return CommandList(commands=cmds)
@@ -96,13 +101,40 @@ async def poll_commands(
             return CommandList(commands=[])
 
 
-async def _look(app: FastAPI, node: str, include_unacked: bool) -> list[CommandOut]:
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """The node's own agent reached the service: how, and the record of who and what."""
+
+    how: reach.How
+    by: str
+
+
+def _agent(who: Principal, node: str) -> str | None:
+    """The caller as the node's agent: its agent token, or any caller of a service open on
+    loopback (where agents carry no token). None for a fleet token acting for the node."""
+    if who.role == Role.AGENT and who.node == node:
+        return f"its agent (token {who.token_id})"
+    if who.token_id is None:
+        return "its agent (no token, open loopback)"
+    return None
+
+
+def _heard(who: Principal, node: str, how: reach.How, what: str) -> Heard | None:
+    agent = _agent(who, node)
+    return None if agent is None else Heard(how, f"{agent} {what}")
+
+
+async def _look(
+    app: FastAPI, node: str, include_unacked: bool, heard: Heard | None = None
+) -> list[CommandOut]:
     """One look at the store for a node's commands, or none where it would find nothing.
 
     Wake-ups from before the look are answered by it; later ones end the wait after it.
     A look without unacknowledged commands may be skipped: when nothing woke the node
     since its last look found nothing (notify.py, `unchanged_since_empty`). Delivered but
     unacknowledged commands change without a wake-up, so a look for them always happens.
+    With `heard` (the look a request makes as it arrives) a node held unreachable is
+    reachable again (services/reach.py); a look that finds it still held is never empty.
     """
     notifier = app.state.notifier
     may_skip = not include_unacked and RECHECK_S is None
@@ -111,15 +143,18 @@ async def _look(app: FastAPI, node: str, include_unacked: bool) -> list[CommandO
         return []
     stamp = notifier.stamp(node)
     # A short transaction per look, never one held open across a wait.
-    cmds = await run_in_threadpool(
+    cmds, held = await run_in_threadpool(
         _take,
         app.state.read_sessionmaker,
         app.state.sessionmaker,
         node,
         include_unacked,
         app.state.clock,
+        heard=heard,
+        settings=app.state.settings,
+        notify=app.state.notifier.notify_threadsafe,
     )
-    if not cmds and may_skip:
+    if not cmds and not held and may_skip:
         notifier.looked_empty(node, stamp)
     return cmds
 
@@ -210,8 +245,10 @@ async def stream_commands(
     who.require_node(node)
     app = request.app
     # The first look comes before the answer starts: a store that cannot be read answers
-    # 503, as a poll would, rather than a stream that ends at once.
-    first = await _look(app, node, include_unacked)
+    # 503, as a poll would, rather than a stream that ends at once. It is the one look that
+    # counts as word from the agent: later ones are the stream's, woken (see reach.py).
+    heard = _heard(who, node, reach.How.STREAM, "opened its command stream")
+    first = await _look(app, node, include_unacked, heard)
     return EventStream(
         _stream(app, node, first, heartbeat_s),
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -269,9 +306,16 @@ def _take(
     node: str,
     include_unacked: bool,
     clock: Clock,
-) -> list[CommandOut]:
-    # Most looks find nothing: look without the write lock, take it only to mark delivery.
+    *,
+    heard: Heard | None,
+    settings: Settings,
+    notify: Notify,
+) -> tuple[list[CommandOut], bool]:
+    """The node's commands, taken; and whether the node is still held unreachable."""
+    # Most looks find nothing: look without the write lock, take it only to mark delivery,
+    # or to clear the node's unreachable fault when its agent is the one looking.
     with reads() as session:
+<<<<<<< HEAD
         if not registry.has_pending_commands(session, node, include_unacked):
             return []
     with unit_of_work(writes) as session:
@@ -281,6 +325,19 @@ def _take(
             command_out(c).model_copy(update={"other_jobs_ranks": others[c.command_id]})
             for c in cmds
         ]
+=======
+        look = registry.look_for_node(session, node, include_unacked)
+    clears = look.unreachable and heard is not None
+    if not look.pending and not clears:
+        return [], look.unreachable
+    # Clearing reconciles the node's jobs, which may command other nodes: wake theirs too.
+    with unit_of_work(writes, notify) as session:
+        now = clock()
+        if clears and heard is not None:
+            reach.heard_from(session, node, heard.how, heard.by, now=now, settings=settings)
+        cmds = registry.take_commands(session, node, now, include_unacked)
+        return [command_out(c) for c in cmds], False
+>>>>>>> reach
 
 
 @router.post(
@@ -304,4 +361,5 @@ def ack_command(
         cmd = CommandRepo(session).get(command_id)
         if cmd is not None and cmd.node != who.node:
             raise Forbidden(f"command {command_id} is addressed to another node, not {who.node!r}")
-    return command_out(acks.ack_command(session, command_id, body, now, settings))
+    agent = _agent(who, body.node)
+    return command_out(acks.ack_command(session, command_id, body, now, settings, agent=agent))

@@ -15,6 +15,9 @@ time alone, so every replica reaches the same answer at the same `now`:
   only when an operator clears it;
 - a topology loss (a GPU or RNIC gone from a registration) clears when the
   node registers it again;
+- a node unreachable (commands to it went unacknowledged, or its ranks could not
+  move) clears when its agent is heard from again: a poll, a stream opened, an
+  acknowledgement (`recovered_at` is when);
 - an inferred switch failure clears when the port faults on it (the evidence that
   made it, and any since) have all cleared, each by its own damped rule;
 - planned maintenance counts from a lead time before its start (so jobs move
@@ -53,7 +56,7 @@ class ClearRule(enum.StrEnum):
     PORT_UP_DAMPED = "port_up_damped"
     QUIET = "quiet"
     REGISTERED = "registered"
-    OPERATOR = "operator"
+    CONTACT = "contact"  # the node's agent was heard from again
 
 
 CLEAR_RULE: dict[FaultKind, ClearRule] = {
@@ -64,7 +67,7 @@ CLEAR_RULE: dict[FaultKind, ClearRule] = {
     FaultKind.PCIE_DEGRADED: ClearRule.QUIET,
     FaultKind.GPU_LOST: ClearRule.REGISTERED,
     FaultKind.RNIC_LOST: ClearRule.REGISTERED,
-    FaultKind.UNREACHABLE: ClearRule.OPERATOR,
+    FaultKind.UNREACHABLE: ClearRule.CONTACT,
 }
 
 
@@ -90,7 +93,8 @@ class FaultEvidence:
     port: int  # WHOLE_DEVICE for the whole RNIC; the GPU index for a lost GPU
     kind: FaultKind
     opened_at: datetime
-    # When the port was seen up again (port_up), for PORT_UP_DAMPED faults.
+    # When the port was seen up again (port_up), for PORT_UP_DAMPED faults; when the
+    # node's agent was heard from again, for CONTACT faults.
     recovered_at: datetime | None = None
     # The newest error on the component, for QUIET faults.
     last_error_at: datetime | None = None
@@ -245,7 +249,11 @@ def fault_health(f: FaultEvidence, now: datetime, rules: ClearingRules) -> Fault
         )
     if rule == ClearRule.REGISTERED:
         return FaultHealth(f, Health.FAILED, "missing from the node's registration")
-    return FaultHealth(f, Health.FAILED, "until an operator resolves it")
+    # CONTACT, without damping: a node that answers is reachable (what its ranks carry
+    # fails back damped, by the rules of its own evidence).
+    if f.recovered_at is None or f.recovered_at < f.opened_at:
+        return FaultHealth(f, Health.FAILED, "until its agent polls or acknowledges again")
+    return FaultHealth(f, Health.HEALTHY, "its agent was heard from again", f.recovered_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from scheduler_svc.engine import coordination as coord
@@ -69,6 +69,16 @@ class CommSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldBack:
+    """A fail-back its ranks refused: they stay on their backup until it is tried again."""
+
+    comm_id: int
+    ranks: tuple[int, ...]  # the ranks the refused fail-back was returning
+    since: datetime  # when it was refused
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Desired:
     """What the job should look like; stored with the job and compared on the next pass."""
 
@@ -92,6 +102,11 @@ class Desired:
     # FlowCheck: a normal checkpoint is wanted after this iteration (a checkpoint node
     # could not rebuild it); None once a newer checkpoint was reported. Not a path outcome.
     checkpoint_after: int | None = None
+    # Optional mitigations the ranks refused (their failed acks, recorded by the service),
+    # kept until the job restarts: comm_id -> why its ranks run s-Bond, never NVL transit;
+    # and fail-backs refused, each tried again Options.failback_retry_s after it.
+    no_transit: Mapping[int, str] = field(default_factory=dict)
+    held: tuple[HeldBack, ...] = ()
 
     def same_outcome(self, other: Desired) -> bool:
         return (
@@ -130,7 +145,24 @@ class Desired:
                 if t
             },
             "checkpoint_after": self.checkpoint_after,
-        }
+        } | self._refusals_json()
+
+    def _refusals_json(self) -> dict[str, Any]:
+        """The refusals, only where there are some: most jobs never store one."""
+        out: dict[str, Any] = {}
+        if self.no_transit:
+            out["no_transit"] = {str(c): why for c, why in sorted(self.no_transit.items())}
+        if self.held:
+            out["held"] = [
+                {
+                    "comm_id": h.comm_id,
+                    "ranks": list(h.ranks),
+                    "since": h.since.isoformat(),
+                    "why": h.why,
+                }
+                for h in self.held
+            ]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Desired:
@@ -154,6 +186,16 @@ class Desired:
                 for c, t in (data.get("transit") or {}).items()
             },
             checkpoint_after=data.get("checkpoint_after"),
+            no_transit={int(c): str(why) for c, why in (data.get("no_transit") or {}).items()},
+            held=tuple(
+                HeldBack(
+                    int(h["comm_id"]),
+                    tuple(int(r) for r in h["ranks"]),
+                    datetime.fromisoformat(h["since"]),
+                    str(h.get("why", "")),
+                )
+                for h in data.get("held") or ()
+            ),
         )
 
 
@@ -288,6 +330,8 @@ class Options:
     measured_k_tolerance: float = 0.02
     nvl_mb_per_channel: float = 40.0
     nvl_cap_mb: float = 512.0
+    # A fail-back the ranks refused is tried again this long after (the damping period).
+    failback_retry_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,12 +406,130 @@ def reconcile(
     Beside the paths, the desired state says whether a normal checkpoint is wanted
     (a FlowCheck rebuild failure no newer checkpoint answers yet). With `index` (see
     `index_for`) a fault costs the ranks it touches; the answer is the same without.
+    Optional mitigations the ranks refused are planned around (`refusals`): a
+    communicator that refused NVL transit runs s-Bond only, and the ranks of a refused
+    fail-back stay on their backup until it is tried again; neither is a restart.
     """
-    out = _reconcile_paths(now, job, fabric, options, index)
+    no_transit, held = refusals(now, job, options)
+    out = _reconcile_paths(now, job, _holding_back(job, fabric, held), options, index)
+    out = _with_refusals(out, job, no_transit, held, options)
     wanted = checkpoint_request(job)
     if out.desired.checkpoint_after == wanted:
         return out
     return replace(out, desired=replace(out.desired, checkpoint_after=wanted))
+
+
+# --- refused optional mitigations ---------------------------------------------------------------
+
+
+def refusals(
+    now: datetime, job: JobState, options: Options
+) -> tuple[Mapping[int, str], tuple[HeldBack, ...]]:
+    """The refusals in force at `now`: the communicators that run without NVL transit,
+    and the fail-backs still held back (each until failback_retry_s after it was refused).
+
+    None while the job restarts: its next incarnation is asked afresh.
+    """
+    if job.mode == Mode.RESTARTING:
+        return {}, ()
+    retry = timedelta(seconds=options.failback_retry_s)
+    held = tuple(h for h in job.previous.held if now < h.since + retry)
+    return job.previous.no_transit, held
+
+
+def recheck_at(desired: Desired, options: Options) -> datetime | None:
+    """When the job must be reconciled again though nothing else happens: the moment a
+    refused fail-back is tried again."""
+    retry = timedelta(seconds=options.failback_retry_s)
+    return min((h.since + retry for h in desired.held), default=None)
+
+
+def _holding_back(job: JobState, fabric: FabricView, held: Sequence[HeldBack]) -> FabricView:
+    """The fabric with the primaries of ranks held on their backup counted failed, for
+    this job alone: every outcome then reads as it did before the refused fail-back.
+    A rank whose backup failed since is not held: it returns (held, it would have no path)."""
+    if not held:
+        return fabric
+    wanted = {r for h in held for r in h.ranks}
+    failed = fabric.failed
+    links: set[tuple[str, str, int]] = set()
+    for rank, node, gpu in job.ranks:
+        plan, topo = fabric.plans.get(node), fabric.topologies.get(node)
+        if rank not in wanted or plan is None or topo is None or not plan.has_gpu(gpu):
+            continue
+        paths = plan.for_gpu(gpu)
+        if paths.primary is None or paths.backup is None or (node, gpu) in failed.gpus:
+            continue
+        if failed.port_ok(node, topo.rnic(paths.backup)):
+            primary = topo.rnic(paths.primary)
+            links.add((node, primary.name, primary.port))
+    if links <= fabric.failed.links:
+        return fabric
+    return replace(fabric, failed=replace(fabric.failed, links=fabric.failed.links | links))
+
+
+def _with_refusals(
+    out: Reconciled,
+    job: JobState,
+    no_transit: Mapping[int, str],
+    held: tuple[HeldBack, ...],
+    options: Options,
+) -> Reconciled:
+    """The refusals carried into the desired state (dropped at a restart), and a decision
+    that only follows one of them told as such."""
+    desired = out.desired
+    if desired.mode == Mode.RESTARTING:
+        no_transit, held = {}, ()
+    note = _refusal_note(out, job, no_transit, held, options)
+    if dict(desired.no_transit) == dict(no_transit) and desired.held == held and note is None:
+        return out
+    desired = replace(desired, no_transit=dict(no_transit), held=held)
+    if note is None or out.decision is None:
+        return replace(out, desired=desired)
+    trigger, reason = note
+    return replace(
+        out, desired=desired, decision=replace(out.decision, trigger=trigger, reason=reason)
+    )
+
+
+def _refusal_note(
+    out: Reconciled,
+    job: JobState,
+    no_transit: Mapping[int, str],
+    held: Sequence[HeldBack],
+    options: Options,
+) -> tuple[str, str] | None:
+    """The trigger and reason of a failover that nothing new caused but a refusal: ranks
+    kept on their backup, or a communicator's NVL transit given up."""
+    d, prev, desired = out.decision, job.previous, out.desired
+    if d is None or d.action != Action.FAILOVER or d.fault_key is not None:
+        return None
+    notes: list[tuple[str, str]] = []
+    retry = timedelta(seconds=options.failback_retry_s)
+    for h in held:
+        kept = [r for r in h.ranks if r in desired.moved and r not in prev.moved]
+        if kept:
+            notes.append(
+                (
+                    f"refused:failback:{h.comm_id}",
+                    f"fail-back refused ({h.why or 'no detail'}): {len(kept)} rank(s) of "
+                    f"communicator {h.comm_id} stay on their backup; it is tried again at "
+                    f"{(h.since + retry).isoformat()}",
+                )
+            )
+    nvl = coord.Mitigation.NVL.value
+    for c, why in sorted(no_transit.items()):
+        if prev.mitigation.get(c) == nvl and desired.mitigation.get(c) != nvl:
+            notes.append(
+                (
+                    f"refused:nvl_transit:{c}",
+                    f"NVL transit refused by communicator {c}'s ranks ({why}): they run "
+                    "s-Bond only and are not asked again",
+                )
+            )
+    if not notes:
+        return None
+    return notes[0][0], "; ".join(n for _, n in notes)
 
 
 def _reconcile_paths(
@@ -909,6 +1071,7 @@ def plan_mitigations(
         index = None
     by_rank: dict[int, RankRoute] = {}
     share = job.comm_share if job.comm_share is not None else 0.3
+    no_transit = {} if job.mode == Mode.RESTARTING else job.previous.no_transit
     for k, comm in enumerate(comms):
         if index is not None and index.comms[k].unique and index.comms[k].comm_id == comm.comm_id:
             seen = _members_indexed(conn, index, index.comms[k])
@@ -924,6 +1087,8 @@ def plan_mitigations(
         topo = fabric.topologies[worst]
         nvlink = any(g.nvlink for g in topo.gpus)
         transit = transit_gpus(moved, fabric) if moved and len(rails) < 2 else None
+        offered = nvlink and len(rails) < 2 and transit is not None
+        refused = no_transit.get(comm.comm_id)
         plan = coord.plan_mitigation(
             comm_share=share,
             rails_per_node=len(rails),
@@ -932,11 +1097,13 @@ def plan_mitigations(
             nodes=node_count,
             backup_load=max(load.values(), default=1),
             backup_crosses_root_complex=crosses,
-            nvl_available=nvlink and len(rails) < 2 and transit is not None,
+            nvl_available=offered and refused is None,
             nvl_mb_per_channel=options.nvl_mb_per_channel,
             nvl_cap_mb=job.nvl_cap_mb if job.nvl_cap_mb is not None else options.nvl_cap_mb,
             nvl_ranks_per_gpu=transit[1] if transit else 1,
         )
+        if offered and refused is not None:
+            plan = _transit_refused(plan, refused)
         failed_rails = {rail for rails_ in failed_by_node.values() for rail in rails_}
         # Channel c leaves each node through rail index c mod (rails used): the
         # channels of a failed rail are the ones DCR disables.
@@ -969,6 +1136,17 @@ def plan_mitigations(
             )
         )
     return plans
+
+
+def _transit_refused(plan: coord.MitigationPlan, why: str) -> coord.MitigationPlan:
+    """The plan with NVL transit shown as the ranks' refusal, not as unavailable."""
+    options = tuple(
+        coord.Option(o.mitigation, False, None, f"refused by the ranks ({why}): s-Bond only")
+        if o.mitigation == coord.Mitigation.NVL
+        else o
+        for o in plan.options
+    )
+    return replace(plan, options=options)
 
 
 # What plan_mitigations reads of one communicator's members: their ranks, the rails
@@ -1213,6 +1391,43 @@ def command_diff(
 
 def _sorted(members: Set[int], index: jobindex.JobIndex | None, k: int) -> tuple[int, ...]:
     return tuple(sorted(members)) if index is None else index.comms[k].told_sorted
+
+
+def transit_refused(commanded: Desired, comm_id: int, ranks: Iterable[int]) -> Desired:
+    """What the ranks were told, less the transit GPUs these ranks of `comm_id` refused."""
+    gone = set(ranks)
+    told = {r: g for r, g in commanded.transit.get(comm_id, {}).items() if r not in gone}
+    transit = {c: t for c, t in commanded.transit.items() if c != comm_id}
+    if told:
+        transit[comm_id] = told
+    return replace(commanded, transit=transit)
+
+
+def failback_refused(
+    commanded: Desired, held: Desired, comm_id: int, ranks: Iterable[int]
+) -> Desired:
+    """What the ranks were told, once a fail-back of `comm_id` returning `ranks` was refused:
+    those ranks on the backup `held` keeps them on, and the communicator's channel plan
+    as `held` has it (what they still run, the refused switch point never applied)."""
+    moved = dict(commanded.moved)
+    moved.update({r: held.moved[r] for r in ranks if r in held.moved})
+
+    def one(told: Mapping[int, Any], wanted: Mapping[int, Any]) -> dict[int, Any]:
+        out = {c: v for c, v in told.items() if c != comm_id}
+        if comm_id in wanted:
+            out[comm_id] = wanted[comm_id]
+        return out
+
+    return replace(
+        commanded,
+        mode=held.mode,
+        moved=moved,
+        disabled=one(commanded.disabled, held.disabled),
+        mitigation=one(commanded.mitigation, held.mitigation),
+        weights=one(commanded.weights, held.weights),
+        split=one(commanded.split, held.split),
+        transit=one(commanded.transit, held.transit),
+    )
 
 
 # --- records --------------------------------------------------------------------------------------

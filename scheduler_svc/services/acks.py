@@ -2,9 +2,11 @@
 
 `applied` from every addressed rank settles a command. `too_late` (the rank was
 already past the switch point, at `ops_done`) proposes the same plan later under
-a new epoch. `failed` means those ranks cannot do what they were told: their
-node counts as unreachable, which is evidence like any fault, and the job is
-reconciled under it.
+a new epoch. `failed` of an optional mitigation (an NVL transit, a fail-back) is
+fallen back from (services/refusals.py); of a move (a failover, a channel plan) it
+means those ranks cannot do what they were told: their node counts as unreachable,
+which is evidence like any fault, and the job is reconciled under it. Any ack from
+the node's agent is also word that the node is reachable (services/reach.py).
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.errors import NotFound, Unprocessable
 from scheduler_svc.schemas import AckIn
-from scheduler_svc.services import commands, reconciler
+from scheduler_svc.services import commands, reach, reconciler, refusals
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import AckStatus, CommandKind, CommandState
 from scheduler_svc.store.repositories import CommandRepo, FaultRepo, JobRepo
-
-UNREACHABLE_DEVICE = "*"
+from scheduler_svc.store.uow import notify_nodes
 
 
 def ack_command(
-    session: Session, command_id: int, body: AckIn, now: datetime, settings: Settings
+    session: Session,
+    command_id: int,
+    body: AckIn,
+    now: datetime,
+    settings: Settings,
+    *,
+    agent: str | None = None,
 ) -> m.Command:
+    """Record the ack; `agent` names the node's agent when it is the one answering."""
     repo = CommandRepo(session)
     cmd = repo.get(command_id)
     if cmd is None:
@@ -46,6 +54,11 @@ def ack_command(
                 f"{field}: rank {strangers[0]} is not addressed by command {command_id}"
             )
     status = AckStatus(body.status)
+    if agent is not None:
+        # Heard from before anything else is locked (its jobs, in the one sorted order),
+        # and before this ack's own meaning: a refusal may make the node unreachable anew.
+        how = f"{agent} acknowledged command {command_id} ({status.value})"
+        reach.heard_from(session, body.node, reach.How.ACK, how, now=now, settings=settings)
     job = None
     if status in (AckStatus.FAILED, AckStatus.TOO_LATE):
         # A refusal may re-trigger or reconcile under the job's row lock, and a re-trigger
@@ -78,9 +91,11 @@ def ack_command(
         return cmd
     if status == AckStatus.FAILED:
         commands.transition(session, cmd, CommandState.FAILED, now)
-        if job is not None and cmd.kind not in NOT_A_MOVE:
-            detail = body.detail or "no detail"
-            why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
+        detail = body.detail or "no detail"
+        why = f"{cmd.kind} command {cmd.command_id} failed on {cmd.node} ({detail})"
+        if job is not None and cmd.kind in refusals.OPTIONAL:
+            refusals.refused(session, job, cmd, why, now=now, settings=settings)
+        elif job is not None and cmd.kind not in NOT_A_MOVE:
             cannot_move(session, cmd, why, now, settings)
         return cmd
     if status == AckStatus.APPLIED:
@@ -105,14 +120,15 @@ def cannot_move(
 
     An abort needs nothing more: the job is already restarting. A checkpoint request
     moves no traffic: a rank that cannot take one says nothing about its paths (the
-    CloudEvent asked the fleet manager too).
+    CloudEvent asked the fleet manager too). The evidence lasts until the node's agent
+    is heard from again (services/reach.py).
     """
     if cmd.kind in NOT_A_MOVE:
         return
     fault = FaultRepo(session).open_if_new(
         m.Fault(
             node=cmd.node,
-            device=UNREACHABLE_DEVICE,
+            device=m.UNREACHABLE_DEVICE,
             port=WHOLE_DEVICE,
             kind=FaultKind.UNREACHABLE.value,
             opened_at=now,
@@ -123,4 +139,7 @@ def cannot_move(
     )
     if fault is not None:
         metrics.FAULTS_OPENED.labels(kind=FaultKind.UNREACHABLE.value).inc()
+        # Wake the node's polls as a command would: a renewal that would have skipped its
+        # look (nothing new since its last empty one) must look, and so be heard.
+        notify_nodes(session, [cmd.node])
     reconciler.reconcile_jobs(session, [cmd.job_id], now, settings)

@@ -50,6 +50,7 @@ def options(settings: Settings) -> engine.Options:
         measured_k_tolerance=settings.measured_k_tolerance,
         nvl_mb_per_channel=settings.nvl_mb_per_channel,
         nvl_cap_mb=settings.nvl_cap_mb,
+        failback_retry_s=settings.failback_damping_s,
     )
 
 
@@ -267,7 +268,8 @@ def reconcile_jobs(
 
     Each job in a savepoint of its own: one job that cannot be reconciled must not
     refuse the evidence (an agent would resend the batch forever) nor hold up the
-    other jobs. It is marked, logged, and the coordinator's sweep tries it again.
+    other jobs. It is marked, logged, and the coordinator's sweep tries it again. A
+    job reconciled is due again only when its desired state says so (`reconcile_job`).
     """
     made = []
     jobs = JobRepo(session)
@@ -284,8 +286,6 @@ def reconcile_jobs(
             if job is not None:
                 job.reconcile_due_at = now
             continue
-        if job.reconcile_due_at is not None:
-            job.reconcile_due_at = None
         if row is not None:
             made.append(row)
     return made
@@ -366,6 +366,11 @@ def reconcile_job(
     new_json = desired.to_json()
     if job.desired != new_json:
         job.desired = new_json
+    # Done for now, unless time alone changes the outcome (a refused fail-back is tried
+    # again then): the coordinator's sweep reconciles the job at that moment.
+    due = engine.recheck_at(desired, options(settings))
+    if job.reconcile_due_at != due:
+        job.reconcile_due_at = due
     return row
 
 

@@ -25,6 +25,7 @@ from scheduler_svc.store.repositories import (
     DecisionRepo,
     FaultRepo,
     JobRepo,
+    NodeLook,
     NodeRepo,
 )
 
@@ -428,8 +429,10 @@ def record_iterations(
     return degraded, measured, reconciler.reconcile_job(session, job, now, settings)
 
 
-def has_pending_commands(session: Session, node: str, include_unacked: bool) -> bool:
-    return CommandRepo(session).has_pending(node, include_unacked)
+def look_for_node(session: Session, node: str, include_unacked: bool) -> NodeLook:
+    """A poll's one read: whether commands wait for the node, and whether it is held
+    unreachable (services/reach.py clears that when its agent is the one polling)."""
+    return CommandRepo(session).look(node, include_unacked)
 
 
 def take_commands(

@@ -28,7 +28,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.engine.reconcile import Mode as JobMode
 
-__all__ = ["WHOLE_DEVICE_PORT", "AckStatus", "CommandKind", "CommandState", "FaultKind", "JobMode"]
+__all__ = [
+    "UNREACHABLE_DEVICE",
+    "WHOLE_DEVICE_PORT",
+    "AckStatus",
+    "CommandKind",
+    "CommandState",
+    "FaultKind",
+    "JobMode",
+]
 
 
 class CommandKind(enum.StrEnum):
@@ -293,6 +301,8 @@ class Event(Base):
 
 # Fault.port of a fault that takes the whole RNIC (device fatal) rather than one port.
 WHOLE_DEVICE_PORT = WHOLE_DEVICE
+# Fault.device of an UNREACHABLE fault: every RNIC of the node (its port is WHOLE_DEVICE).
+UNREACHABLE_DEVICE = "*"
 
 
 class Fault(Base):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import Table, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import Select, Table, delete, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -45,6 +45,12 @@ def _insert_unless_taken(session: Session, row: _Row) -> _Row | None:
 
 def hash_secret(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLook:
+    pending: bool  # commands wait for the node
+    unreachable: bool  # an UNREACHABLE fault on the node is open
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,15 +397,17 @@ class JobRepo:
     def mark_due(self, job_ids: Sequence[str], at: datetime) -> None:
         """Have the coordinator reconcile these jobs at `at` unless a pass does first.
 
-        Only jobs not already due (an earlier mark, or a failed pass, keeps its
-        time). On PostgreSQL a job whose row a pass holds locked is skipped rather
-        than waited for: the pass, or the next one the caller asks for, covers it,
-        and a report must not queue behind a whole-job pass to record its evidence.
+        Only jobs not already due by then (an earlier mark, or a failed pass, keeps
+        its time; a later one, a refused fail-back's retry, gives way). On PostgreSQL a
+        job whose row a pass holds locked is skipped rather than waited for: the pass,
+        or the next one the caller asks for, covers it, and a report must not queue
+        behind a whole-job pass to record its evidence.
         """
         if not job_ids:
             return
         unmarked = select(m.Job.job_id).where(
-            m.Job.job_id.in_(list(job_ids)), m.Job.reconcile_due_at.is_(None)
+            m.Job.job_id.in_(list(job_ids)),
+            or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > at),
         )
         if self.s.get_bind().dialect.name == "postgresql":
             unmarked = unmarked.with_for_update(skip_locked=True)
@@ -523,6 +531,16 @@ class EventRepo:
         return self.s.scalar(q) or 0
 
 
+def _open_unreachable(node: str) -> Select[tuple[m.Fault]]:
+    return select(m.Fault).where(
+        m.Fault.node == node,
+        m.Fault.device == m.UNREACHABLE_DEVICE,
+        m.Fault.port == m.WHOLE_DEVICE_PORT,
+        m.Fault.cleared_at.is_(None),
+        m.Fault.kind == m.FaultKind.UNREACHABLE.value,
+    )
+
+
 class FaultRepo:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -562,6 +580,10 @@ class FaultRepo:
         self.s.flush()
         return list(rows)
 
+    def open_unreachable(self, node: str) -> Sequence[m.Fault]:
+        """The node's UNREACHABLE fault, if open (the open-component index finds it)."""
+        return self.s.scalars(_open_unreachable(node)).all()
+
     def unresolved(self, nodes: Iterable[str] | None = None) -> Sequence[m.Fault]:
         """Faults that are still evidence: not closed by their clearing rule or an operator."""
         q = select(m.Fault).where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
@@ -595,6 +617,9 @@ class FaultRepo:
 class DecisionRepo:
     def __init__(self, session: Session) -> None:
         self.s = session
+
+    def get(self, decision_id: str) -> m.Decision | None:
+        return self.s.get(m.Decision, decision_id)
 
     def add(self, d: m.Decision) -> m.Decision | None:
         """Store a decision; None when this (job, trigger) was already decided."""
@@ -672,6 +697,16 @@ class CommandRepo:
             )
             is not None
         )
+
+    def look(self, node: str, include_delivered: bool) -> NodeLook:
+        """What a poll of the node looks for, in one round trip: commands to hand it (as
+        `has_pending`), and whether the node is held unreachable (FaultRepo.open_unreachable)."""
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
+        pending = select(m.Command.command_id).where(
+            m.Command.node == node, m.Command.state.in_(states)
+        )
+        row = self.s.execute(select(pending.exists(), _open_unreachable(node).exists())).one()
+        return NodeLook(pending=bool(row[0]), unreachable=bool(row[1]))
 
     def add_acks(self, acks: Iterable[m.CommandAck]) -> None:
         self.s.add_all(acks)

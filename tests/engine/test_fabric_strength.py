@@ -108,16 +108,53 @@ def test_quiet(kind: FaultKind) -> None:
     assert fault_health(earlier, s(89), RULES).clears_at == s(90)
 
 
-def test_registered_and_operator_rules() -> None:
+def test_registered_rule() -> None:
     for kind in (FaultKind.GPU_LOST, FaultKind.RNIC_LOST):
         f = fault(kind, recovered_at=s(1))
         assert fault_health(f, s(10**6), RULES) == FaultHealth(
             f, Health.FAILED, "missing from the node's registration"
         )
-    u = fault(FaultKind.UNREACHABLE, recovered_at=s(1))
-    assert fault_health(u, s(10**6), RULES) == FaultHealth(
-        u, Health.FAILED, "until an operator resolves it"
+
+
+WAITING = "until its agent polls or acknowledges again"
+HEARD = "its agent was heard from again"
+
+
+@pytest.mark.parametrize(
+    ("opened", "heard", "at", "health", "reason", "clears_at"),
+    [
+        # Never heard from since: failed however long it lasts (no damping to wait out).
+        (0, None, 10**6, Health.FAILED, WAITING, None),
+        # Heard from: healthy from that moment on, with no damping.
+        (0, 5, 5, Health.HEALTHY, HEARD, 5),
+        (0, 5, 10**6, Health.HEALTHY, HEARD, 5),
+        (0, 0, 0, Health.HEALTHY, HEARD, 0),
+        # Contact from before the fault opened says nothing about it.
+        (10, 5, 10**6, Health.FAILED, WAITING, None),
+    ],
+)
+def test_unreachable_clears_on_contact(  # noqa: PLR0917  # pytest passes one argument per column
+    opened: float,
+    heard: float | None,
+    at: float,
+    health: Health,
+    reason: str,
+    clears_at: float | None,
+) -> None:
+    u = fault(
+        FaultKind.UNREACHABLE,
+        device="*",
+        port=0,
+        opened_at=s(opened),
+        recovered_at=None if heard is None else s(heard),
     )
+    assert fault_health(u, s(at), RULES) == FaultHealth(
+        u, health, reason, None if clears_at is None else s(clears_at)
+    )
+    h = assess(Evidence(faults=(u,)), s(at), RULES)
+    assert h.cleared == (() if health == Health.FAILED else (h.healths[u.id],))
+    assert h.failed.rnics == (frozenset({("n1", "*")}) if health == Health.FAILED else frozenset())
+    assert h.next_change_at is None  # nothing clears it but the agent
 
 
 def test_fractional_rules_format_with_g() -> None:
@@ -300,7 +337,7 @@ def test_assess_puts_each_piece_of_evidence_where_it_belongs() -> None:
         ("fault:6", "n1/mlx5_1", "rnic_fatal", s(2), "port is down"),
         ("fault:3", "n1/gpu2", "gpu_lost", s(3), "missing from the node's registration"),
         ("fault:4", "n2", "unreachable", s(4), "no acks"),
-        ("fault:5", "n3", "unreachable", s(4), "until an operator resolves it"),
+        ("fault:5", "n3", "unreachable", s(4), WAITING),
         ("fault:1", "n1/mlx5_0/1", "link_down", s(5), "up again, damping 2.5 s"),
         ("fault:7", "n1/mlx5_2/1", "counter_errors", s(6), "port ACTIVE, quiet period 90 s"),
         ("flag:9", "n4/mlx5_0/2", "quarantine", s(7), "flapped"),

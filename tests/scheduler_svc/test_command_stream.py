@@ -255,11 +255,11 @@ def test_a_store_that_fails_mid_stream_ends_it_as_unavailable(
     real = commands_api._take
     calls: list[str] = []
 
-    def take(*args: Any) -> Any:
+    def take(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[2])
         if len(calls) > 1:
             raise OperationalError("SELECT", {}, Exception("the store went away"))
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(commands_api, "_take", take)
     with serve(app) as url, httpx.Client(base_url=url, timeout=60) as http:

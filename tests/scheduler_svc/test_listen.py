@@ -132,9 +132,9 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = commands_api._take
 
-    def take(*args: Any) -> Any:
+    def take(*args: Any, **kwargs: Any) -> Any:
         seen.append(args[2])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(commands_api, "_take", take)
     return seen

@@ -1,0 +1,111 @@
+"""Optional mitigations the ranks refused: the job falls back, it is never restarted for it.
+
+An NVL transit or a fail-back acknowledged `failed` says the ranks cannot take that
+mitigation, not that their traffic cannot move: they still run what they ran before it,
+s-Bond on their backups. So the refusal is recorded in the job's desired state, where
+reconcile reads it (engine.reconcile.refusals), never as evidence against the node:
+
+- NVL_TRANSIT refused (a plugin of ABI 1, say): the communicator runs s-Bond only. Its
+  transit commands still on their way are withdrawn, the refusing ranks' transit GPUs
+  leave what they were told, and the communicator is not asked for a transit again
+  until the job restarts.
+- FAILBACK refused: no rank applies the switch point (its siblings on other nodes are
+  withdrawn), and the ranks it was returning stay on their backup in the desired and in
+  the commanded state alike, so the views and the commands agree and nothing is sent
+  again. The fail-back is tried again once the damping period
+  (RAILOVER_FAILBACK_DAMPING_S) has passed: reconcile_job leaves the job due then, and
+  the coordinator's sweep reconciles it.
+
+FAILOVER and REBALANCE/BALANCE failures keep their meaning (acks.cannot_move), as do an
+ABORT's and a CHECKPOINT_NOW's (nothing more).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from scheduler_svc import metrics
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import reconcile as engine
+from scheduler_svc.engine.reconcile import Desired, HeldBack
+from scheduler_svc.services import commands, reconciler
+from scheduler_svc.store import models as m
+from scheduler_svc.store.models import CommandKind, CommandState
+from scheduler_svc.store.repositories import CoordinationRepo, DecisionRepo
+
+log = logging.getLogger(__name__)
+
+# Kinds whose failure is a refusal to fall back from, not a node that cannot move.
+OPTIONAL = (CommandKind.NVL_TRANSIT, CommandKind.FAILBACK)
+
+
+def refused(
+    session: Session,
+    job: m.Job,
+    cmd: m.Command,
+    why: str,
+    *,
+    now: datetime,
+    settings: Settings,
+) -> None:
+    """Ranks refused `cmd` (one of OPTIONAL, failed now): record it, reconcile the locked job."""
+    if cmd.kind == CommandKind.NVL_TRANSIT:
+        _transit(session, job, cmd, why, now)
+    else:
+        _failback(session, job, cmd, why, now=now, settings=settings)
+    metrics.MITIGATIONS_REFUSED.labels(kind=cmd.kind).inc()
+    log.warning("job %s: %s; falling back", job.job_id, why)
+    reconciler.reconcile_jobs(session, [job.job_id], now, settings)
+
+
+def _transit(session: Session, job: m.Job, cmd: m.Command, why: str, now: datetime) -> None:
+    desired = Desired.from_json(job.desired)
+    job.desired = replace(desired, no_transit={**desired.no_transit, cmd.comm_id: why}).to_json()
+    ranks = set(cmd.ranks)
+    kinds = [CommandKind.NVL_TRANSIT.value]
+    for other in CoordinationRepo(session).comm_commands(
+        job.job_id, cmd.comm_id, kinds, commands.WAITING
+    ):
+        if commands.transition(session, other, CommandState.SUPERSEDED, now):
+            ranks |= set(other.ranks)
+    told = engine.transit_refused(Desired.from_json(job.commanded), cmd.comm_id, ranks)
+    job.commanded = told.to_json()
+
+
+def _failback(
+    session: Session,
+    job: m.Job,
+    cmd: m.Command,
+    why: str,
+    *,
+    now: datetime,
+    settings: Settings,
+) -> None:
+    kinds = [CommandKind.FAILBACK.value]
+    every = [s.value for s in CommandState]
+    siblings = [
+        c
+        for c in CoordinationRepo(session).comm_commands(job.job_id, cmd.comm_id, kinds, every)
+        if c.epoch == cmd.epoch
+    ]
+    for other in siblings:
+        commands.transition(session, other, CommandState.SUPERSEDED, now)
+    members = {r for c in siblings for r in c.ranks}
+    decision = None if cmd.decision_id is None else DecisionRepo(session).get(cmd.decision_id)
+    returning = [] if decision is None else decision.plan.get("returning") or []
+    ranks = tuple(sorted({int(x["rank"]) for x in returning} & members))
+    if not ranks:
+        return  # no record of who was returning: nobody to hold
+    desired = Desired.from_json(job.desired)
+    others = tuple(h for h in desired.held if h.comm_id != cmd.comm_id)
+    job.desired = replace(desired, held=(*others, HeldBack(cmd.comm_id, ranks, now, why))).to_json()
+    # What the ranks still run is what reconcile holds them on: the commanded state says so.
+    _, _, out = reconciler.current(session, job, now, settings)
+    told = engine.failback_refused(
+        Desired.from_json(job.commanded), out.desired, cmd.comm_id, ranks
+    )
+    job.commanded = told.to_json()
