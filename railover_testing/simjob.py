@@ -19,7 +19,7 @@ contract of ``railover_plugin.h`` ("Switch points"), as a failover-capable CCL m
   it acknowledges ``TOO_LATE`` with its ops_done, so the service re-triggers beyond it.
 * ABORT stops the whole job after the current op; FAILOVER is recorded and
   acknowledged at once (s-Bond moves the rank's traffic to its backup RNIC locally),
-  and drops a switch point of an older epoch still armed (a return it overtakes).
+  and drops a FAILBACK of an older epoch still armed (a return it overtakes).
 * BALANCE is a switch point like REBALANCE; when it applies, the rank's channel
   weights (``RankLog.channel_weights``) and allreduce split become the command's.
   NVL_TRANSIT applies at once: the rank's ``transit_gpu`` becomes the one the
@@ -463,7 +463,8 @@ class SimulatedJob:
             self._abort_requested.set()
         elif cmd.kind == CommandKind.FAILOVER:
             st.log.failovers.append((st.ops_done, cmd))
-            if st.armed is not None and st.armed.epoch < cmd.epoch:
+            armed = st.armed
+            if armed is not None and armed.kind == CommandKind.FAILBACK and armed.epoch < cmd.epoch:
                 st.armed = None  # the failover overtakes a return still armed: stay put
             self._ack(st, cmd, AckStatus.APPLIED)
         elif cmd.kind == CommandKind.NVL_TRANSIT:

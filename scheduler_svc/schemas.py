@@ -49,6 +49,8 @@ RankNo = Annotated[int, Field(strict=True, ge=0, le=RANK_MAX), BeforeValidator(w
 GpuNo = Annotated[int, Field(strict=True, ge=0, le=1023), BeforeValidator(whole_number)]
 Numa = Annotated[int, Field(strict=True, ge=-1, le=1023), BeforeValidator(whole_number)]
 Scale = Annotated[int, Field(strict=True, ge=1, le=2**20), BeforeValidator(whole_number)]
+# A job's incarnation: 1 when first posted, one more at each restart the service decided.
+Incarnation = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), BeforeValidator(whole_number)]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.:-]*$")]
 # An RDMA device as the kernel names it (mlx5_0, rocep1s0f0, irdma1): no slashes, no dots first.
@@ -349,6 +351,13 @@ class JobIn(Strict):
     ccl: CclIn | None = Field(
         default=None, description="The CCL the job runs when it is stock NCCL (not Railover's)"
     )
+    incarnation: Incarnation | None = Field(
+        default=None,
+        description="The incarnation this post starts. First post: 1 unless given. Posting a "
+        "job the service decided to restart starts the next one (the one after the ended "
+        "incarnation, or this number if higher); a number not above the ended one is "
+        "refused (409)",
+    )
     replaces: JobId | None = Field(
         default=None,
         description="A running job this one takes the GPUs of: it is ended (deleted, as "
@@ -423,6 +432,11 @@ class JobOut(BaseModel):
     nvl_cap_mb: float | None = None
     notify_url: str | None
     mode: JobMode
+    incarnation: int = Field(
+        default=1,
+        description="The job's incarnation: commands name it, and reports of an older one "
+        "change nothing of this one's state",
+    )
     created_at: datetime
     communicators: list[CommunicatorIn] = Field(default_factory=list)
     repair_estimate_s: float | None = None
@@ -440,6 +454,13 @@ class CheckpointIn(Strict):
     at: UtcTime
     iteration: Count | None = None
     kind: Literal["full", "flowcheck"] = "full"
+    incarnation: Incarnation | None = Field(
+        default=None,
+        description="The incarnation that took it. An older one's is kept as history and "
+        "changes nothing; while the job restarts, the next one's starts that incarnation on "
+        "the same placement. Without it, a checkpoint of a restarting job taken before the "
+        "restart decision is the ended incarnation's",
+    )
 
 
 class CheckpointOut(BaseModel):

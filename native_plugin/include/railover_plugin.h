@@ -188,9 +188,10 @@ typedef struct {
  *      ack_command_at(command_id, RAILOVER_ACK_TOO_LATE, ops_done);
  *    - an epoch older than the armed one: already superseded, ignore it;
  *    - otherwise arm it, replacing an older armed command.
- *    A FAILOVER of a newer epoch than the armed command disarms it: the
- *    service sends one when a new failure overtakes a return still on its way,
- *    and never proposes that return again.
+ *    A FAILOVER of a newer epoch than an armed FAILBACK disarms it: the service
+ *    sends one when a new failure overtakes a return still on its way, and
+ *    never proposes that return again. (Epochs count per communicator over
+ *    every kind, so a later command always has a newer epoch.)
  * 2. Exchange, in rounds: every rank of comm_id contributes one
  *    railover_switch_vote_t describing its armed command (all zero when it
  *    has none) and receives everyone's, in rank order: an AllGather. Rounds

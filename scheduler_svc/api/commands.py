@@ -315,17 +315,6 @@ def _take(
     # Most looks find nothing: look without the write lock, take it only to mark delivery,
     # or to clear the node's unreachable fault when its agent is the one looking.
     with reads() as session:
-<<<<<<< HEAD
-        if not registry.has_pending_commands(session, node, include_unacked):
-            return []
-    with unit_of_work(writes) as session:
-        cmds = registry.take_commands(session, node, clock(), include_unacked)
-        others = registry.other_jobs_ranks(session, node, cmds)
-        return [
-            command_out(c).model_copy(update={"other_jobs_ranks": others[c.command_id]})
-            for c in cmds
-        ]
-=======
         look = registry.look_for_node(session, node, include_unacked)
     clears = look.unreachable and heard is not None
     if not look.pending and not clears:
@@ -336,8 +325,11 @@ def _take(
         if clears and heard is not None:
             reach.heard_from(session, node, heard.how, heard.by, now=now, settings=settings)
         cmds = registry.take_commands(session, node, now, include_unacked)
-        return [command_out(c) for c in cmds], False
->>>>>>> reach
+        others = registry.other_jobs_ranks(session, node, cmds)
+        return [
+            command_out(c).model_copy(update={"other_jobs_ranks": others[c.command_id]})
+            for c in cmds
+        ], False
 
 
 @router.post(

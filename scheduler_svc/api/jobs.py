@@ -13,6 +13,7 @@ from scheduler_svc.api import routing
 from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
+    Conflict,
     ErrorBody,
     Forbidden,
     NotFound,
@@ -98,6 +99,7 @@ def job_out(session: Session, job: m.Job, ranks: list[RankIn] | None = None) -> 
         nvl_cap_mb=job.nvl_cap_mb,
         notify_url=job.notify_url,
         mode=JobMode(job.mode),
+        incarnation=job.incarnation,
         created_at=job.created_at,
         communicators=[
             CommunicatorIn(comm_id=c.comm_id, channels=c.channels, ranks=c.ranks)
@@ -184,7 +186,7 @@ def delete_job(job_id: JobId, session: SessionDep, _: FleetAuth) -> Response:
     "/{job_id}/checkpoints",
     status_code=201,
     operation_id="report_checkpoint",
-    responses=responses(Unauthorized, Forbidden, NotFound) | VALIDATION,
+    responses=responses(Unauthorized, Forbidden, NotFound, Conflict) | VALIDATION,
 )
 def report_checkpoint(
     job_id: JobId,
@@ -194,8 +196,8 @@ def report_checkpoint(
     settings: SettingsDep,
     now: NowDep,
 ) -> CheckpointOut:
-    """Report a checkpoint; the newest one sets t_elapsed for later decisions, and a
-    restarting job's first one says its new incarnation runs."""
+    """Report a checkpoint; the newest one of the running incarnation sets t_elapsed for
+    later decisions, and a restarting job's next incarnation's first one says it runs."""
     current = registry.add_checkpoint(session, job_id, body, now, settings)
     job = registry.get_job(session, job_id)
     return CheckpointOut(

@@ -107,6 +107,9 @@ class Desired:
     # and fail-backs refused, each tried again Options.failback_retry_s after it.
     no_transit: Mapping[int, str] = field(default_factory=dict)
     held: tuple[HeldBack, ...] = ()
+    # Evidence a restart was decided for; kept across incarnations, so the same evidence
+    # restarts a job once: an incarnation placed back on it runs failed over.
+    restarted_for: frozenset[str] = frozenset()
 
     def same_outcome(self, other: Desired) -> bool:
         return (
@@ -162,6 +165,8 @@ class Desired:
                 }
                 for h in self.held
             ]
+        if self.restarted_for:
+            out["restarted_for"] = sorted(self.restarted_for)
         return out
 
     @classmethod
@@ -196,6 +201,7 @@ class Desired:
                 )
                 for h in data.get("held") or ()
             ),
+            restarted_for=frozenset(data.get("restarted_for") or ()),
         )
 
 
@@ -551,18 +557,24 @@ def _reconcile_paths(
     keys = frozenset(u.key for u in evidence)
     if job.mode == Mode.RESTARTING:
         cp = job.newest_checkpoint
-        # No restart time while restarting: the fleet manager posted the job again.
-        restarted = job.restart_decided_at is None or (
-            cp is not None and cp.received_at > job.restart_decided_at
-        )
-        if not restarted:
+        # No restart time while restarting: the next incarnation started (the service
+        # clears it when the fleet manager posts the job again, or a checkpoint names it).
+        if job.restart_decided_at is not None:
             # Aborted and waiting for the fleet manager: nothing is decided for the old
-            # incarnation; a re-post or a checkpoint of the new one ends this. What breaks
-            # meanwhile is known when the new one starts (it starts on the paths left).
+            # incarnation. What breaks meanwhile is known when the new one starts (it
+            # starts on the paths left).
             return Reconciled(replace(prev, evidence=keys), None, conn, warnings)
         # The new incarnation starts with every rank on its primary; evidence that was
-        # known at the restart is not news to it.
-        prev = Desired(evidence=prev.evidence, k=prev.k, checkpoint_id=cp.id if cp else None)
+        # known at the restart is not news to it, and what a restart was decided for
+        # is not restarted for again.
+        prev = Desired(
+            evidence=prev.evidence,
+            k=prev.k,
+            checkpoint_id=cp.id if cp else None,
+            # Back on what it was restarted for, it runs degraded: that is decided.
+            verdict="keep" if prev.restarted_for else None,
+            restarted_for=prev.restarted_for,
+        )
         new_life = True
 
     fresh = job.registering and not new_life and bool(keys)
@@ -594,6 +606,8 @@ def _reconcile_paths(
             note = None
             if new_life:
                 note = "the restarted job starts on its backups: faults still open"
+                if keys & prev.restarted_for:
+                    note += "; it is not restarted again for them"
             elif fresh:
                 note = "the job starts on its backups: faults open before it was registered"
             return _failover(p, base, moved, note=note)
@@ -815,6 +829,7 @@ def _cost_decision(
             mitigation={},
             **_NO_PLAN,
             k=estimate.k,
+            restarted_for=base.restarted_for | {u.key for u in affecting},
         )
         return record(Action(result.action.value), restarting)
     if result.action == cost.Action.NONE:
@@ -964,18 +979,47 @@ def _failback(
 
 
 def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen) -> Reconciled:
-    """Restart onto healthy hardware at this checkpoint, or run degraded until the repair."""
+    """Restart onto healthy hardware at this checkpoint, or run degraded until the repair.
+
+    A restart is worth it only where it escapes the fault: a spare node the fleet
+    manager can put in the faulty one's place (it excludes it: Slurm's ExcNodeList, a
+    Kubernetes taint), or a scaled restart without it. And the same evidence restarts a
+    job once: an incarnation placed back on it runs degraded. The repair clock runs from
+    the oldest evidence the job runs degraded on, whatever incarnations came since.
+    """
     job, conn, options, warnings = p.job, p.conn, p.options, p.warnings
     k = job.measured_k or prev.k or job.slowdown_k or options.default_k[0]
     repair = job.repair_estimate_s or options.default_repair_s
     assert job.failed_over_at is not None
-    degraded_for = max(0.0, (cp.at - job.failed_over_at).total_seconds())
+    broken_since = min([job.failed_over_at, *(u.since for u in p.evidence)])
+    degraded_for = max(0.0, (cp.at - broken_since).total_seconds())
     remaining = max(0.0, repair - degraded_for)
     restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
+    keys = frozenset(u.key for u in p.evidence)
+    if restart and keys and keys <= prev.restarted_for:
+        restart = False
+        reason = (
+            "keep running degraded: a restart was already decided for this evidence, and "
+            "the job came back on it"
+        )
+    elif restart and not (job.spare_nodes or (job.allow_scaling and _scaled_plan(job, conn))):
+        restart = False
+        reason = (
+            "keep running degraded: a restart cannot escape the fault (no spare node to "
+            f"take the faulty one's place, and no scaled restart): {reason}"
+        )
     verdict = "restart" if restart else "keep"
     seen = replace(desired, checkpoint_id=cp.id, verdict=verdict, k=k)
     if restart:
-        seen = replace(seen, mode=Mode.RESTARTING, moved={}, disabled={}, mitigation={}, **_NO_PLAN)
+        seen = replace(
+            seen,
+            mode=Mode.RESTARTING,
+            moved={},
+            disabled={},
+            mitigation={},
+            **_NO_PLAN,
+            restarted_for=prev.restarted_for | keys,
+        )
     elif prev.verdict == "keep":
         # The answer stands, whatever k it now rests on: a FlowCheck job checkpointing
         # every iteration gets one decision.

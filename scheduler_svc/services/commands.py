@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 SWITCH_KINDS = tuple(k.value for k in m.SWITCH_KINDS)
 WAITING = tuple(s.value for s in m.WAITING)
 ALL_STATES = tuple(s.value for s in CommandState)
+ALL_KINDS = tuple(k.value for k in CommandKind)
 _ALLOWED: dict[CommandState, tuple[CommandState, ...]] = {
     CommandState.ISSUED: (
         CommandState.DELIVERED,
@@ -65,11 +66,15 @@ def issue(
     rank_nodes: Mapping[int, str],
     *,
     decision_id: str | None,
-    epoch: int,
     now: datetime,
     settings: Settings,
 ) -> list[m.Command]:
-    """Rows for the engine's intents; switch points for the coordinated ones."""
+    """Rows for the engine's intents; switch points for the coordinated ones.
+
+    Each intent takes the next epoch of its communicator: one sequence per communicator
+    over every kind and every incarnation, so (communicator, epoch) names one plan, and a
+    later command is always of a newer epoch than what it follows.
+    """
     made: list[m.Command] = []
     if any(i.kind == IntentKind.ABORT for i in intents):
         # A restart overrides every move still on its way.
@@ -102,6 +107,9 @@ def issue(
         for r in intent.ranks:
             if r in rank_nodes:
                 by_node.setdefault(rank_nodes[r], []).append(r)
+        if not by_node:
+            continue
+        epoch = next_epoch(session, job, intent.comm_id)
         rows = [
             m.Command(
                 node=node,
@@ -163,10 +171,7 @@ def switch_point(
     progress, a poll or two old, is still below it.
     """
     repo = CoordinationRepo(session)
-    comm = session.get(m.Communicator, (job.job_id, comm_id))
-    epoch = (comm.epoch if comm is not None else max_epoch(session, job.job_id, comm_id)) + 1
-    if comm is not None:
-        comm.epoch = epoch
+    epoch = next_epoch(session, job, comm_id)
     members = set(ranks)
     progress = [p for p in repo.progress(job.job_id, comm_id) if p.rank in members]
     rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
@@ -277,8 +282,19 @@ def _returning(session: Session, cmds: Sequence[m.Command]) -> set[int]:
     return {int(r["rank"]) for r in decision.plan["returning"]}
 
 
-def max_epoch(session: Session, job_id: str, comm_id: int) -> int:
-    cmds = CoordinationRepo(session).comm_commands(job_id, comm_id, SWITCH_KINDS, ALL_STATES)
+def next_epoch(session: Session, job: m.Job, comm_id: int) -> int:
+    """The communicator's next epoch, taken (its row keeps the count; a job's implicit
+    communicator, which has no row, counts from its commands)."""
+    comm = session.get(m.Communicator, (job.job_id, comm_id))
+    epoch = (comm.epoch if comm is not None else max_epoch(session, job.job_id, comm_id)) + 1
+    if comm is not None:
+        comm.epoch = epoch
+    return epoch
+
+
+def max_epoch(session: Session, job_id: str, comm_id: int, kinds: Sequence[str] = ALL_KINDS) -> int:
+    """The highest epoch the communicator's commands of `kinds` have had."""
+    cmds = CoordinationRepo(session).comm_commands(job_id, comm_id, kinds, ALL_STATES)
     return max((c.epoch for c in cmds), default=0)
 
 
@@ -298,9 +314,8 @@ def retrigger(
     """
     if cmd.kind not in SWITCH_KINDS:
         return []
-    comm = session.get(m.Communicator, (job.job_id, cmd.comm_id))
-    current = comm.epoch if comm is not None else max_epoch(session, job.job_id, cmd.comm_id)
-    if cmd.epoch != current:
+    # The newest switch point only: a failover since (a newer epoch) does not replace it.
+    if cmd.epoch != max_epoch(session, job.job_id, cmd.comm_id, SWITCH_KINDS):
         return []
     siblings = CoordinationRepo(session).comm_commands(
         job.job_id, cmd.comm_id, [cmd.kind], [s.value for s in CommandState]

@@ -78,7 +78,7 @@ def job_state(
     session: Session, job: m.Job, ranks: tuple[tuple[int, str, int], ...] | None = None
 ) -> engine.JobState:
     """The job as the engine reads it; `ranks`: its placement, when already known."""
-    cp = JobRepo(session).newest_checkpoint(job.job_id)
+    cp = JobRepo(session).newest_checkpoint(job.job_id, job.incarnation)
     top, failures = mirror_failures(session, job.job_id)
     return engine.JobState(
         job_id=job.job_id,
@@ -336,21 +336,9 @@ def reconcile_job(
     if state.nccl is not None:
         intents = []  # stock NCCL reads no commands: its own failover does the moving
         job.commanded = desired.to_json()
-    if overrides:
-        # Newer than the fail-back they overtake, so a rank that armed it drops it.
-        rank_nodes = {r: n for r, n, _ in state.ranks} if index is None else index.rank_node
-        epoch = max(job.decision_count, *(o.epoch + 1 for o in overtaken))
-        commands.issue(
-            session,
-            job,
-            overrides,
-            rank_nodes,
-            decision_id=None if row is None else row.decision_id,
-            epoch=epoch,
-            now=now,
-            settings=settings,
-        )
-        job.commanded = desired.to_json()
+    # The overrides first: newer than the fail-back they overtake (epochs only grow), so a
+    # rank that armed it drops it.
+    intents = [*overrides, *intents]
     if intents:
         commands.issue(
             session,
@@ -358,7 +346,6 @@ def reconcile_job(
             intents,
             {r: n for r, n, _ in state.ranks} if index is None else index.rank_node,
             decision_id=None if row is None else row.decision_id,
-            epoch=job.decision_count,
             now=now,
             settings=settings,
         )

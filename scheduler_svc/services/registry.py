@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,8 @@ from scheduler_svc.store.repositories import (
     NodeLook,
     NodeRepo,
 )
+
+log = logging.getLogger(__name__)
 
 
 def register_node(
@@ -188,6 +191,7 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         mode=JobMode.NORMAL.value,
         decision_count=0,
         placement_id=uuid.uuid4().hex,
+        incarnation=body.incarnation or 1,
     )
     job.repair_estimate_s = body.repair_estimate_s
     job.ccl = None if body.ccl is None else body.ccl.model_dump(mode="json")
@@ -259,8 +263,14 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     """The fleet manager restarted the job under the same id: a new incarnation.
 
     Placement, layout (a scaled restart comes back at its new DP size) and checkpoint
-    come from the new post; the decision history stays.
+    come from the new post; the decision history, and with it the restart verdicts and
+    the repair clock of the faults still open, stay.
     """
+    if body.incarnation is not None and body.incarnation <= job.incarnation:
+        raise Conflict(
+            f"incarnation: job {job.job_id!r} ended incarnation {job.incarnation}; post "
+            f"incarnation {job.incarnation + 1} or later (or leave it out)"
+        )
     _validate_ranks(session, body)
     claim_gpus(session, body)
     taken = {
@@ -285,20 +295,38 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     # The new incarnation resumed from the posted checkpoint and FlowCheck rebuilds from
     # it afresh: the iterations the old one lost are no longer behind its newest one.
     JobRepo(session).clear_mirror_failures(job.job_id)
+    # Epochs go on from the ended incarnation's: (communicator, epoch) names one plan.
+    epochs = {c.comm_id: c.epoch for c in CoordinationRepo(session).communicators(job.job_id)}
     for c in list(CoordinationRepo(session).communicators(job.job_id)):
         session.delete(c)
     session.flush()
     session.add_all(
         m.Communicator(
-            job_id=job.job_id, comm_id=c.comm_id, channels=c.channels, ranks=c.ranks, epoch=0
+            job_id=job.job_id,
+            comm_id=c.comm_id,
+            channels=c.channels,
+            ranks=c.ranks,
+            epoch=max(epochs.get(c.comm_id, 0), commands.max_epoch(session, job.job_id, c.comm_id)),
         )
         for c in body.communicators
     )
-    # Still restarting, with no restart time: reconcile starts the new incarnation.
-    job.restart_decided_at = None
+    start_incarnation(session, job, body.incarnation or job.incarnation + 1, now)
     session.flush()
     reconciler.reconcile_jobs(session, [job.job_id], now, settings)
     return job
+
+
+def start_incarnation(session: Session, job: m.Job, incarnation: int, now: datetime) -> None:
+    """A restarting job runs again as `incarnation`: what is still on its way to the ended
+    one (its ABORTs above all) is withdrawn, so none reaches the new processes."""
+    for cmd in CoordinationRepo(session).job_commands(
+        job.job_id, [k.value for k in m.CommandKind], commands.WAITING
+    ):
+        commands.transition(session, cmd, m.CommandState.SUPERSEDED, now)
+    job.incarnation = incarnation
+    # Still restarting, with no restart time: reconcile starts the new incarnation.
+    job.restart_decided_at = None
+    log.info("job %s: incarnation %d starts", job.job_id, incarnation)
 
 
 def list_jobs(session: Session) -> list[m.Job]:
@@ -348,10 +376,23 @@ def add_checkpoint(
     beat running degraded until the repair.
     """
     job = lock_job(session, job_id)
+    incarnation = checkpoint_incarnation(job, body)
     cp = m.Checkpoint(
-        job_id=job_id, at=body.at, iteration=body.iteration, kind=body.kind, received_at=now
+        job_id=job_id,
+        at=body.at,
+        iteration=body.iteration,
+        kind=body.kind,
+        received_at=now,
+        incarnation=incarnation,
     )
     JobRepo(session).add_checkpoint(cp)
+    if incarnation < job.incarnation or (
+        incarnation == job.incarnation and job.mode == JobMode.RESTARTING
+    ):
+        return False  # an ended incarnation's: history, nothing of the job changes
+    if incarnation > job.incarnation:
+        # The restart acknowledged: the next incarnation runs, on the same placement.
+        start_incarnation(session, job, incarnation, now)
     current = body.at > job.last_checkpoint_at
     if current:
         job.last_checkpoint_at = body.at
@@ -361,6 +402,27 @@ def add_checkpoint(
     # incarnation) and, while failed over, a moment to restart cleanly: reconcile says.
     reconciler.reconcile_job(session, job, now, settings)
     return current
+
+
+def checkpoint_incarnation(job: m.Job, body: CheckpointIn) -> int:
+    """The incarnation a checkpoint belongs to, by what it says (never by when it came).
+
+    Named, it is that one; a number beyond the next is Conflict (no such incarnation can
+    have run), and so is the next while the job is not restarting. Unnamed, it is the
+    job's current incarnation, except that a restarting job's checkpoint taken after the
+    restart decision is the next one's (the restarted job reporting in).
+    """
+    restarting = job.mode == JobMode.RESTARTING
+    if body.incarnation is None:
+        after = job.restart_decided_at is not None and body.at > job.restart_decided_at
+        return job.incarnation + 1 if restarting and after else job.incarnation
+    if body.incarnation > job.incarnation + (1 if restarting else 0):
+        raise Conflict(
+            f"incarnation: job {job.job_id!r} runs incarnation {job.incarnation}"
+            + ("" if restarting else " and is not restarting")
+            + f"; incarnation {body.incarnation} has not started (post the job again)"
+        )
+    return body.incarnation
 
 
 def add_mirror_failure(

@@ -425,10 +425,15 @@ class JobRepo:
             ).all()
         )
 
-    def newest_checkpoint(self, job_id: str) -> m.Checkpoint | None:
+    def newest_checkpoint(self, job_id: str, incarnation: int) -> m.Checkpoint | None:
+        """The newest checkpoint reported by `incarnation` (or not naming one, from before
+        incarnations were stored)."""
         return self.s.scalar(
             select(m.Checkpoint)
-            .where(m.Checkpoint.job_id == job_id)
+            .where(
+                m.Checkpoint.job_id == job_id,
+                m.Checkpoint.incarnation.is_(None) | (m.Checkpoint.incarnation == incarnation),
+            )
             .order_by(m.Checkpoint.received_at.desc(), m.Checkpoint.id.desc())
             .limit(1)
         )

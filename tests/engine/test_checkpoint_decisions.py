@@ -191,7 +191,8 @@ def test_without_any_k_the_checkpoint_decides_with_the_first_default() -> None:
     s.checkpoint = CheckpointSeen(5, at(300), at(300))
     d = s.step(300).decision
     assert d is not None
-    assert d.plan == {"repair_in_s": 1110.0, "k": 1.03}
+    # The repair clock runs from the fault (100 s), not from the failover (210 s).
+    assert d.plan == {"repair_in_s": 1000.0, "k": 1.03}
     assert s.desired.k == 1.03
 
 
@@ -202,9 +203,9 @@ def test_a_declared_k_decides_the_checkpoint_when_no_failover_set_one() -> None:
     d = s.step(300).decision
     assert d is not None
     assert (d.inputs["k"], d.inputs["k_source"]) == (1.5, "measured")
-    assert d.plan == {"repair_in_s": 1110.0, "k": 1.5}
+    assert d.plan == {"repair_in_s": 1000.0, "k": 1.5}
     assert d.reason == (
-        "keep running degraded: 555 s lost until the repair in 1110 s (k=1.500) <= reload 600 s"
+        "keep running degraded: 500 s lost until the repair in 1000 s (k=1.500) <= reload 600 s"
     )
     assert s.desired.k == 1.5
 
@@ -262,3 +263,57 @@ def test_a_measured_k_within_the_tolerance_of_the_failovers_is_no_re_decision(
     out = s.step(3100)
     assert out.decision is None
     assert (out.desired.mode, out.desired.k) == (Mode.FAILED_OVER, 1.5)
+
+
+def test_one_restart_per_evidence_and_the_incarnation_placed_back_on_it_runs_degraded() -> None:
+    """Issue 28, case 6: a FlowCheck job checkpoints every iteration while its NIC stays
+    broken. The first checkpoint restarts it; the next incarnation, placed back on the
+    same nodes, starts on its backups once, and no later checkpoint restarts it again."""
+    s = failed_over(repair_estimate_s=86400)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100), kind="flowcheck", iteration=50)
+    first = s.step(3100)
+    assert first.decision is not None and first.decision.action == Action.RESTART
+    assert s.desired.restarted_for == frozenset({"fault:1"})
+    # The fleet manager posts the next incarnation on the same nodes.
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(6, at(3700), at(3700), kind="flowcheck", iteration=51)
+    back = s.step(3700)
+    assert back.decision is not None and back.decision.action == Action.FAILOVER
+    assert back.decision.reason.endswith("it is not restarted again for them")
+    assert s.mode == Mode.FAILED_OVER
+    for i in range(20):  # a checkpoint every iteration: no decision, no restart
+        t = 3710 + 10 * i
+        s.checkpoint = CheckpointSeen(7 + i, at(t), at(t), kind="flowcheck", iteration=52 + i)
+        out = s.step(t)
+        assert out.decision is None
+        assert (out.desired.mode, out.desired.verdict) == (Mode.FAILED_OVER, "keep")
+    assert [d.decision.action for d in s.decisions if d.decision] == [
+        Action.FAILOVER,
+        Action.RESTART,
+        Action.FAILOVER,
+    ]
+
+
+def test_a_restart_that_cannot_escape_the_fault_is_not_decided() -> None:
+    """No spare node and no scaled restart: the restarted job would land on the same
+    broken NIC, so the checkpoint keeps it running degraded, and says why."""
+    s = failed_over(repair_estimate_s=86400, spare_nodes=False)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.reason.startswith(
+        "keep running degraded: a restart cannot escape the fault (no spare node to take "
+        "the faulty one's place, and no scaled restart): restart at this checkpoint"
+    )
+    assert s.mode == Mode.FAILED_OVER
+
+
+def test_the_repair_clock_runs_from_the_fault_across_incarnations() -> None:
+    """Degraded time counts from the fault's opening, not from the new incarnation's
+    failover, so the remaining repair shrinks as the fault ages."""
+    s = failed_over(repair_estimate_s=7200, spare_nodes=False)
+    s.failed_over_at = at(5000)  # as if an incarnation failed over again later
+    s.checkpoint = CheckpointSeen(5, at(5100), at(5100))
+    d = s.step(5100).decision
+    assert d is not None
+    assert d.plan == {"repair_in_s": 7200.0 - 2100.0, "k": 1.5}

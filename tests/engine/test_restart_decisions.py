@@ -42,12 +42,17 @@ def test_a_restarting_job_waits_and_keeps_what_breaks_meanwhile_for_its_new_life
     assert out.conn.failed_over_ranks == (3, 13)
     warned = plan_node(topo("n0", switch_name="leaf")).warnings
     assert warned and out.warnings == warned + plan_node(topo("n1", switch_name="leaf")).warnings
-    # Back again: both faults were known at the restart, so no cost question.
+    # Back again: both faults were known at the restart, so no cost question. (The
+    # service clears the restart time when the next incarnation starts.)
+    s.restart_decided_at = None
     s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
     back = s.step(1100)
     assert back.decision is not None
     assert back.decision.trigger == "replan:2026-11-01T12:18:20+00:00"
-    assert back.decision.reason == "the restarted job starts on its backups: faults still open"
+    assert back.decision.reason == (
+        "the restarted job starts on its backups: faults still open; it is not restarted "
+        "again for them"
+    )
     assert dict(back.desired.moved) == {3: "mlx5_2/1", 13: "mlx5_4/1"}
 
 
@@ -56,13 +61,17 @@ def test_a_restarted_job_starts_on_its_backups_with_the_k_and_checkpoint_it_had(
     first checkpoint: it starts on the backup (a replan, not a second restart) with the k
     decided at the restart and that checkpoint recorded as seen."""
     s = restarted()
+    s.restart_decided_at = None  # the next incarnation started
     s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
     out = s.step(1100)
     d = out.decision
     assert d is not None
     assert d.action == Action.FAILOVER
     assert d.trigger == "replan:2026-11-01T12:18:20+00:00"
-    assert d.reason == "the restarted job starts on its backups: faults still open"
+    assert d.reason == (
+        "the restarted job starts on its backups: faults still open; it is not restarted "
+        "again for them"
+    )
     assert d.fault_key is None
     assert (d.costs_s, d.costs_gpu_s, d.saved_gpu_s) == ({}, {}, 0.0)
     assert (d.inputs["t_elapsed_s"], d.inputs["k"]) == (1100.0, 1.5)
@@ -81,6 +90,7 @@ def test_a_restarted_job_keeps_the_k_of_the_restart_when_it_declares_another() -
     """The k stored with the new life is the one the restart decided on, not the job's."""
     s = restarted()
     s.job_kw = {"slowdown_k": 1.2}
+    s.restart_decided_at = None  # the next incarnation started
     s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
     out = s.step(1100)
     assert out.decision is not None and out.decision.inputs["k"] == 1.2
@@ -95,6 +105,7 @@ def test_a_restarted_job_whose_ranks_have_no_path_restarts_again_and_says_why() 
     s.faults[2] = down(2, "n0", "mlx5_2", 1000)
     s.step(1500)
     assert s.mode == Mode.RESTARTING
+    s.restart_decided_at = None  # the next incarnation started
     s.checkpoint = CheckpointSeen(9, at(1600), received_at=at(1600))
     now = at(1700)
     out = reconcile(now, s.job(), s.fabric(now), s.options)

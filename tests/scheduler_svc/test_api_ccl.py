@@ -273,10 +273,12 @@ def test_fail_back_is_nccls_port_recovery_railover_only_records_it(db_url: str) 
 
 def test_a_restart_at_checkpoint_sends_stock_nccl_no_abort(http: httpx.Client) -> None:
     register_nodes(http, ["n0"])
-    assert http.post("/v1/jobs", json=job_body("j1", ["n0"], ccl=NCCL)).status_code == 201
+    # The fault is dated a month before the service's clock: a long repair still ahead.
+    body = job_body("j1", ["n0"], ccl=NCCL, repair_estimate_s=90 * 86400)
+    assert http.post("/v1/jobs", json=body).status_code == 201
     post(http, event("n0", device="mlx5_0", after_s=3000))
     assert _decisions(http, "j1")[0]["action"] == "failover"
-    # Degraded until the repair (a day by default) costs more than a reload: restart now.
+    # Degraded until the repair costs more than a reload: restart now.
     r = http.post("/v1/jobs/j1/checkpoints", json={"at": datetime.now(UTC).isoformat()})
     assert r.status_code == 201, r.text
     assert _decisions(http, "j1")[0]["action"] == "restart"

@@ -29,9 +29,15 @@ def test_early_fault_restarts_late_fault_fails_over(http: httpx.Client) -> None:
 
     # The port comes back; the job restarted and reported a new checkpoint.
     http.post("/v1/events", json={"events": [event("n0", "port_up", after_s=1100)]})
-    http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T12:00:00Z"})
-    # The checkpoint of the new incarnation ends "restarting".
-    assert http.get("/v1/jobs/j1").json()["mode"] == "normal"
+    # A checkpoint dated before the restart decision is the aborted incarnation's: it
+    # changes nothing. The restarted job's, naming its incarnation, ends "restarting".
+    r = http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T12:00:00Z"})
+    assert (r.status_code, r.json()["current"]) == (201, False)
+    assert http.get("/v1/jobs/j1").json()["mode"] == "restarting"
+    r = http.post("/v1/jobs/j1/checkpoints", json={"at": "2026-11-01T12:00:00Z", "incarnation": 2})
+    assert r.status_code == 201, r.text
+    job = http.get("/v1/jobs/j1").json()
+    assert (job["mode"], job["incarnation"]) == ("normal", 2)
     r = http.post("/v1/events", json={"events": [event("n1", device="mlx5_3", after_s=1500)]})
     decisions = http.get("/v1/jobs/j1/decisions").json()["decisions"]
     assert [x["action"] for x in decisions] == ["failover", "restart"]

@@ -262,8 +262,10 @@ def test_early_fault_restarts_and_the_job_leaves_restarting_at_its_next_checkpoi
     s.faults[2] = down(2, "n1", "mlx5_5", 1010)
     assert s.step(1020).decision is None and s.intents[-1] == []
     assert mode(s) == Mode.RESTARTING
-    # The fleet manager restarts it; its first checkpoint is the new incarnation.
+    # The fleet manager restarts it; its first checkpoint is the new incarnation's (the
+    # service clears the restart time when it starts).
     s.faults.clear()
+    s.restart_decided_at = None
     s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
     out = s.step(1100)
     assert mode(s) == Mode.NORMAL and out.decision is None
