@@ -288,7 +288,8 @@ def test_slow_rank_past_the_trigger_gets_a_new_epoch_and_nobody_diverges(
 
 def first_epoch(cluster: Cluster) -> int:
     """The epoch of the first balance switch point (epochs count over every kind)."""
-    return min(c["epoch"] for c in cluster.commands("balance"))
+    epochs: list[int] = [c["epoch"] for c in cluster.commands("balance")]
+    return min(epochs)
 
 
 def test_command_reaches_only_the_right_node_and_its_ack_is_stored(cluster: Cluster) -> None:
