@@ -1,0 +1,130 @@
+"""What the sequence tests share: a service on a manual clock, reports, and reading it back.
+
+Both the regression tests of issue 28 (test_sequences_regressions.py) and the model-based
+test (test_sequences_model.py, benchmarks/bench_sequences_model.py) drive the service
+through its public HTTP API only, on a clock they move themselves.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from railover_testing import waiting
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+# The settings every sequence test runs under unless it says otherwise: the coordinator
+# sweeps often (its deadlines read the manual clock), damping and quiet periods are short
+# enough to pass in a few advances, and an unacknowledged command is re-issued only when a
+# test moves the clock that far on purpose.
+SERVICE: dict[str, Any] = {
+    "coordinator_interval_s": 0.05,
+    "failback_damping_s": 60,
+    "fault_quiet_s": 300,
+    "command_ack_timeout_s": 10**6,
+}
+
+LIVE = ("issued", "delivered")  # a command still on its way to, or waiting on, its ranks
+SWITCH_KINDS = ("rebalance", "failback", "balance")
+
+
+def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:
+    """One agent report on port 1 of `device`, observed at `at`."""
+    return {
+        "event_id": str(uuid.uuid4()),
+        "node": node,
+        "kind": kind,
+        "device": device,
+        "port": 1,
+        "observed_at": at.isoformat(),
+        **extra,
+    }
+
+
+def post(http: httpx.Client, *events: dict[str, Any]) -> dict[str, Any]:
+    r = http.post("/v1/events", json={"events": list(events)})
+    assert r.status_code == 202, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def get(http: httpx.Client, path: str, **params: Any) -> Any:
+    r = http.get(path, params=params)
+    assert r.status_code == 200, f"GET {path}: {r.status_code} {r.text}"
+    return r.json()
+
+
+def decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:
+    """The job's decisions, newest first."""
+    out: list[dict[str, Any]] = get(http, f"/v1/jobs/{job}/decisions", limit=1000)["decisions"]
+    return out
+
+
+def commands(
+    http: httpx.Client, job: str, kind: str | None = None, live: bool = False
+) -> list[dict[str, Any]]:
+    """The job's commands in the order they were issued (of `kind`; only live ones)."""
+    out: list[dict[str, Any]] = get(http, f"/v1/jobs/{job}/commands")["commands"]
+    return [
+        c for c in out if (kind is None or c["kind"] == kind) and (not live or c["state"] in LIVE)
+    ]
+
+
+def job(http: httpx.Client, job_id: str) -> dict[str, Any]:
+    out: dict[str, Any] = get(http, f"/v1/jobs/{job_id}")
+    return out
+
+
+def paths(http: httpx.Client, job_id: str) -> dict[str, Any]:
+    out: dict[str, Any] = get(http, f"/v1/jobs/{job_id}/paths", limit=8192)
+    return out
+
+
+def faults(http: httpx.Client, *, open_: bool = True) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = get(http, "/v1/faults", open="true" if open_ else "false")["faults"]
+    return out
+
+
+def ack(http: httpx.Client, cmd: dict[str, Any], status: str, **extra: Any) -> dict[str, Any]:
+    """The whole node answers `cmd` (as the agent aggregates its ranks' acks)."""
+    body = {"node": cmd["node"], "status": status, **extra}
+    r = http.post(f"/v1/commands/{cmd['command_id']}/acks", json=body)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def poll(http: httpx.Client, node: str) -> list[dict[str, Any]]:
+    """What the node's agent is handed now (marks them delivered)."""
+    out: list[dict[str, Any]] = get(http, f"/v1/nodes/{node}/commands")["commands"]
+    return out
+
+
+def wait_for(
+    what: str, check: Callable[[], object], detail: Callable[[], object] | None = None
+) -> None:
+    waiting.wait_for(what, check, 30, detail)
+
+
+_SWEEPS = re.compile(r'^railover_coordinator_sweeps_total\{outcome="ok"\} ([0-9.e+]+)$', re.M)
+
+
+def sweeps(http: httpx.Client) -> float:
+    """How many coordinator sweeps have run in this process (/metrics)."""
+    r = http.get("/metrics")
+    assert r.status_code == 200, r.text
+    found = _SWEEPS.search(r.text)
+    return float(found.group(1)) if found else 0.0
+
+
+def settle(http: httpx.Client) -> None:
+    """Wait until a whole coordinator sweep has run since this call: whatever the clock's
+    deadlines make it do (close cleared faults, fail back, retry commands) is done."""
+    seen = sweeps(http)
+    wait_for("two coordinator sweeps", lambda: sweeps(http) >= seen + 2)
