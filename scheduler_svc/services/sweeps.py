@@ -19,7 +19,7 @@ from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler
-from scheduler_svc.store.repositories import CoordinationRepo, JobRepo
+from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo
 from scheduler_svc.store.uow import Clock, pending_nodes, unit_of_work
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,12 @@ def retry_overdue_command(
     session: Session, command_id: int, now: datetime, settings: Settings
 ) -> None:
     """Re-issue a command nobody acknowledged; after the last attempt, fail it and reconcile."""
+    # Its job's lock first, then the command's: the order of every other writer of
+    # commands (a reconcile, a re-post, an ack supersede commands under their job's lock).
+    # Claiming the command first deadlocked with them on PostgreSQL.
+    job_id = CommandRepo(session).job_of(command_id)
+    if job_id is None or JobRepo(session).lock(job_id) is None:
+        return
     # Claimed again under its lock: another replica may have handled it meanwhile.
     for cmd in CoordinationRepo(session).overdue_commands(now, command_id=command_id):
         if commands.retry_or_fail(session, cmd, now, settings):

@@ -678,6 +678,10 @@ class CommandRepo:
     def get(self, command_id: int) -> m.Command | None:
         return self.s.get(m.Command, command_id)
 
+    def job_of(self, command_id: int) -> str | None:
+        """The job a command is for (a plain read: nothing is locked or loaded)."""
+        return self.s.scalar(select(m.Command.job_id).where(m.Command.command_id == command_id))
+
     def pending_for_node(self, node: str, include_delivered: bool = True) -> Sequence[m.Command]:
         """Commands for the node not acknowledged yet (issued, and delivered if asked)."""
         states = ["issued", "delivered"] if include_delivered else ["issued"]
