@@ -1,9 +1,8 @@
 """Issue 28, case by case: each sequence that leads the service wrong, over its HTTP API.
 
 Every test reproduces one case of the issue on a manual clock, on SQLite and PostgreSQL,
-and asserts what the service should do. A test the current code fails is marked
-xfail(strict=True) with the wrong behaviour in its reason: when the fix lands the test
-passes, strict xfail turns that into a failure, and the mark comes off.
+and asserts what the service should do (each was written failing, as a strict xfail,
+before its fix landed).
 
 Two nodes of 8 GPUs (hgx_node): rank r is GPU r % 8 of node n(r // 8); GPU g's primary is
 mlx5_g on switch rail<g>-leaf, its backup the other RNIC behind its PCIe switch (GPU 3:
@@ -103,11 +102,6 @@ def ranks_of(cmds: list[dict[str, Any]]) -> set[int]:
 # --- commands onto dead hardware -------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 1: port_down on a port with an open CQE fault leaves it ACTIVE; "
-    "the quiet period closes the fault and rank 3 fails back onto the DOWN port",
-)
 def test_case01_port_down_after_a_cqe_error_keeps_the_port_down(make: Start) -> None:
     """A CQE error (retry exceeded) on n0/mlx5_3, then port_down on the same port: the port
     is DOWN, so neither the CQE fault's quiet period nor anything else may move rank 3
@@ -134,19 +128,9 @@ def test_case01_port_down_after_a_cqe_error_keeps_the_port_down(make: Start) -> 
     [
         pytest.param(
             "up_observed_before_down",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 2: a port_up observed before the open port_down clears "
-                "its fault; after the damping rank 3 fails back onto the DOWN port",
-            ),
         ),
         pytest.param(
             "late_down_between",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 2: a late port_down observed before the port_up that "
-                "cleared its link opens a fault that never closes, and rank 3 fails over again",
-            ),
         ),
     ],
 )
@@ -186,45 +170,13 @@ def test_case02_reports_count_by_when_they_were_observed(make: Start, order: str
     assert faults(http) == []
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        pytest.param(
-            "no_communicator",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 3: with no registered communicator, FAILBACK goes to "
-                "all 16 ranks with no disabled channel, rank 13 (primary still down) included",
-            ),
-        ),
-        pytest.param(
-            "one_rail_communicator",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 3: in a one-rail communicator FAILBACK goes to both "
-                "ranks with no disabled channel, rank 11 (primary still down) included",
-            ),
-        ),
-    ],
-)
-def test_case03_partial_failback_tells_only_the_ranks_that_return(make: Start, shape: str) -> None:
-    """Two primaries fail, one comes back: the rank whose primary is still down must not be
-    told to return to it (a FAILBACK without a disabled channel says exactly that).
-
-    no_communicator: n0/mlx5_3 (rank 3) and n1/mlx5_5 (rank 13) fail; n0/mlx5_3 returns.
-    one_rail_communicator: communicator 77 of ranks 3 and 11 (both on rail 3); n0/mlx5_3
-    and n1/mlx5_3 fail; n0/mlx5_3 returns.
-    """
+def test_case03_partial_failback_tells_only_the_ranks_that_return(make: Start) -> None:
+    """No registered communicator: n0/mlx5_3 (rank 3) and n1/mlx5_5 (rank 13) fail, and
+    n0/mlx5_3 returns. Only rank 3 is told to return; rank 13 stays on its backup."""
     http, clock = make()
     register_nodes(http, ["n0", "n1"])
-    if shape == "no_communicator":
-        post_job(http, "j", ["n0", "n1"])
-        stays, stays_on = 13, "mlx5_4/1"
-        post(http, ev("n0", "port_down", T0), ev("n1", "port_down", T0, device="mlx5_5"))
-    else:
-        post_job(http, "j", ["n0", "n1"], comm={"comm_id": 77, "channels": 4, "ranks": [3, 11]})
-        stays, stays_on = 11, "mlx5_2/1"
-        post(http, ev("n0", "port_down", T0), ev("n1", "port_down", T0))
+    post_job(http, "j", ["n0", "n1"])
+    post(http, ev("n0", "port_down", T0), ev("n1", "port_down", T0, device="mlx5_5"))
     assert decisions(http, "j")[0]["action"] == "failover"
     clock.advance(10)
     post(http, ev("n0", "port_up", T0 + timedelta(seconds=10)))
@@ -232,26 +184,45 @@ def test_case03_partial_failback_tells_only_the_ranks_that_return(make: Start, s
     wait_for("the fail-back", lambda: decisions(http, "j")[0]["action"] == "failback")
     back = decisions(http, "j")[0]
     assert [r["rank"] for r in back["plan"]["returning"]] == [3]
-    assert back["plan"]["still_failed_over"] == [stays]
+    assert back["plan"]["still_failed_over"] == [13]
     told = commands(http, "j", "failback")
-    assert 3 in ranks_of(told)
-    for c in told:
-        # A rank may be told a switch point only with its own rail's channels kept off.
-        assert stays not in c["ranks"] or c["disabled_channels"], c
-    assert active(http, "j", stays) == stays_on
+    assert [(c["node"], c["ranks"]) for c in told] == [("n0", [3])]
+    assert active(http, "j", 13) == "mlx5_4/1"
     assert active(http, "j", 3) == "mlx5_3/1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 4: a failover while a FAILBACK is pending leaves that FAILBACK "
-    "live (issued and delivered), so at its op count rank 3 returns to the dead primary",
-)
+def test_case03_a_one_rail_communicator_returns_whole_or_not_at_all(make: Start) -> None:
+    """Communicator 77 of ranks 3 and 11, both on rail 3: n0/mlx5_3 and n1/mlx5_3 fail,
+    n0/mlx5_3 returns. A fail-back is one switch point for the whole communicator, and no
+    channel can keep rail 3 out of it, so it would send rank 11 back to its dead primary:
+    nobody of it returns, and no FAILBACK is sent, until rank 11's primary is back."""
+    http, clock = make()
+    register_nodes(http, ["n0", "n1"])
+    post_job(http, "j", ["n0", "n1"], comm={"comm_id": 77, "channels": 4, "ranks": [3, 11]})
+    post(http, ev("n0", "port_down", T0), ev("n1", "port_down", T0))
+    assert decisions(http, "j")[0]["action"] == "failover"
+    clock.advance(10)
+    post(http, ev("n0", "port_up", T0 + timedelta(seconds=10)))
+    clock.advance(61)
+    wait_for("n0's fault to close", lambda: len(faults(http)) == 1)
+    assert commands(http, "j", "failback") == []
+    assert [d["action"] for d in decisions(http, "j")] == ["failover"]
+    assert (active(http, "j", 3), active(http, "j", 11)) == ("mlx5_2/1", "mlx5_2/1")
+    post(http, ev("n1", "port_up", T0 + timedelta(seconds=71)))
+    clock.advance(61)
+    wait_for("the fail-back", lambda: decisions(http, "j")[0]["action"] == "failback")
+    assert [r["rank"] for r in decisions(http, "j")[0]["plan"]["returning"]] == [3, 11]
+    told = commands(http, "j", "failback")
+    assert sorted(r for c in told for r in c["ranks"]) == [3, 11]
+    assert len({(c["epoch"], c["ops_done"]) for c in told}) == 1
+    assert (active(http, "j", 3), active(http, "j", 11)) == ("mlx5_3/1", "mlx5_3/1")
+
+
 def test_case04_a_refailure_supersedes_the_pending_failback(make: Start) -> None:
-    """n0/mlx5_3 fails, comes back, the damping passes and a FAILBACK to the job's ranks is
-    issued (n0's delivered, n1's not yet). Before its op count the port fails again: the
-    FAILOVER that follows must withdraw the FAILBACK. The job registered no communicator,
-    so the failover is a FAILOVER alone, with no switch point that would supersede it."""
+    """n0/mlx5_3 fails, comes back, the damping passes and a FAILBACK to rank 3 is issued
+    and delivered. Before its op count the port fails again: the FAILOVER that follows
+    must withdraw the FAILBACK. The job registered no communicator, so the failover is a
+    FAILOVER alone, with no switch point that would supersede it."""
     http, clock = make()
     register_nodes(http, ["n0", "n1"])
     post_job(http, "j", ["n0", "n1"])
@@ -261,7 +232,7 @@ def test_case04_a_refailure_supersedes_the_pending_failback(make: Start) -> None
     clock.advance(61)
     wait_for("the fail-back", lambda: decisions(http, "j")[0]["action"] == "failback")
     pending = commands(http, "j", "failback", live=True)
-    assert {c["node"] for c in pending} == {"n0", "n1"}
+    assert [(c["node"], c["ranks"]) for c in pending] == [("n0", [3])]  # case 3: rank 3 only
     assert any(c["kind"] == "failback" for c in poll(http, "n0"))  # delivered, not applied
     clock.advance(1)
     post(http, ev("n0", "port_down", T0 + timedelta(seconds=72)))
@@ -275,11 +246,6 @@ def test_case04_a_refailure_supersedes_the_pending_failback(make: Start) -> None
     assert active(http, "j", 3) == "mlx5_2/1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 5: the inferred failure of rail3-leaf clears on the first node's "
-    "port_up, and n3 (which never reported) fails back at once, undamped, with n1 and n2 down",
-)
 def test_case05_an_inferred_switch_failure_clears_damped_once_its_evidence_is_gone(
     make: Start,
 ) -> None:
@@ -331,20 +297,9 @@ def checkpoint(http: httpx.Client, job_id: str, at: datetime, **extra: Any) -> d
     [
         pytest.param(
             "checkpoints",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 6: the next checkpoint ends restarting on the same "
-                "placement, the job fails over, and the one after restarts it again: a "
-                "restart decision every other checkpoint",
-            ),
         ),
         pytest.param(
             "repost_same_nodes",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 6: the incarnation re-posted on the same nodes starts "
-                "failed over and its next checkpoint restarts it again, and again",
-            ),
         ),
     ],
 )
@@ -390,19 +345,9 @@ def test_case06_one_restart_per_fault_and_placement(make: Start, then: str) -> N
     [
         pytest.param(
             "checkpoint_of_the_aborted_incarnation",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 7: a checkpoint taken before the restart decision ends "
-                "restarting: FAILOVERs go to the aborted processes, the re-post gets 409",
-            ),
         ),
         pytest.param(
             "aborts_of_the_ended_incarnation",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 7: ABORTs outstanding for the ended incarnation are "
-                "handed to the re-posted one on the same nodes, and re-issued under new ids",
-            ),
         ),
     ],
 )
@@ -452,11 +397,6 @@ def failovers(http: httpx.Client, n: int) -> Callable[[], bool]:
     return lambda: len(commands(http, "j", "failover")) == n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 8: n0 stays unreachable after its agent polls and acks again, "
-    "and the incarnation re-posted on n0 is restarted at once",
-)
 def test_case08_a_node_is_reachable_again_when_its_agent_polls_or_acks(make: Start) -> None:
     """n0's agent is cut off: the FAILOVER for rank 3 goes unacknowledged through all its
     attempts, n0 counts as unreachable and the job restarts. The partition heals: n0's
@@ -496,19 +436,9 @@ def restarts(http: httpx.Client, job_id: str) -> list[dict[str, Any]]:
     [
         pytest.param(
             "nvl_transit",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 9: NVL_TRANSIT refused by an ABI 1 plugin marks its node "
-                "unreachable and restarts the job, though s-Bond works",
-            ),
         ),
         pytest.param(
             "failback",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 28 case 9: a FAILBACK acked failed marks n0 unreachable and "
-                "restarts the job, though it runs fine on its backups",
-            ),
         ),
     ],
 )
@@ -605,11 +535,6 @@ def half_node_job(job_id: str, gpus: range, **kw: Any) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 10: commands carry no incarnation, only comm 0 and job-rank "
-    "numbers beside job_id; a job on exactly the GPUs of a running job is accepted (201)",
-)
 def test_case10_commands_name_their_job_and_a_second_job_cannot_take_held_gpus(
     make: Start,
 ) -> None:
@@ -655,11 +580,6 @@ def iterations(http: httpx.Client, job_id: str, seconds: float, n: int) -> dict[
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 11: each report of a measured k 3 % off the last stores a decision "
-    "(and a CloudEvent), each the same failover",
-)
 def test_case11_a_drifting_measured_k_re_decides_only_when_the_answer_changes(
     make: Start,
 ) -> None:
@@ -699,11 +619,6 @@ def switch_points(cmds: list[dict[str, Any]]) -> dict[tuple[int, int], set[tuple
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 case 12: the re-posted incarnation's switch points start again at epoch "
-    "1, so (comm 77, epoch 1) names two plans",
-)
 def test_case12_epochs_continue_across_incarnations(make: Start) -> None:
     """Incarnation 1 (communicator 77 of 16 channels) fails over with a switch point under
     epoch 1, and restarts at its next checkpoint. Incarnation 2 is posted on the same nodes
