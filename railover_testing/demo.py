@@ -216,6 +216,8 @@ def _cluster(console: Console, tmp: Path) -> Iterator[Demo]:
 
 def _act_flap(demo: Demo) -> None:
     demo.say("act 1: n0 mlx5_2 flaps for 3 seconds under job-a")
+    sim = demo.sims["job-a"]
+    seen = _newest_epoch(demo)
     before = len(demo.decisions("job-a"))
     demo.port("n0", "mlx5_2", up=False)
     d = demo.wait_decision("job-a", "failover", before)
@@ -225,6 +227,41 @@ def _act_flap(demo: Demo) -> None:
     demo.say("n0 mlx5_2 is back; the service waits out the damping period")
     d = demo.wait_decision("job-a", "failback", before + 1)
     demo.say(f"job-a: {d['action']} ({d['reason']})")
+    (op, epoch, _kind, _channels), _ = _applied_as_one(
+        demo, "the fail-back", (CommandKind.FAILBACK,), seen
+    )
+    demo.say(
+        f"all {len(sim.ranks)} ranks of job-a back on n0 mlx5_2's rail at ops_done {op} "
+        f"(epoch {epoch}), as one"
+    )
+
+
+def _applied_as_one(
+    demo: Demo, what: str, kinds: tuple[CommandKind, ...], seen: int
+) -> tuple[tuple[int, int, int, tuple[int, ...]], tuple[float, ...]]:
+    """Wait until every rank of job-a applied a command of `kinds` newer than epoch `seen`;
+    the (plan, weights) they all applied last, the same on every rank."""
+    sim = demo.sims["job-a"]
+
+    def last(rank: int) -> Applied | None:
+        done = [a for a in sim.applied().get(rank, []) if a.kind in kinds and a.epoch > seen]
+        return done[-1] if done else None
+
+    demo.wait(
+        f"job-a's ranks to apply {what} at one op count",
+        lambda: all(last(r) is not None for r in sim.ranks),
+        40,
+    )
+    plans = {(a.plan, a.weights) for a in map(last, sim.ranks) if a is not None}
+    if len(plans) != 1:
+        raise DemoError(f"job-a's ranks applied {what} at different points: {sorted(plans)}")
+    ((plan, weights),) = plans
+    return plan, weights
+
+
+def _newest_epoch(demo: Demo) -> int:
+    """The newest epoch any rank of job-a has applied."""
+    return max((a.epoch for log in demo.sims["job-a"].applied().values() for a in log), default=0)
 
 
 def _act_rnic_death(demo: Demo) -> None:
@@ -245,6 +282,7 @@ def _act_rnic_death(demo: Demo) -> None:
 
 def _act_switch(demo: Demo) -> None:
     demo.say("act 3: rail switch rail1-a fails; n0, n1, n2 notice within a second, n3 not yet")
+    seen = _newest_epoch(demo)
     for node in ("n0", "n1", "n2"):
         demo.port(node, "mlx5_1", up=False)
         time.sleep(0.3)
@@ -270,22 +308,9 @@ def _act_switch(demo: Demo) -> None:
         demo.say(f"n3 told to move rank(s) {n3[0]['ranks']} before it reported any fault")
     sim = demo.sims["job-a"]
     # The channel plan: DCR (REBALANCE) or R²CCL balance with its weights (BALANCE).
-    plan_kinds = (CommandKind.REBALANCE, CommandKind.BALANCE)
-    demo.wait(
-        "job-a's ranks to apply the new channel plan at one op count",
-        lambda: all(
-            any(a.epoch >= 2 and a.kind in plan_kinds for a in sim.applied().get(r, []))
-            for r in sim.ranks
-        ),
-        40,
+    (op, epoch, kind, channels), weights = _applied_as_one(
+        demo, "the new channel plan", (CommandKind.REBALANCE, CommandKind.BALANCE), seen
     )
-    last = {
-        r: next(a for a in reversed(sim.applied()[r]) if a.kind in plan_kinds) for r in sim.ranks
-    }
-    plans = {(a.plan, a.weights) for a in last.values()}
-    if len(plans) != 1:
-        raise DemoError(f"job-a's ranks applied different plans: {sorted(plans)}")
-    (((op, epoch, kind, channels), weights),) = plans
     if kind == CommandKind.BALANCE:
         shares = sorted({round(w, 4) for w in weights})
         demo.say(
@@ -302,7 +327,7 @@ def _act_switch(demo: Demo) -> None:
 
 def _act_maintenance(demo: Demo) -> None:
     sim = demo.sims["job-a"]
-    seen = max((a.epoch for log in sim.applied().values() for a in log), default=0)
+    seen = _newest_epoch(demo)
     # Its lead time begins a second from now, so the ranks have the whole lead time to move
     # before it opens, even on a machine busy enough that a decision takes seconds.
     start = datetime.now(UTC) + timedelta(seconds=SERVICE["maintenance_lead_s"] + 1.0)
@@ -335,18 +360,9 @@ def _act_maintenance(demo: Demo) -> None:
     d = demo.wait_decision("job-a", "failback", before + 1)
     demo.say(f"job-a: {d['action']} after the window and the damping ({d['reason']})")
 
-    def failback(rank: int) -> Applied | None:
-        done = [a for a in sim.applied().get(rank, []) if a.kind == CommandKind.FAILBACK]
-        return done[-1] if done and done[-1].epoch > seen else None
-
-    demo.wait(
-        "job-a's ranks to apply the fail-back at one op count",
-        lambda: all(failback(r) is not None for r in sim.ranks),
+    (op, epoch, _kind, channels), _ = _applied_as_one(
+        demo, "the fail-back", (CommandKind.FAILBACK,), seen
     )
-    plans = {p.plan for p in map(failback, sim.ranks) if p is not None}
-    if len(plans) != 1:
-        raise DemoError(f"job-a's ranks failed back at different points: {sorted(plans)}")
-    ((op, epoch, _kind, channels),) = plans
     demo.say(
         f"all {len(sim.ranks)} ranks of job-a back on rail2-a at ops_done {op} (epoch {epoch}), "
         f"as one; channels {list(channels)} stay off while rail1-a is down"

@@ -925,6 +925,11 @@ class CommandOut(BaseModel):
         default=None, description="nvl_transit: GPU memory a transit GPU gives one channel, MB"
     )
     ranks: list[int]
+    returning: list[int] | None = Field(
+        default=None,
+        description="failback: the ranks it returns to their primary; the others it names "
+        "(every rank of the communicator at its switch point) keep their paths",
+    )
     state: CommandState
     created_at: datetime
     iteration: int | None = Field(

@@ -1336,6 +1336,8 @@ class Intent:
     # NVL_TRANSIT: (rank, transit GPU) for each of `ranks`.
     transit: tuple[tuple[int, int], ...] = ()
     iteration: int | None = None  # CHECKPOINT_NOW: the checkpoint must be newer than this
+    # FAILBACK: the ranks it returns to their primary (`ranks` is every member it tells).
+    returning: tuple[int, ...] = ()
 
     @property
     def coordinated(self) -> bool:
@@ -1385,7 +1387,10 @@ def command_diff(
             # No registered communicator: no channel plan to agree on, so each rank is told
             # its own return; a rank whose primary is still failed is told nothing.
             if returning:
-                intents.append(Intent(IntentKind.FAILBACK, cid, tuple(sorted(returning)), now))
+                back_ranks = tuple(sorted(returning))
+                intents.append(
+                    Intent(IntentKind.FAILBACK, cid, back_ranks, now, returning=back_ranks)
+                )
             continue
         weights = tuple(desired.weights.get(cid, ()))
         split = desired.split.get(cid, 0.0)
@@ -1394,7 +1399,15 @@ def command_diff(
             split,
         ) != (tuple(commanded.weights.get(cid, ())), commanded.split.get(cid, 0.0))
         if returning:
-            intents.append(Intent(IntentKind.FAILBACK, cid, _sorted(members, index, k), now))
+            intents.append(
+                Intent(
+                    IntentKind.FAILBACK,
+                    cid,
+                    _sorted(members, index, k),
+                    now,
+                    returning=tuple(sorted(returning)),
+                )
+            )
         elif plan_changed and weights:
             intents.append(
                 Intent(

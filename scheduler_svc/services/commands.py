@@ -94,6 +94,7 @@ def issue(
                 disabled_channels=list(intent.disabled_channels),
                 channel_weights=list(intent.weights),
                 split_ratio=intent.split_ratio if intent.weights else None,
+                returning=list(intent.returning) if intent.kind == IntentKind.FAILBACK else None,
                 decision_id=decision_id,
                 now=now,
                 settings=settings,
@@ -119,6 +120,7 @@ def issue(
                 epoch=epoch,
                 comm_id=intent.comm_id,
                 ranks=sorted(ranks),
+                returning=sorted(ranks) if intent.kind == IntentKind.FAILBACK else None,
                 disabled_channels=[],
                 # NVL_TRANSIT: each node is told its own ranks' transit GPUs.
                 transit=[[r, transit[r]] for r in sorted(ranks) if r in transit],
@@ -160,12 +162,14 @@ def switch_point(
     decision_id: str | None,
     channel_weights: list[float] | None = None,
     split_ratio: float | None = None,
+    returning: list[int] | None = None,
     now: datetime,
     settings: Settings,
     passed_ops: int = 0,
 ) -> list[m.Command]:
     """One trigger for every rank of a communicator, under a new epoch, superseding older ones.
 
+    `returning` (FAILBACK) names the ranks it returns to their primary, on every row.
     `passed_ops` is an op count some rank is known to have passed (a trigger it
     reported too late for): the new trigger counts from it even when the stored
     progress, a poll or two old, is still below it.
@@ -208,6 +212,7 @@ def switch_point(
             channel_weights=list(channel_weights or []),
             split_ratio=split_ratio,
             ranks=sorted(rs),
+            returning=None if returning is None else sorted(returning),
             created_at=now,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
             incarnation=job.incarnation,
@@ -258,11 +263,14 @@ def overtake_returns(
     out = []
     for (comm_id, epoch), cmds in sorted(groups.items()):
         ranks = {r for c in cmds for r in c.ranks}
-        if not ranks & staying or any(c.state not in WAITING for c in cmds):
+        live = [c for c in cmds if c.state in WAITING]  # a retry supersedes its first try
+        settled = any(c.state in (CommandState.APPLIED, CommandState.FAILED) for c in cmds)
+        if not live or settled or not ranks & staying:
             continue
-        for c in cmds:
+        for c in live:
             transition(session, c, CommandState.SUPERSEDED, now)
-        returning = _returning(session, cmds) & ranks
+        said = returning_of(session, cmds)
+        returning = ranks if said is None else said & ranks  # unsaid: all it named
         out.append(Overtaken(comm_id, epoch, tuple(sorted(ranks)), tuple(sorted(returning))))
         log.info(
             "job %s: a failover overtook the fail-back of comm %d (epoch %d): superseded",
@@ -273,12 +281,15 @@ def overtake_returns(
     return out
 
 
-def _returning(session: Session, cmds: Sequence[m.Command]) -> set[int]:
-    """The ranks a fail-back returned: as its decision recorded them, else all it named."""
+def returning_of(session: Session, cmds: Sequence[m.Command]) -> set[int] | None:
+    """The ranks a fail-back's rows return to their primary: as the rows say; on rows older
+    than that column, as its decision recorded them; None when nothing says."""
+    if cmds[0].returning is not None:
+        return set(cmds[0].returning)
     decision_id = cmds[0].decision_id
     decision = None if decision_id is None else session.get(m.Decision, decision_id)
     if decision is None or "returning" not in (decision.plan or {}):
-        return {r for c in cmds for r in c.ranks}
+        return None
     return {int(r["rank"]) for r in decision.plan["returning"]}
 
 
@@ -334,6 +345,7 @@ def retrigger(
         disabled_channels=list(cmd.disabled_channels),
         channel_weights=list(cmd.channel_weights),
         split_ratio=cmd.split_ratio,
+        returning=None if cmd.returning is None else list(cmd.returning),
         decision_id=cmd.decision_id,
         now=now,
         settings=settings,
@@ -362,6 +374,7 @@ def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Set
             transit=[list(t) for t in cmd.transit],
             transit_mb_per_channel=cmd.transit_mb_per_channel,
             ranks=list(cmd.ranks),
+            returning=None if cmd.returning is None else list(cmd.returning),
             created_at=now,
             attempt=cmd.attempt + 1,
             ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),

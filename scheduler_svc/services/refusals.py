@@ -35,7 +35,7 @@ from scheduler_svc.engine.reconcile import Desired, HeldBack
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import CommandKind, CommandState
-from scheduler_svc.store.repositories import CoordinationRepo, DecisionRepo
+from scheduler_svc.store.repositories import CoordinationRepo
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +95,7 @@ def _failback(
     for other in siblings:
         commands.transition(session, other, CommandState.SUPERSEDED, now)
     members = {r for c in siblings for r in c.ranks}
-    decision = None if cmd.decision_id is None else DecisionRepo(session).get(cmd.decision_id)
-    returning = [] if decision is None else decision.plan.get("returning") or []
-    ranks = tuple(sorted({int(x["rank"]) for x in returning} & members))
+    ranks = tuple(sorted((commands.returning_of(session, siblings or [cmd]) or set()) & members))
     if not ranks:
         return  # no record of who was returning: nobody to hold
     desired = Desired.from_json(job.desired)

@@ -396,6 +396,9 @@ class Command(Base):
     transit: Mapped[list[list[int]]] = mapped_column(JSON, default=list)
     transit_mb_per_channel: Mapped[int | None] = mapped_column(Integer)
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # FAILBACK: the ranks it returns to their primary (a switch point names every rank of
+    # its communicator, most of which were never off it). Null on rows older than 0012.
+    returning: Mapped[list[int] | None] = mapped_column("returning_ranks", JSON)
     state: Mapped[str] = mapped_column(String(16), default="issued")
     created_at: Mapped[datetime]
     delivered_at: Mapped[datetime | None]

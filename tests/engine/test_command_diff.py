@@ -98,9 +98,9 @@ def test_returning_ranks_fail_back_with_the_channels_still_off() -> None:
     commanded = Desired(mode=FAILED_OVER, moved={0: "m/1", 2: "m/2"}, disabled={6: (1, 3)})
     desired = Desired(mode=FAILED_OVER, moved={2: "m/2"}, disabled={6: (3,)})
     assert command_diff(commanded, desired, TWO) == [
-        Intent(IntentKind.FAILBACK, 5, (0, 1), ()),
-        Intent(IntentKind.FAILBACK, 6, (0, 1, 2, 3), (3,)),
-    ]
+        Intent(IntentKind.FAILBACK, 5, (0, 1), (), returning=(0,)),
+        Intent(IntentKind.FAILBACK, 6, (0, 1, 2, 3), (3,), returning=(0,)),
+    ]  # each switch point tells all its members; it returns rank 0 alone
 
 
 def test_a_job_without_communicators_gets_moves_and_failback_only() -> None:
@@ -110,7 +110,7 @@ def test_a_job_without_communicators_gets_moves_and_failback_only() -> None:
     # Only the rank that returns is told to (issue 28, case 3): rank 1's primary is down.
     assert command_diff(commanded, desired, bare) == [
         Intent(IntentKind.FAILOVER, 0, (1,)),
-        Intent(IntentKind.FAILBACK, 0, (0,), (1,)),
+        Intent(IntentKind.FAILBACK, 0, (0,), (1,), returning=(0,)),
     ]
     # A plan change alone has no switch point to go with.
     plan_only = Desired(mode=FAILED_OVER, disabled={0: (1,)})
@@ -184,6 +184,6 @@ def test_the_jobs_index_gives_the_same_commands_and_another_jobs_index_is_ignore
         Intent(IntentKind.REBALANCE, 6, (0, 1, 2, 3), (1,)),
     ]
     assert command_diff(cases[4][0], cases[4][1], job(), indexed(other_comms)) == [
-        Intent(IntentKind.FAILBACK, 0, (0,), ()),
+        Intent(IntentKind.FAILBACK, 0, (0,), (), returning=(0,)),
         Intent(IntentKind.CHECKPOINT_NOW, 0, ALL, iteration=3),
     ]

@@ -246,6 +246,46 @@ def test_case04_a_refailure_supersedes_the_pending_failback(make: Start) -> None
     assert active(http, "j", 3) == "mlx5_2/1"
 
 
+def test_case04_a_failover_elsewhere_keeps_the_pending_return(make: Start) -> None:
+    """The communicator's fail-back of rank 3 is on its way (its switch point names all 16
+    ranks; it returns rank 3 alone) when mlx5_1 fails on n0, then on n1. Each failover
+    overtakes the fail-back; what replaces it still returns rank 3, moves ranks 1 and 9,
+    and keeps rail 1's channels off: nobody else is taken for returning, and nothing
+    is issued again once the evidence stops changing."""
+    http, clock = make()
+    register_nodes(http, ["n0", "n1"])
+    post_job(http, "j", ["n0", "n1"], comm=COMM)
+    post(http, ev("n0", "port_down", T0))
+    clock.advance(10)
+    post(http, ev("n0", "port_up", T0 + timedelta(seconds=10)))
+    clock.advance(61)
+    wait_for("the fail-back", lambda: decisions(http, "j")[0]["action"] == "failback")
+    (first,) = {c["epoch"] for c in commands(http, "j", "failback", live=True)}
+    for c in commands(http, "j", "failover", live=True):
+        ack(http, c, "applied")  # rank 3 is on its backup
+    for at, node in ((72, "n0"), (73, "n1")):
+        clock.advance(1)
+        post(http, ev(node, "port_down", T0 + timedelta(seconds=at), device="mlx5_1"))
+    settle(http)
+    issued = len(commands(http, "j"))
+    live = commands(http, "j", live=True)
+    assert sorted((c["node"], c["ranks"]) for c in live if c["kind"] == "failover") == [
+        ("n0", [1]),
+        ("n1", [9]),
+    ]
+    backs = [c for c in live if c["kind"] == "failback"]
+    assert sorted(c["node"] for c in backs) == ["n0", "n1"]
+    assert {c["epoch"] for c in backs} != {first}  # the first was overtaken
+    assert all(c["returning"] == [3] for c in backs)
+    # 16 channels on 8 rails: rail 1 carries channels 1 and 9.
+    assert all(c["disabled_channels"] == [1, 9] for c in backs)
+    assert active(http, "j", 1) == "mlx5_0/1"
+    assert active(http, "j", 9) == "mlx5_0/1"
+    clock.advance(1)
+    settle(http)
+    assert len(commands(http, "j")) == issued
+
+
 def test_case05_an_inferred_switch_failure_clears_damped_once_its_evidence_is_gone(
     make: Start,
 ) -> None:

@@ -5,6 +5,8 @@ than the newest one known for a port changes nothing but the history.
 jobs.incarnation: the job's current incarnation, started by a fleet manager's re-post.
 commands.incarnation and checkpoints.incarnation: the incarnation a command is for and
 a checkpoint came from (null on a checkpoint that did not say).
+commands.returning_ranks: the ranks a FAILBACK returns to their primary, of the many its
+switch point names (null on other kinds and on older rows).
 
 Revision ID: 0012
 Revises: 0011
@@ -35,12 +37,14 @@ def upgrade() -> None:
         sa.Column("incarnation", sa.Integer(), nullable=False, server_default=sa.text("1")),
     )
     op.add_column("checkpoints", sa.Column("incarnation", sa.Integer(), nullable=True))
+    op.add_column("commands", sa.Column("returning_ranks", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("checkpoints", schema=None) as batch_op:
         batch_op.drop_column("incarnation")
     with op.batch_alter_table("commands", schema=None) as batch_op:
+        batch_op.drop_column("returning_ranks")
         batch_op.drop_column("incarnation")
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_column("incarnation")
