@@ -600,6 +600,21 @@ def _reconcile_paths(
     # 1. Something new broke a path this job uses (or left some GPU without any): decide
     #    by the cost model, at the time the earliest new evidence appeared.
     if isolated or newly_moved:
+        # Evidence the job was already restarted for, and nothing new: the fleet manager
+        # placed it back on that hardware. A restart would land it there again, so it runs
+        # on what is left, says so once, and is not restarted for that evidence again.
+        restarted_for_it = isolated and not new and bool(keys) and keys <= prev.restarted_for
+        if restarted_for_it and not (new_life or newly_moved or returning):
+            return Reconciled(base, None, conn, warnings)  # said already: nothing changed
+        if restarted_for_it:
+            return _failover(
+                p,
+                base,
+                moved,
+                note="the restarted job resumes on the faults it was restarted for, "
+                f"{len(conn.isolated_ranks)} rank(s) without a usable path: it is not "
+                "restarted again for them (place it without the faulty node)",
+            )
         if not new and not isolated:
             # Paths moved without new evidence (a plan changed under re-registration, or a
             # restarted job starts on the paths its open faults leave): no cost question.

@@ -304,12 +304,13 @@ def reconcile_job(
         row = record_decision(session, job, out.decision, now)
     was = Mode(job.mode)
     desired = out.desired
-    if was == Mode.RESTARTING and desired.mode != Mode.RESTARTING:
-        # The new incarnation's processes have been told nothing yet.
+    if was == Mode.RESTARTING and job.restart_decided_at is None:
+        # The next incarnation started: its processes have been told nothing yet, and it
+        # runs from the start (a restart decided for it now aborts it, not the last one).
         job.commanded = Desired().to_json()
-        job.restart_decided_at = None
         job.failed_over_at = None
         job.measured_k = None
+        was = Mode.NORMAL
     if desired.mode == Mode.FAILED_OVER and was != Mode.FAILED_OVER:
         job.failed_over_at = now
     elif desired.mode == Mode.RESTARTING and was != Mode.RESTARTING:

@@ -97,14 +97,43 @@ def test_a_restarted_job_keeps_the_k_of_the_restart_when_it_declares_another() -
     assert out.desired.k == 1.5
 
 
-def test_a_restarted_job_whose_ranks_have_no_path_restarts_again_and_says_why() -> None:
-    """Faults open since before the restart leave ranks 2 and 3 without any path: the
-    restarted job resumes with them, and the cost model restarts it again, timed now."""
+def test_a_job_placed_back_without_a_path_is_not_restarted_again_and_says_why() -> None:
+    """Faults open since before the restart leave ranks 2 and 3 without any path, and the
+    next incarnation is placed back on them: a restart would land it there again, so it
+    runs on what is left, with one decision saying so (issue 28: one restart per
+    evidence per placement)."""
     s = Story(["n0", "n1"])
     s.faults[1] = down(1, "n0", "mlx5_3", 1000)
     s.faults[2] = down(2, "n0", "mlx5_2", 1000)
     s.step(1500)
     assert s.mode == Mode.RESTARTING
+    s.restart_decided_at = None  # the next incarnation started
+    s.checkpoint = CheckpointSeen(9, at(1600), received_at=at(1600))
+    out = s.step(1700)
+    d = out.decision
+    assert d is not None
+    assert (d.action, d.trigger) == (Action.FAILOVER, "replan:2026-11-01T12:28:20+00:00")
+    assert d.reason == (
+        "the restarted job resumes on the faults it was restarted for, 2 rank(s) without a "
+        "usable path: it is not restarted again for them (place it without the faulty node)"
+    )
+    assert out.desired.mode == Mode.FAILED_OVER
+    # The same evidence on the next passes: nothing more to say.
+    again = s.step(1800)
+    assert (again.decision, again.desired.mode) == (None, Mode.FAILED_OVER)
+
+
+def test_a_restarted_job_without_a_path_for_new_evidence_restarts_again_and_says_why() -> None:
+    """Ranks 2 and 3 lost both RNICs after the restart was decided: the restarted job
+    resumes without a path for evidence it was not restarted for, and the cost model
+    restarts it again, timed now."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_4", 1000)  # ranks 3 and 5: GPU 3's backup is fine
+    s.step(1500)
+    assert s.mode == Mode.RESTARTING
+    s.faults[3] = down(3, "n0", "mlx5_2", 1550)
+    s.step(1560)  # while restarting: known, decided nothing
     s.restart_decided_at = None  # the next incarnation started
     s.checkpoint = CheckpointSeen(9, at(1600), received_at=at(1600))
     now = at(1700)
@@ -114,7 +143,7 @@ def test_a_restarted_job_whose_ranks_have_no_path_restarts_again_and_says_why() 
     assert d.action == Action.RESTART
     assert d.trigger == "state:2026-11-01T12:28:20+00:00"
     assert d.fault_key is None
-    assert d.reason == "the restarted job resumes with faults still open: " + ISOLATED
+    assert d.reason.startswith("the restarted job resumes with faults still open: ")
     assert d.inputs["t_elapsed_s"] == 1700.0
     assert out.desired.mode == Mode.RESTARTING
     assert out.desired.moved == {}

@@ -437,6 +437,91 @@ def failovers(http: httpx.Client, n: int) -> Callable[[], bool]:
     return lambda: len(commands(http, "j", "failover")) == n
 
 
+FOUR = ["n0", "n1", "n2", "n3"]
+
+
+def repost(http: httpx.Client, nodes: list[str]) -> dict[str, Any]:
+    """The fleet manager starts the restarted job again, on `nodes`."""
+    return post_job(http, "j", nodes, comm=COMM)
+
+
+def restarted_without_a_path(http: httpx.Client) -> None:
+    """rail3-leaf fails (n0, n2 and n3 report mlx5_3 down; n1 does not), then n0's backup
+    for GPU 3, mlx5_2, exceeds its retries: rank 3 has no path left, so the job restarts."""
+    register_nodes(http, FOUR)
+    post_job(http, "j", FOUR, comm=COMM)
+    post(http, *(ev(n, "port_down", T0) for n in ("n0", "n2", "n3")))
+    post(http, ev("n0", "cqe_error", T0 + timedelta(seconds=1), device="mlx5_2", wc_status=12))
+    assert [d["action"] for d in decisions(http, "j")] == ["restart", "failover"]
+
+
+def test_case06_back_on_the_hardware_it_was_restarted_for_the_job_is_not_restarted_again(
+    make: Start,
+) -> None:
+    """Placed back on the same four nodes, rank 3 still has no path: the new incarnation
+    runs on what is left with one decision saying so, and the reports that follow (the
+    same evidence, again and again) restart it no more."""
+    http, clock = make()
+    restarted_without_a_path(http)
+    clock.advance(5)
+    assert repost(http, FOUR)["incarnation"] == 2
+    after = decisions(http, "j")
+    assert [d["action"] for d in after] == ["failover", "restart", "failover"]
+    assert "not restarted again" in after[0]["reason"]
+    assert job(http, "j")["mode"] == "failed_over"
+    for i in range(3):
+        clock.advance(1)
+        at = T0 + timedelta(seconds=7 + i)
+        post(http, ev("n0", "cqe_error", at, device="mlx5_2", wc_status=12))
+    settle(http)
+    assert len(decisions(http, "j")) == 3
+    assert commands(http, "j", "abort", live=True) == []
+
+
+def test_case06_a_failover_refused_restarts_once_and_the_reposted_job_runs_on(
+    make: Start,
+) -> None:
+    """rail2-leaf fails, inferred from n1-n3; n0 (which never reported) refuses its
+    FAILOVER. That restarts the job (n0 counts unreachable); the re-post on the same
+    nodes is not restarted again for it, and its processes are told what to do."""
+    http, clock = make()
+    register_nodes(http, FOUR)
+    post_job(http, "j", FOUR, comm=COMM)
+    post(http, *(ev(n, "port_down", T0, device="mlx5_2") for n in FOUR[1:]))
+    (refused,) = [c for c in commands(http, "j", "failover", live=True) if c["node"] == "n0"]
+    ack(http, refused, "failed", detail="plugin ABI 1")
+    assert [d["action"] for d in decisions(http, "j")] == ["restart", "failover"]
+    clock.advance(5)
+    repost(http, FOUR)
+    assert [d["action"] for d in decisions(http, "j")] == ["failover", "restart", "failover"]
+    told = commands(http, "j", live=True)
+    assert told and {c["incarnation"] for c in told} == {2}
+    assert {c["kind"] for c in told} == {"failover"}
+    settle(http)
+    assert len(decisions(http, "j")) == 3
+
+
+def test_case07_a_restart_of_the_next_incarnation_aborts_its_own_processes(
+    make: Start,
+) -> None:
+    """While the job restarts, n1's GPU 3 loses both its RNICs. The re-post lands on
+    three old nodes and a spare, n1 among them: the new incarnation has no path for rank
+    11 and restarts at once, and the ABORTs go to its processes, incarnation 2."""
+    http, clock = make()
+    restarted_without_a_path(http)
+    register_nodes(http, ["n4"])
+    clock.advance(1)
+    at = T0 + timedelta(seconds=2)
+    post(http, ev("n1", "port_down", at), ev("n1", "port_down", at, device="mlx5_2"))
+    clock.advance(5)
+    repost(http, ["n4", "n1", "n2", "n3"])
+    assert [d["action"] for d in decisions(http, "j")] == ["restart", "restart", "failover"]
+    assert job(http, "j")["mode"] == "restarting"
+    aborts = commands(http, "j", "abort", live=True)
+    assert sorted(c["node"] for c in aborts) == ["n1", "n2", "n3", "n4"]
+    assert {c["incarnation"] for c in aborts} == {2}
+
+
 def test_case08_a_node_is_reachable_again_when_its_agent_polls_or_acks(make: Start) -> None:
     """n0's agent is cut off: the FAILOVER for rank 3 goes unacknowledged through all its
     attempts, n0 counts as unreachable and the job restarts. The partition heals: n0's
