@@ -106,6 +106,8 @@ class Desired:
     # kept until the job restarts: comm_id -> why its ranks run s-Bond, never NVL transit;
     # and fail-backs refused, each tried again Options.failback_retry_s after it.
     no_transit: Mapping[int, str] = field(default_factory=dict)
+    # comm_id -> why its ranks refused channel weights: its plans are DCR, never BALANCE.
+    no_balance: Mapping[int, str] = field(default_factory=dict)
     held: tuple[HeldBack, ...] = ()
     # Evidence a restart was decided for; kept across incarnations, so the same evidence
     # restarts a job once: an incarnation placed back on it runs failed over.
@@ -155,6 +157,8 @@ class Desired:
         out: dict[str, Any] = {}
         if self.no_transit:
             out["no_transit"] = {str(c): why for c, why in sorted(self.no_transit.items())}
+        if self.no_balance:
+            out["no_balance"] = {str(c): why for c, why in sorted(self.no_balance.items())}
         if self.held:
             out["held"] = [
                 {
@@ -192,6 +196,7 @@ class Desired:
             },
             checkpoint_after=data.get("checkpoint_after"),
             no_transit={int(c): str(why) for c, why in (data.get("no_transit") or {}).items()},
+            no_balance={int(c): str(why) for c, why in (data.get("no_balance") or {}).items()},
             held=tuple(
                 HeldBack(
                     int(h["comm_id"]),
@@ -484,12 +489,18 @@ def _with_refusals(
     """The refusals carried into the desired state (dropped at a restart), and a decision
     that only follows one of them told as such."""
     desired = out.desired
+    no_balance = {} if job.mode == Mode.RESTARTING else job.previous.no_balance
     if desired.mode == Mode.RESTARTING:
-        no_transit, held = {}, ()
+        no_transit, held, no_balance = {}, (), {}
     note = _refusal_note(out, job, no_transit, held, options)
-    if dict(desired.no_transit) == dict(no_transit) and desired.held == held and note is None:
+    if (
+        dict(desired.no_transit) == dict(no_transit)
+        and dict(desired.no_balance) == dict(no_balance)
+        and desired.held == held
+        and note is None
+    ):
         return out
-    desired = replace(desired, no_transit=dict(no_transit), held=held)
+    desired = replace(desired, no_transit=dict(no_transit), no_balance=dict(no_balance), held=held)
     if note is None or out.decision is None:
         return replace(out, desired=desired)
     trigger, reason = note
@@ -521,6 +532,16 @@ def _refusal_note(
                     f"fail-back refused ({h.why or 'no detail'}): {len(kept)} rank(s) of "
                     f"communicator {h.comm_id} stay on their backup; it is tried again at "
                     f"{(h.since + retry).isoformat()}",
+                )
+            )
+    for c, why in sorted(prev.no_balance.items()):
+        if prev.weights.get(c) and not desired.weights.get(c):
+            notes.append(
+                (
+                    f"refused:balance:{c}",
+                    f"channel weights refused by communicator {c}'s ranks ({why}): they "
+                    "run the DCR plan, its channels on failed rails off, and are not asked "
+                    "for weights again",
                 )
             )
     nvl = coord.Mitigation.NVL.value
@@ -1131,6 +1152,7 @@ def plan_mitigations(
     by_rank: dict[int, RankRoute] = {}
     share = job.comm_share if job.comm_share is not None else 0.3
     no_transit = {} if job.mode == Mode.RESTARTING else job.previous.no_transit
+    no_balance = {} if job.mode == Mode.RESTARTING else job.previous.no_balance
     for k, comm in enumerate(comms):
         if index is not None and index.comms[k].unique and index.comms[k].comm_id == comm.comm_id:
             seen = _members_indexed(conn, index, index.comms[k])
@@ -1176,7 +1198,7 @@ def plan_mitigations(
         chosen = plan.chosen.mitigation
         weights: tuple[float, ...] = ()
         split = 0.0
-        if chosen == coord.Mitigation.BALANCE:
+        if chosen == coord.Mitigation.BALANCE and comm.comm_id not in no_balance:
             # Where each rail of the worst node sends now: its primary, or its backup.
             out_of = {r.rail: r.active for r in at_worst}
             weights = channel_weights(

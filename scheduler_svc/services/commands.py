@@ -194,7 +194,11 @@ def switch_point(
         safety=settings.switch_safety,
     )
     for old in repo.comm_commands(job.job_id, comm_id, SWITCH_KINDS, WAITING):
-        transition(session, old, CommandState.SUPERSEDED, now)
+        # What this switch point covers: a registered communicator's switch points all
+        # name every member; a job without one is told its fail-backs rank by rank, and
+        # one rank's leaves another's standing.
+        if members.issuperset(old.ranks):
+            transition(session, old, CommandState.SUPERSEDED, now)
     by_node: dict[str, list[int]] = {}
     for r in ranks:
         if r in rank_nodes:

@@ -1,6 +1,6 @@
 """Optional mitigations the ranks refused: the job falls back, it is never restarted for it.
 
-An NVL transit or a fail-back acknowledged `failed` says the ranks cannot take that
+An NVL transit, channel weights or a fail-back acknowledged `failed` says the ranks cannot take that
 mitigation, not that their traffic cannot move: they still run what they ran before it,
 s-Bond on their backups. So the refusal is recorded in the job's desired state, where
 reconcile reads it (engine.reconcile.refusals), never as evidence against the node:
@@ -16,8 +16,13 @@ reconcile reads it (engine.reconcile.refusals), never as evidence against the no
   (RAILOVER_FAILBACK_DAMPING_S) has passed: reconcile_job leaves the job due then, and
   the coordinator's sweep reconciles it.
 
-FAILOVER and REBALANCE/BALANCE failures keep their meaning (acks.cannot_move), as do an
-ABORT's and a CHECKPOINT_NOW's (nothing more).
+- BALANCE refused (a plugin that rejects the weights): the switch point is withdrawn on
+  every node, and the communicator runs the DCR plan instead (a REBALANCE with the same
+  disabled channels, sent at once), and is not asked for weights again until the job
+  restarts.
+
+FAILOVER and REBALANCE failures keep their meaning (acks.cannot_move), as do an ABORT's
+and a CHECKPOINT_NOW's (nothing more).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from scheduler_svc.store.repositories import CoordinationRepo
 log = logging.getLogger(__name__)
 
 # Kinds whose failure is a refusal to fall back from, not a node that cannot move.
-OPTIONAL = (CommandKind.NVL_TRANSIT, CommandKind.FAILBACK)
+OPTIONAL = (CommandKind.NVL_TRANSIT, CommandKind.FAILBACK, CommandKind.BALANCE)
 
 
 def refused(
@@ -55,6 +60,8 @@ def refused(
     """Ranks refused `cmd` (one of OPTIONAL, failed now): record it, reconcile the locked job."""
     if cmd.kind == CommandKind.NVL_TRANSIT:
         _transit(session, job, cmd, why, now)
+    elif cmd.kind == CommandKind.BALANCE:
+        _balance(session, job, cmd, why, now)
     else:
         _failback(session, job, cmd, why, now=now, settings=settings)
     metrics.MITIGATIONS_REFUSED.labels(kind=cmd.kind).inc()
@@ -74,6 +81,19 @@ def _transit(session: Session, job: m.Job, cmd: m.Command, why: str, now: dateti
             ranks |= set(other.ranks)
     told = engine.transit_refused(Desired.from_json(job.commanded), cmd.comm_id, ranks)
     job.commanded = told.to_json()
+
+
+def _balance(session: Session, job: m.Job, cmd: m.Command, why: str, now: datetime) -> None:
+    """The switch point is off on every node (none applies a plan some refused); the
+    communicator's next plan, sent at once, is its DCR plan."""
+    desired = Desired.from_json(job.desired)
+    job.desired = replace(desired, no_balance={**desired.no_balance, cmd.comm_id: why}).to_json()
+    kinds = [CommandKind.BALANCE.value]
+    for other in CoordinationRepo(session).comm_commands(
+        job.job_id, cmd.comm_id, kinds, commands.WAITING
+    ):
+        if other.epoch == cmd.epoch:
+            commands.transition(session, other, CommandState.SUPERSEDED, now)
 
 
 def _failback(
