@@ -6,8 +6,10 @@ RAILOVER_SEQUENCES_EXAMPLES (default 8) sequences of RAILOVER_SEQUENCES_STEPS (d
 steps each, derandomized: the same sequences on every run.
 
 The whole machine finds what test_sequences_model_findings.py reproduces, so it is a
-strict xfail naming them until they are fixed; the machine without those sequences
-(FindingsLeftOut) must pass.
+strict xfail naming them until they are fixed; the machine without the sequences of
+findings 1 and 2 (FindingsLeftOut) must pass on these sequences. Finding 3 needs only
+commands left unanswered past their deadline, which FindingsLeftOut keeps: the long
+profile meets it, these sequences do not.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def test_random_sequences_keep_the_invariants(db_url: str) -> None:
     strict=True,
     raises=AssertionError,
     reason="the model's findings: test_sequences_model_findings.py::"
-    "test_a_new_incarnation_restarted_at_once_is_sent_its_aborts and "
-    "::test_a_refused_balance_falls_back_to_s_bond_without_a_restart",
+    "test_a_new_incarnation_restarted_at_once_is_sent_its_aborts, "
+    "::test_a_refused_balance_falls_back_to_s_bond_without_a_restart and "
+    "::test_an_unanswered_failover_is_not_left_to_outlive_its_failback",
 )
 def test_random_sequences_with_the_findings_keep_the_invariants(db_url: str) -> None:
     run(SequencesMachine, db_url, shrink=False)  # its falsifying example is not news
