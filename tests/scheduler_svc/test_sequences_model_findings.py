@@ -1,0 +1,177 @@
+"""What the model-based test of issue 28 found (sequences_machine.py), each minimised to a
+short sequence over the HTTP API, on a manual clock, on SQLite and PostgreSQL.
+
+Each is a strict xfail until its fix lands: the test states what the service should do.
+Two nodes of 8 GPUs (hgx_node): rank r is GPU r % 8 of node n(r // 8) unless said
+otherwise; GPU g's primary is mlx5_g, its backup the other RNIC behind its PCIe switch
+(GPU 3: mlx5_2, GPU 6: mlx5_7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from railover_testing.local import ManualClock
+from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.sequences import (
+    SERVICE,
+    T0,
+    ack,
+    commands,
+    decisions,
+    ev,
+    faults,
+    job,
+    paths,
+    post,
+    settle,
+    wait_for,
+)
+
+Start = Callable[..., tuple[httpx.Client, ManualClock]]
+
+
+@pytest.fixture
+def make(db_url: str) -> Iterator[Start]:
+    with service_factory(db_url, **SERVICE) as start:
+
+        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
+            clock = ManualClock(T0)
+            return start(clock=clock, **overrides).http, clock
+
+        yield started
+
+
+def post_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1 of the model: an incarnation whose first decision is a restart is "
+    "sent no ABORT (the re-post withdraws what was on its way, the restart sends nothing)",
+)
+@pytest.mark.parametrize("start", ["repost_on_a_spare", "checkpoint_of_the_next_incarnation"])
+def test_a_new_incarnation_restarted_at_once_is_sent_its_aborts(make: Start, start: str) -> None:
+    """Early in the interval (100 s after a checkpoint) n0/mlx5_3 fails: the job restarts,
+    ABORT to n0 and n1. It starts again 10 s after its checkpoint, still early:
+
+    repost_on_a_spare: the fleet manager places it on n2 (for n0) and n1, but n2's mlx5_3
+    is down too, so incarnation 2 restarts at once, for evidence of its own placement;
+    checkpoint_of_the_next_incarnation: the restarted processes on n0 and n1 checkpoint
+    naming incarnation 2 while n0/mlx5_3 is down with n0/mlx5_2 erroring, so GPU 3 has
+    no path and incarnation 2 cannot run.
+
+    Either way the job is `restarting` with a restart decision for incarnation 2, so
+    incarnation 2's processes must be told: an ABORT of incarnation 2 to each of its
+    nodes. The service sends none."""
+    http, clock = make()
+    register_nodes(http, ["n0", "n1", "n2"])
+    at = T0 - timedelta(seconds=100)
+    post_job(http, job_body("j", ["n0", "n1"], last_checkpoint_at=at.isoformat()))
+    if start == "repost_on_a_spare":
+        post(http, ev("n2", "port_down", T0))
+    post(http, ev("n0", "port_down", T0))
+    assert job(http, "j")["mode"] == "restarting"
+    clock.advance(10)
+    if start == "repost_on_a_spare":
+        nodes = ["n2", "n1"]
+        again = job_body("j", nodes, last_checkpoint_at=T0.isoformat())
+        assert post_job(http, again)["incarnation"] == 2
+    else:
+        nodes = ["n0", "n1"]
+        post(http, ev("n0", "cqe_error", T0 + timedelta(seconds=5), device="mlx5_2", wc_status=12))
+        r = http.post("/v1/jobs/j/checkpoints", json={"at": clock().isoformat(), "incarnation": 2})
+        assert r.status_code == 201, r.text
+    assert job(http, "j")["incarnation"] == 2
+    assert job(http, "j")["mode"] == "restarting"
+    assert decisions(http, "j")[0]["action"] == "restart"
+    told = {c["node"] for c in commands(http, "j", "abort") if c["incarnation"] == 2}
+    assert told == set(nodes), commands(http, "j")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2 of the model: a BALANCE acked failed (an optional mitigation refused) "
+    "counts n1 as failed: the job restarts, and another job's ranks on n1 lose every path",
+)
+def test_a_refused_balance_falls_back_to_s_bond_without_a_restart(make: Start) -> None:
+    """Job j (GPUs 0-5 of n0 and n1, communicator 77 of 16 channels) and job k (GPUs 6-7,
+    no communicator). n0/mlx5_3 fails: j's rank 3 fails over, and the communicator is sent
+    a BALANCE switch point (channel weights). n1's plugin refuses it (acked failed). Like a
+    refused NVL transit or fail-back (issue 28, case 9), that is an optional mitigation:
+    j runs on s-Bond alone, nothing is unreachable, nothing restarts, and job k, which
+    never had a command, keeps its paths on n1."""
+    http, _ = make()
+    register_nodes(http, ["n0", "n1"])
+    at = (T0 - timedelta(seconds=3000)).isoformat()
+    j = job_body(
+        "j", ["n0", "n1"], last_checkpoint_at=at, communicators=[{"comm_id": 77, "channels": 16}]
+    )
+    j["ranks"] = [
+        {"rank": i * 6 + g, "node": n, "gpu": g}
+        for i, n in enumerate(["n0", "n1"])
+        for g in range(6)
+    ]
+    k = job_body("k", ["n0", "n1"], last_checkpoint_at=at)
+    k["ranks"] = [
+        {"rank": i * 2 + g - 6, "node": n, "gpu": g}
+        for i, n in enumerate(["n0", "n1"])
+        for g in (6, 7)
+    ]
+    post_job(http, j)
+    post_job(http, k)
+    post(http, ev("n0", "port_down", T0))
+    (balance,) = [c for c in commands(http, "j", "balance") if c["node"] == "n1"]
+    ack(http, balance, "failed", detail="the plugin refuses channel weights")
+    assert [d["action"] for d in decisions(http, "j")] == ["failover"]
+    assert [f for f in faults(http) if f["kind"] == "unreachable"] == []
+    assert job(http, "j")["mode"] == "failed_over"
+    assert paths(http, "j")["failed_over_ranks"] == [3]
+    assert all(r["active"] is not None for r in paths(http, "k")["ranks"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3 of the model: a rank's FAILBACK superseded by another rank's, while "
+    "its unacknowledged FAILOVER is re-issued: the rank is sent to its backup for good",
+)
+def test_an_unanswered_failover_is_not_left_to_outlive_its_failback(make: Start) -> None:
+    """No registered communicator; n0's agent answers nothing, so each command is re-issued
+    once its 30 s deadline passes. A CQE error on n0/mlx5_2 moves rank 2 to mlx5_3. Half
+    an hour later the CQE fault is quiet and rank 2 is sent its FAILBACK; then a CQE error
+    on n0/mlx5_3 moves rank 3 to mlx5_2, and half an hour later rank 3 fails back too.
+
+    The service shows every rank on its primary. Then what is on its way to n0 must take
+    every rank there: if rank 2's FAILOVER is still being re-issued, so must be its
+    FAILBACK, after it. The service supersedes rank 2's FAILBACK with rank 3's (as if one
+    switch point replaced another) and goes on re-issuing rank 2's FAILOVER."""
+    http, clock = make(command_ack_timeout_s=30)
+    register_nodes(http, ["n0", "n1"])
+    at = (T0 - timedelta(seconds=3000)).isoformat()
+    post_job(http, job_body("j", ["n0", "n1"], last_checkpoint_at=at))
+    post(http, ev("n0", "cqe_error", T0, device="mlx5_2", wc_status=12))
+    clock.advance(1800)
+    wait_for("rank 2's fail-back", lambda: commands(http, "j", "failback", live=True))
+    post(http, ev("n0", "cqe_error", clock(), device="mlx5_3", wc_status=12))
+    clock.advance(1800)
+    wait_for("rank 3's fail-back", lambda: job(http, "j")["mode"] == "normal")
+    settle(http)
+    assert paths(http, "j")["failed_over_ranks"] == []
+    live = sorted(
+        (c for c in commands(http, "j", live=True)),
+        key=lambda c: (c["epoch"], c["command_id"]),
+    )
+    last = {r: c["kind"] for c in live for r in c["ranks"]}
+    assert all(kind != "failover" for kind in last.values()), [
+        (c["command_id"], c["kind"], c["epoch"], c["ranks"], c["state"])
+        for c in commands(http, "j")
+    ]
