@@ -8,11 +8,9 @@ the checks of every invariant after it; p50/p95/p99) and the falsifying example,
 Not part of `make test` (tests/scheduler_svc/test_sequences_model.py runs a few there).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_sequences_model.py \
-        [--examples 2000] [--steps 40] [--store sqlite|postgres] [--machine left-out|full]
-        [--minutes 10]
+        [--examples 2000] [--steps 40] [--store sqlite|postgres] [--minutes 10]
 
---machine full includes the sequences of the known findings
-(tests/scheduler_svc/test_sequences_model_findings.py); the default leaves them out.
+What it found before is in tests/scheduler_svc/test_sequences_model_findings.py.
 """
 
 from __future__ import annotations
@@ -30,16 +28,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from scheduler_svc.store.db import upgrade
-from tests.scheduler_svc.sequences_machine import (
-    FindingsLeftOut,
-    SequencesMachine,
-    connect_to,
-)
-
-MACHINES: dict[str, type[SequencesMachine]] = {
-    "left-out": FindingsLeftOut,
-    "full": SequencesMachine,
-}
+from tests.scheduler_svc.sequences_machine import SequencesMachine, connect_to
 
 
 @contextmanager
@@ -64,7 +53,6 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
-    ap.add_argument("--machine", choices=tuple(MACHINES), default="left-out")
     ap.add_argument(
         "--minutes", type=float, default=None, help="stop after this long (at a chunk's end)"
     )
@@ -72,14 +60,13 @@ def main() -> None:
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # the service's per-request warnings
     m = benchlib.machine()
-    print(f"machine: {m['nproc']} cores, {m['cpu']}; store {args.store}, machine {args.machine}")
+    print(f"machine: {m['nproc']} cores, {m['cpu']}; store {args.store}")
     step_s: list[float] = []
     sequences = [0]
 
-    base = MACHINES[args.machine]
     with store(args.store) as url:
 
-        class Profiled(base):  # type: ignore[valid-type,misc]
+        class Profiled(SequencesMachine):
             connect = staticmethod(connect_to(url))
 
             def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """What the model-based test of issue 28 found (sequences_machine.py), each minimised to a
 short sequence over the HTTP API, on a manual clock, on SQLite and PostgreSQL.
 
-Each is a strict xfail until its fix lands: the test states what the service should do.
+Each was written failing, as a strict xfail, before its fix landed.
 Two nodes of 8 GPUs (hgx_node): rank r is GPU r % 8 of node n(r // 8) unless said
 otherwise; GPU g's primary is mlx5_g, its backup the other RNIC behind its PCIe switch
 (GPU 3: mlx5_2, GPU 6: mlx5_7).
@@ -54,11 +54,6 @@ def post_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1 of the model: an incarnation whose first decision is a restart is "
-    "sent no ABORT (the re-post withdraws what was on its way, the restart sends nothing)",
-)
 @pytest.mark.parametrize("start", ["repost_on_a_spare", "checkpoint_of_the_next_incarnation"])
 def test_a_new_incarnation_restarted_at_once_is_sent_its_aborts(make: Start, start: str) -> None:
     """Early in the interval (100 s after a checkpoint) n0/mlx5_3 fails: the job restarts,
@@ -98,18 +93,14 @@ def test_a_new_incarnation_restarted_at_once_is_sent_its_aborts(make: Start, sta
     assert told == set(nodes), commands(http, "j")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2 of the model: a BALANCE acked failed (an optional mitigation refused) "
-    "counts n1 as failed: the job restarts, and another job's ranks on n1 lose every path",
-)
-def test_a_refused_balance_falls_back_to_s_bond_without_a_restart(make: Start) -> None:
+def test_a_refused_balance_falls_back_to_the_dcr_plan_without_a_restart(make: Start) -> None:
     """Job j (GPUs 0-5 of n0 and n1, communicator 77 of 16 channels) and job k (GPUs 6-7,
     no communicator). n0/mlx5_3 fails: j's rank 3 fails over, and the communicator is sent
     a BALANCE switch point (channel weights). n1's plugin refuses it (acked failed). Like a
     refused NVL transit or fail-back (issue 28, case 9), that is an optional mitigation:
-    j runs on s-Bond alone, nothing is unreachable, nothing restarts, and job k, which
-    never had a command, keeps its paths on n1."""
+    j runs the DCR plan (a REBALANCE with the same channels off) instead, nothing is
+    unreachable, nothing restarts, and job k, which never had a command, keeps its paths
+    on n1."""
     http, _ = make()
     register_nodes(http, ["n0", "n1"])
     at = (T0 - timedelta(seconds=3000)).isoformat()
@@ -132,18 +123,22 @@ def test_a_refused_balance_falls_back_to_s_bond_without_a_restart(make: Start) -
     post(http, ev("n0", "port_down", T0))
     (balance,) = [c for c in commands(http, "j", "balance") if c["node"] == "n1"]
     ack(http, balance, "failed", detail="the plugin refuses channel weights")
-    assert [d["action"] for d in decisions(http, "j")] == ["failover"]
+    latest, first = decisions(http, "j")
+    assert (first["action"], latest["action"]) == ("failover", "failover")
+    assert latest["trigger"] == "refused:balance:77"
+    # The DCR plan instead, on both nodes, with the channels the BALANCE had off.
+    rebalance = commands(http, "j", "rebalance", live=True)
+    assert sorted(c["node"] for c in rebalance) == ["n0", "n1"]
+    assert {tuple(c["disabled_channels"]) for c in rebalance} == {
+        tuple(balance["disabled_channels"])
+    }
+    assert commands(http, "j", "balance", live=True) == []
     assert [f for f in faults(http) if f["kind"] == "unreachable"] == []
     assert job(http, "j")["mode"] == "failed_over"
     assert paths(http, "j")["failed_over_ranks"] == [3]
     assert all(r["active"] is not None for r in paths(http, "k")["ranks"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3 of the model: a rank's FAILBACK superseded by another rank's, while "
-    "its unacknowledged FAILOVER is re-issued: the rank is sent to its backup for good",
-)
 def test_an_unanswered_failover_is_not_left_to_outlive_its_failback(make: Start) -> None:
     """No registered communicator; n0's agent answers nothing, so each command is re-issued
     once its 30 s deadline passes. A CQE error on n0/mlx5_2 moves rank 2 to mlx5_3. Half
