@@ -72,13 +72,7 @@ def refused(
 def _transit(session: Session, job: m.Job, cmd: m.Command, why: str, now: datetime) -> None:
     desired = Desired.from_json(job.desired)
     job.desired = replace(desired, no_transit={**desired.no_transit, cmd.comm_id: why}).to_json()
-    ranks = set(cmd.ranks)
-    kinds = [CommandKind.NVL_TRANSIT.value]
-    for other in CoordinationRepo(session).comm_commands(
-        job.job_id, cmd.comm_id, kinds, commands.WAITING
-    ):
-        if commands.transition(session, other, CommandState.SUPERSEDED, now):
-            ranks |= set(other.ranks)
+    ranks = set(cmd.ranks) | _withdraw(session, job, cmd, now, same_epoch=False)
     told = engine.transit_refused(Desired.from_json(job.commanded), cmd.comm_id, ranks)
     job.commanded = told.to_json()
 
@@ -88,12 +82,23 @@ def _balance(session: Session, job: m.Job, cmd: m.Command, why: str, now: dateti
     communicator's next plan, sent at once, is its DCR plan."""
     desired = Desired.from_json(job.desired)
     job.desired = replace(desired, no_balance={**desired.no_balance, cmd.comm_id: why}).to_json()
-    kinds = [CommandKind.BALANCE.value]
+    _withdraw(session, job, cmd, now, same_epoch=True)
+
+
+def _withdraw(
+    session: Session, job: m.Job, cmd: m.Command, now: datetime, *, same_epoch: bool
+) -> set[int]:
+    """Withdraw the commands of `cmd`'s kind still on their way to its communicator (of
+    its epoch alone, when `same_epoch`); the ranks they addressed."""
+    ranks: set[int] = set()
     for other in CoordinationRepo(session).comm_commands(
-        job.job_id, cmd.comm_id, kinds, commands.WAITING
+        job.job_id, cmd.comm_id, [cmd.kind], commands.WAITING
     ):
-        if other.epoch == cmd.epoch:
-            commands.transition(session, other, CommandState.SUPERSEDED, now)
+        if same_epoch and other.epoch != cmd.epoch:
+            continue
+        if commands.transition(session, other, CommandState.SUPERSEDED, now):
+            ranks |= set(other.ranks)
+    return ranks
 
 
 def _failback(

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from railover_testing import waiting
+from railover_testing.local import ManualClock
+from tests.scheduler_svc.helpers import service_factory
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -30,12 +33,30 @@ SERVICE: dict[str, Any] = {
     "command_ack_timeout_s": 10**6,
 }
 
+# Start() is a service on its own manual clock at T0 (settings overridden as asked).
+Start = Callable[..., tuple[httpx.Client, ManualClock]]
+
+
+@contextmanager
+def services(db_url: str) -> Iterator[Start]:
+    """Services under SERVICE on `db_url`, each on a manual clock at T0; stopped after."""
+    with service_factory(db_url, **SERVICE) as start:
+
+        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
+            clock = ManualClock(T0)
+            return start(clock=clock, **overrides).http, clock
+
+        yield started
+
+
 LIVE = ("issued", "delivered")  # a command still on its way to, or waiting on, its ranks
 SWITCH_KINDS = ("rebalance", "failback", "balance")
 
 
-def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:
-    """One agent report on port 1 of `device`, observed at `at`."""
+def ev(
+    node: str, kind: str, at: datetime, device: str | None = "mlx5_3", **extra: Any
+) -> dict[str, Any]:
+    """One agent report on port 1 of `device` (None: the node's), observed at `at`."""
     return {
         "event_id": str(uuid.uuid4()),
         "node": node,

@@ -17,7 +17,8 @@ import pytest
 
 from railover_testing.local import ManualClock
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
-from tests.scheduler_svc.test_fault_lifecycle_api import T0, decisions, ev, post
+from tests.scheduler_svc.sequences import ev, post
+from tests.scheduler_svc.test_fault_lifecycle_api import T0, decisions
 
 NODES = [f"n{i:03d}" for i in range(128)]  # x 8 GPUs = 1,024 ranks
 DAY_S = 86_400

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +13,7 @@ from prometheus_client import REGISTRY
 from railover_testing import waiting
 from railover_testing.local import ManualClock
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.sequences import ev, post
 
 FAST = {
     "failback_damping_s": 1.0,
@@ -27,27 +27,6 @@ def make_service(db_url: str) -> Iterator[Callable[..., httpx.Client]]:
     """Start the service with coordination settings tuned for tests; yields a client factory."""
     with service_factory(db_url, **FAST) as start:
         yield lambda **kw: start(**kw).http
-
-
-def ev(
-    node: str, kind: str, at: datetime, device: str | None = "mlx5_3", **extra: Any
-) -> dict[str, Any]:
-    return {
-        "event_id": str(uuid.uuid4()),
-        "node": node,
-        "kind": kind,
-        "device": device,
-        "port": 1,
-        "observed_at": at.isoformat(),
-        **extra,
-    }
-
-
-def post(http: httpx.Client, *events: dict[str, Any]) -> dict[str, Any]:
-    r = http.post("/v1/events", json={"events": list(events)})
-    assert r.status_code == 202, r.text
-    body: dict[str, Any] = r.json()
-    return body
 
 
 def decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:

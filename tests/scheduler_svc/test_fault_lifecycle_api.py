@@ -6,7 +6,6 @@ the test says, and the coordinator's sweep (which reads the same clock) does the
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +20,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.sequences import ev, post
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -41,25 +41,6 @@ def make(db_url: str) -> Iterator[Callable[..., tuple[httpx.Client, ManualClock,
             return svc.http, clock, svc.url
 
         yield started
-
-
-def ev(node: str, kind: str, at: datetime, device: str = "mlx5_3", **extra: Any) -> dict[str, Any]:
-    return {
-        "event_id": str(uuid.uuid4()),
-        "node": node,
-        "kind": kind,
-        "device": device,
-        "port": 1,
-        "observed_at": at.isoformat(),
-        **extra,
-    }
-
-
-def post(http: httpx.Client, *events: dict[str, Any]) -> dict[str, Any]:
-    r = http.post("/v1/events", json={"events": list(events)})
-    assert r.status_code == 202, r.text
-    out: dict[str, Any] = r.json()
-    return out
 
 
 def decisions(http: httpx.Client, job: str) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ import pytest
 
 from railover_testing.local import ManualClock
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
-from tests.scheduler_svc.test_fault_lifecycle_api import T0, commands, decisions, ev, post
+from tests.scheduler_svc.sequences import ev, post
+from tests.scheduler_svc.test_fault_lifecycle_api import T0, commands, decisions
 
 
 @pytest.fixture

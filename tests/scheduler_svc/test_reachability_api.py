@@ -24,16 +24,9 @@ from scheduler_svc.store import uow
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import CommandRepo, TokenRepo
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.sequences import ev, post
 from tests.scheduler_svc.test_command_stream import stream
-from tests.scheduler_svc.test_fault_lifecycle_api import (
-    T0,
-    as_,
-    commands,
-    decisions,
-    ev,
-    post,
-    wait_for,
-)
+from tests.scheduler_svc.test_fault_lifecycle_api import T0, as_, commands, decisions, wait_for
 from tests.scheduler_svc.test_listen import NO_RECHECK_S  # a heartbeat no test reaches
 
 ACK_S = 10  # the ack deadline; two attempts, so the node is unreachable 20 s in

@@ -22,12 +22,11 @@ from scheduler_svc.config import Settings
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.sequences import ev, post
 from tests.scheduler_svc.test_fault_lifecycle_api import (
     T0,
     commands,
     decisions,
-    ev,
-    post,
     start_job,
     wait_for,
 )

@@ -9,18 +9,17 @@ otherwise; GPU g's primary is mlx5_g, its backup the other RNIC behind its PCIe 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from railover_testing.local import ManualClock
-from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.helpers import job_body, register_nodes
 from tests.scheduler_svc.sequences import (
-    SERVICE,
     T0,
+    Start,
     ack,
     commands,
     decisions,
@@ -29,21 +28,15 @@ from tests.scheduler_svc.sequences import (
     job,
     paths,
     post,
+    services,
     settle,
     wait_for,
 )
 
-Start = Callable[..., tuple[httpx.Client, ManualClock]]
-
 
 @pytest.fixture
 def make(db_url: str) -> Iterator[Start]:
-    with service_factory(db_url, **SERVICE) as start:
-
-        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
-            clock = ManualClock(T0)
-            return start(clock=clock, **overrides).http, clock
-
+    with services(db_url) as started:
         yield started
 
 

@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from railover_testing.local import ManualClock
-from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
+from tests.scheduler_svc.helpers import job_body, register_nodes
 from tests.scheduler_svc.sequences import (
-    SERVICE,
     T0,
+    Start,
     ack,
     commands,
     decisions,
@@ -33,21 +33,15 @@ from tests.scheduler_svc.sequences import (
     paths,
     poll,
     post,
+    services,
     settle,
     wait_for,
 )
 
-Start = Callable[..., tuple[httpx.Client, ManualClock]]
-
 
 @pytest.fixture
 def make(db_url: str) -> Iterator[Start]:
-    with service_factory(db_url, **SERVICE) as start:
-
-        def started(**overrides: Any) -> tuple[httpx.Client, ManualClock]:
-            clock = ManualClock(T0)
-            return start(clock=clock, **overrides).http, clock
-
+    with services(db_url) as started:
         yield started
 
 
@@ -126,12 +120,8 @@ def test_case01_port_down_after_a_cqe_error_keeps_the_port_down(make: Start) -> 
 @pytest.mark.parametrize(
     "order",
     [
-        pytest.param(
-            "up_observed_before_down",
-        ),
-        pytest.param(
-            "late_down_between",
-        ),
+        "up_observed_before_down",
+        "late_down_between",
     ],
 )
 def test_case02_reports_count_by_when_they_were_observed(make: Start, order: str) -> None:
@@ -332,15 +322,23 @@ def checkpoint(http: httpx.Client, job_id: str, at: datetime, **extra: Any) -> d
     return out
 
 
+def restarted_at_a_checkpoint(http: httpx.Client, clock: ManualClock) -> datetime:
+    """n0/mlx5_3 fails under job j (n0, n1; communicator 77); a minute later a checkpoint,
+    with a spare to restart on and a day's repair ahead, restarts it. When it was taken."""
+    register_nodes(http, ["n0", "n1"])
+    post_job(http, "j", ["n0", "n1"], comm=COMM)
+    post(http, ev("n0", "port_down", T0))
+    at = clock.advance(60)
+    checkpoint(http, "j", at)
+    assert [d["action"] for d in decisions(http, "j")] == ["restart", "failover"]
+    return at
+
+
 @pytest.mark.parametrize(
     "then",
     [
-        pytest.param(
-            "checkpoints",
-        ),
-        pytest.param(
-            "repost_same_nodes",
-        ),
+        "checkpoints",
+        "repost_same_nodes",
     ],
 )
 def test_case06_one_restart_per_fault_and_placement(make: Start, then: str) -> None:
@@ -353,12 +351,7 @@ def test_case06_one_restart_per_fault_and_placement(make: Start, then: str) -> N
     repost_same_nodes: the fleet manager posts it again on n0 and n1 first.
     """
     http, clock = make()
-    register_nodes(http, ["n0", "n1"])
-    post_job(http, "j", ["n0", "n1"], comm=COMM)
-    post(http, ev("n0", "port_down", T0))
-    at = clock.advance(60)
-    checkpoint(http, "j", at)
-    assert [d["action"] for d in decisions(http, "j")] == ["restart", "failover"]
+    at = restarted_at_a_checkpoint(http, clock)
     assert job(http, "j")["mode"] == "restarting"
     aborts = len(commands(http, "j", "abort"))
     if then == "repost_same_nodes":
@@ -383,12 +376,8 @@ def test_case06_one_restart_per_fault_and_placement(make: Start, then: str) -> N
 @pytest.mark.parametrize(
     "late",
     [
-        pytest.param(
-            "checkpoint_of_the_aborted_incarnation",
-        ),
-        pytest.param(
-            "aborts_of_the_ended_incarnation",
-        ),
+        "checkpoint_of_the_aborted_incarnation",
+        "aborts_of_the_ended_incarnation",
     ],
 )
 def test_case07_an_ended_incarnation_neither_ends_nor_aborts_the_next(
@@ -559,12 +548,8 @@ def restarts(http: httpx.Client, job_id: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     "refused",
     [
-        pytest.param(
-            "nvl_transit",
-        ),
-        pytest.param(
-            "failback",
-        ),
+        "nvl_transit",
+        "failback",
     ],
 )
 def test_case09_a_refused_optional_mitigation_falls_back_without_a_restart(
@@ -750,12 +735,7 @@ def test_case12_epochs_continue_across_incarnations(make: Start) -> None:
     with communicator 77 of 8 channels and starts on its backups with a new channel plan:
     under a later epoch, so that (77, epoch) still names one plan."""
     http, clock = make()
-    register_nodes(http, ["n0", "n1"])
-    post_job(http, "j", ["n0", "n1"], comm=COMM)
-    post(http, ev("n0", "port_down", T0))
-    at = clock.advance(60)
-    checkpoint(http, "j", at)
-    assert decisions(http, "j")[0]["action"] == "restart"
+    at = restarted_at_a_checkpoint(http, clock)
     first = commands(http, "j")
     before = max(e for (_, e) in switch_points(first))
     clock.advance(30)
