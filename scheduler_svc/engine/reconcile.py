@@ -29,7 +29,7 @@ from typing import Any
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine import decision as cost
 from scheduler_svc.engine import jobindex, layout, nccl
-from scheduler_svc.engine.fabric import Unhealthy
+from scheduler_svc.engine.fabric import FaultKind, Unhealthy
 from scheduler_svc.engine.paths import (
     Connectivity,
     FailedSet,
@@ -624,18 +624,28 @@ def _reconcile_paths(
         # Evidence the job was already restarted for, and nothing new: the fleet manager
         # placed it back on that hardware. A restart would land it there again, so it runs
         # on what is left, says so once, and is not restarted for that evidence again.
-        restarted_for_it = isolated and not new and bool(keys) and keys <= prev.restarted_for
+        restarted_for_it = not new and _isolated_by(fabric, conn, evidence, prev.restarted_for)
         if restarted_for_it and not (new_life or newly_moved or returning):
             return Reconciled(base, None, conn, warnings)  # said already: nothing changed
         if restarted_for_it:
-            return _failover(
-                p,
-                base,
-                moved,
-                note="the restarted job resumes on the faults it was restarted for, "
+            back_on = (
+                "the restarted job resumes on the faults it was restarted for, "
                 f"{len(conn.isolated_ranks)} rank(s) without a usable path: it is not "
-                "restarted again for them (place it without the faulty node)",
+                "restarted again for them (place it without the faulty node)"
             )
+            if moved:
+                return _failover(p, base, moved, note=back_on)
+            # Nobody can move to a backup: it runs as placed, and that is the decision.
+            record = DecisionRecord(
+                f"replan:{now.isoformat()}",
+                Action.NONE,
+                back_on + "; no rank can move to a backup",
+                inputs=inputs_now(now, job, options, base.k),
+                costs_s={},
+                costs_gpu_s={},
+                plan={"failed_over": [], "warnings": list(warnings)},
+            )
+            return Reconciled(replace(base, mode=Mode.NORMAL), record, conn, warnings)
         if not new and not isolated:
             # Paths moved without new evidence (a plan changed under re-registration, or a
             # restarted job starts on the paths its open faults leave): no cost question.
@@ -865,7 +875,9 @@ def _cost_decision(
             mitigation={},
             **_NO_PLAN,
             k=estimate.k,
-            restarted_for=base.restarted_for | {u.key for u in affecting},
+            # Every evidence known now: an incarnation placed back on any of it is not
+            # restarted for it again.
+            restarted_for=base.restarted_for | {u.key for u in p.evidence},
         )
         return record(Action(result.action.value), restarting)
     if result.action == cost.Action.NONE:
@@ -1708,6 +1720,46 @@ def _switch_of(topo: NodeTopology, key: str) -> str | None:
         return topo.rnic(key).switch
     except KeyError:
         return None
+
+
+def _isolated_by(
+    fabric: FabricView, conn: Connectivity, evidence: Sequence[Unhealthy], keys: Set[str]
+) -> bool:
+    """Whether every rank left without a path lost both its RNICs (or its GPU, or its
+    node) to the evidence `keys`, which a restart was decided for: placed back there,
+    a restart would leave it without a path again."""
+    if not conn.isolated_ranks or not keys:
+        return False
+    touched = [u for u in evidence if u.key in keys]
+    isolated = set(conn.isolated_ranks)
+    routes = [r for r in jobindex.odd_routes(conn) if r.rank in isolated]
+    if len(routes) != len(isolated):
+        return False
+    for r in routes:
+        topo = fabric.topologies.get(r.node)
+        if topo is None:
+            return False
+        if any(u.node == r.node and u.kind == FaultKind.UNREACHABLE for u in touched):
+            continue
+        if any(
+            u.node == r.node and u.kind == FaultKind.GPU_LOST and u.port == r.gpu for u in touched
+        ):
+            continue
+        for end in (r.primary, r.backup):
+            if end is None:
+                continue
+            rnic = topo.rnic(end)
+            if not any(
+                (u.switch is not None and u.node is None and u.switch == rnic.switch)
+                or (
+                    u.node == r.node
+                    and u.device in (rnic.name, None)
+                    and u.port in (0, rnic.port, None)
+                )
+                for u in touched
+            ):
+                return False
+    return True
 
 
 def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: Set[str]) -> list[Unhealthy]:

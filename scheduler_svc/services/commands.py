@@ -83,6 +83,8 @@ def issue(
         ):
             transition(session, cmd, CommandState.SUPERSEDED, now)
     for intent in intents:
+        if intent.kind == IntentKind.FAILBACK and intent.returning:
+            _withdraw_moves(session, job, set(intent.returning), now)
         if intent.coordinated:
             made += switch_point(
                 session,
@@ -137,6 +139,17 @@ def issue(
         metrics.COMMANDS_ISSUED.labels(kind=intent.kind.value).inc(len(rows))
         made += rows
     return made
+
+
+def _withdraw_moves(session: Session, job: m.Job, returning: Set[int], now: datetime) -> None:
+    """A FAILOVER still on its way to ranks that now return is withdrawn: sent (or sent
+    again, unanswered) after the fail-back, it would move them onto a backup that may be
+    dead by now."""
+    for cmd in CoordinationRepo(session).job_commands(
+        job.job_id, [CommandKind.FAILOVER.value], WAITING
+    ):
+        if set(cmd.ranks) <= returning:
+            transition(session, cmd, CommandState.SUPERSEDED, now)
 
 
 def transit_mb(settings: Settings) -> int:

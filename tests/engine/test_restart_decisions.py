@@ -100,8 +100,8 @@ def test_a_restarted_job_keeps_the_k_of_the_restart_when_it_declares_another() -
 def test_a_job_placed_back_without_a_path_is_not_restarted_again_and_says_why() -> None:
     """Faults open since before the restart leave ranks 2 and 3 without any path, and the
     next incarnation is placed back on them: a restart would land it there again, so it
-    runs on what is left, with one decision saying so (issue 28: one restart per
-    evidence per placement)."""
+    runs as placed (nobody can move to a backup: normal, not failed over), with one
+    decision saying so (issue 28: one restart per evidence per placement)."""
     s = Story(["n0", "n1"])
     s.faults[1] = down(1, "n0", "mlx5_3", 1000)
     s.faults[2] = down(2, "n0", "mlx5_2", 1000)
@@ -112,15 +112,16 @@ def test_a_job_placed_back_without_a_path_is_not_restarted_again_and_says_why() 
     out = s.step(1700)
     d = out.decision
     assert d is not None
-    assert (d.action, d.trigger) == (Action.FAILOVER, "replan:2026-11-01T12:28:20+00:00")
+    assert (d.action, d.trigger) == (Action.NONE, "replan:2026-11-01T12:28:20+00:00")
     assert d.reason == (
         "the restarted job resumes on the faults it was restarted for, 2 rank(s) without a "
-        "usable path: it is not restarted again for them (place it without the faulty node)"
+        "usable path: it is not restarted again for them (place it without the faulty "
+        "node); no rank can move to a backup"
     )
-    assert out.desired.mode == Mode.FAILED_OVER
+    assert out.desired.mode == Mode.NORMAL
     # The same evidence on the next passes: nothing more to say.
     again = s.step(1800)
-    assert (again.decision, again.desired.mode) == (None, Mode.FAILED_OVER)
+    assert (again.decision, again.desired.mode) == (None, Mode.NORMAL)
 
 
 def test_a_restarted_job_without_a_path_for_new_evidence_restarts_again_and_says_why() -> None:

@@ -9,7 +9,7 @@ otherwise; GPU g's primary is mlx5_g, its backup the other RNIC behind its PCIe 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ from tests.scheduler_svc.sequences import (
     settle,
     wait_for,
 )
+from tests.scheduler_svc.sequences_machine import SequencesMachine, connect_to
 
 
 @pytest.fixture
@@ -163,3 +164,88 @@ def test_an_unanswered_failover_is_not_left_to_outlive_its_failback(make: Start)
         (c["command_id"], c["kind"], c["epoch"], c["ranks"], c["state"])
         for c in commands(http, "j")
     ]
+
+
+# --- found by the long profile (benchmarks/bench_sequences_model.py), replayed step by step
+# through the machine itself, its invariants checked after each step as there.
+
+
+class Drawn:
+    """Stands in for a rule's `data` argument: hands out the values hypothesis drew."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, _strategy: object) -> Any:
+        return self.values.pop(0)
+
+
+def replay(db_url: str, *steps: Callable[[SequencesMachine], object]) -> None:
+    class OnThisStore(SequencesMachine):
+        connect = staticmethod(connect_to(db_url))
+
+    state = OnThisStore()
+    try:
+        for step in steps:
+            step(state)
+            state.check()
+    finally:
+        state.teardown()
+
+
+def test_a_failback_withdraws_the_failover_still_on_its_way(db_url: str) -> None:
+    """No communicator. A window on n0/mlx5_2 opens now and moves rank 2 to mlx5_3 (its
+    FAILOVER unanswered); the window is cancelled; then rail3-leaf fails on n0, n1 and
+    n2. Rank 2's backup is dead and its primary fine: it is told to return, and the
+    FAILOVER onto mlx5_3 still on its way is withdrawn (invariant 1)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=3000),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=60, node="n0", start_s=0, switch=False),
+        lambda s: s.cancel_maintenance(data=Drawn(1)),
+        lambda s: s.leaf_fails(device="mlx5_3", n=3, nodes=["n0", "n1", "n2", "n3"]),
+    )
+
+
+def test_every_evidence_known_at_a_restart_is_restarted_for_once(db_url: str) -> None:
+    """Early in the interval with a communicator: a window on n0/mlx5_2, CQE errors on
+    n0/mlx5_2, rail3-leaf failing: GPU 2 has no path, the job restarts. The checkpoint of
+    the next incarnation, on the same nodes and the same evidence, does not restart it
+    again (invariant 4): everything known at the restart was restarted for, not only what
+    touched the job's paths then."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=100),
+        lambda s: s.checkpoint_current(kind="full", named=False),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=60, node="n0", start_s=0, switch=False),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.agent_polls(node="n0"),
+        lambda s: s.port_report(device="mlx5_2", node="n0", offset_s=-1, up=False),
+        lambda s: s.cqe_burst(device="mlx5_2", n=1, node="n0"),
+        lambda s: s.leaf_fails(device="mlx5_3", n=3, nodes=["n0", "n1", "n2", "n3"]),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+    )
+
+
+def test_placed_back_where_no_rank_can_move_the_job_is_normal_and_not_restarted(
+    db_url: str,
+) -> None:
+    """No communicator, early in the interval: CQE errors on n0/mlx5_2, then on mlx5_3,
+    leave GPU 2 no path: restart. The next incarnation starts on the same nodes: nobody
+    can move to a backup, so it is not `failed_over` (invariant 6) and not restarted
+    again; one decision says it runs as placed."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.checkpoint_current(kind="full", named=False),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=60, node="n0", start_s=0, switch=False),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.cqe_burst(device="mlx5_2", n=1, node="n0"),
+        lambda s: s.cqe_burst(device="mlx5_3", n=1, node="n0"),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+    )
