@@ -123,6 +123,25 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 28's engine rules: port levels in fault health, the held fail-back, the
+        # checkpoint verdict across incarnations, the backups a fail-back overtaken keeps,
+        # and what a restart was decided for.
+        "sequences",
+        ("scheduler_svc/engine/fabric.py", "scheduler_svc/engine/reconcile.py"),
+        (
+            "tests/engine",
+            "tests/scheduler_svc/test_engine_reconcile.py",
+        ),
+        only=(
+            "scheduler_svc.engine.fabric.x_fault_health__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__held__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__at_checkpoint__mutmut_*",
+            "scheduler_svc.engine.reconcile.x_backups_of__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__primary_ok__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__isolated_by__mutmut_*",
+        ),
+    ),
+    Target(
         "engine",
         ("scheduler_svc/engine/*.py",),
         (

@@ -624,14 +624,25 @@ def _reconcile_paths(
         # Evidence the job was already restarted for, and nothing new: the fleet manager
         # placed it back on that hardware. A restart would land it there again, so it runs
         # on what is left, says so once, and is not restarted for that evidence again.
-        restarted_for_it = not new and _isolated_by(fabric, conn, evidence, prev.restarted_for)
+        restarted_for_it = (
+            isolated
+            and not new
+            and (
+                (bool(keys) and keys <= prev.restarted_for)  # only what it was restarted for
+                or _isolated_by(fabric, conn, evidence, prev.restarted_for)
+            )
+        )
         if restarted_for_it and not (new_life or newly_moved or returning):
             return Reconciled(base, None, conn, warnings)  # said already: nothing changed
         if restarted_for_it:
             back_on = (
                 "the restarted job resumes on the faults it was restarted for, "
-                f"{len(conn.isolated_ranks)} rank(s) without a usable path: it is not "
-                "restarted again for them (place it without the faulty node)"
+                + (
+                    f"{len(conn.isolated_ranks)} rank(s) without a usable path"
+                    if conn.isolated_ranks
+                    else "rank pairs without a usable path between them"
+                )
+                + ": it is not restarted again for them (place it without the faulty node)"
             )
             if moved:
                 return _failover(p, base, moved, note=back_on)
@@ -1725,40 +1736,43 @@ def _switch_of(topo: NodeTopology, key: str) -> str | None:
 def _isolated_by(
     fabric: FabricView, conn: Connectivity, evidence: Sequence[Unhealthy], keys: Set[str]
 ) -> bool:
-    """Whether every rank left without a path lost both its RNICs (or its GPU, or its
-    node) to the evidence `keys`, which a restart was decided for: placed back there,
-    a restart would leave it without a path again."""
+    """Whether some rank left without a path lost both its RNICs (or its GPU, or its node)
+    to the evidence `keys`, which a restart was decided for: placed back there, the job
+    has that rank without a path again, whatever else broke since, so restarting it once
+    more on this placement cannot help."""
     if not conn.isolated_ranks or not keys:
         return False
     touched = [u for u in evidence if u.key in keys]
     isolated = set(conn.isolated_ranks)
-    routes = [r for r in jobindex.odd_routes(conn) if r.rank in isolated]
-    if len(routes) != len(isolated):
+    return any(
+        _lost_to(fabric, r, touched) for r in jobindex.odd_routes(conn) if r.rank in isolated
+    )
+
+
+def _lost_to(fabric: FabricView, r: RankRoute, evidence: Sequence[Unhealthy]) -> bool:
+    """Whether `evidence` alone takes the rank's node, its GPU, or both of its RNICs."""
+    topo = fabric.topologies.get(r.node)
+    if topo is None:
         return False
-    for r in routes:
-        topo = fabric.topologies.get(r.node)
-        if topo is None:
-            return False
-        if any(u.node == r.node and u.kind == FaultKind.UNREACHABLE for u in touched):
-            continue
-        if any(
-            u.node == r.node and u.kind == FaultKind.GPU_LOST and u.port == r.gpu for u in touched
+    for u in evidence:
+        if u.node == r.node and (
+            u.kind == FaultKind.UNREACHABLE or (u.kind == FaultKind.GPU_LOST and u.port == r.gpu)
         ):
+            return True
+    for end in (r.primary, r.backup):
+        if end is None:
             continue
-        for end in (r.primary, r.backup):
-            if end is None:
-                continue
-            rnic = topo.rnic(end)
-            if not any(
-                (u.switch is not None and u.node is None and u.switch == rnic.switch)
-                or (
-                    u.node == r.node
-                    and u.device in (rnic.name, None)
-                    and u.port in (0, rnic.port, None)
-                )
-                for u in touched
-            ):
-                return False
+        rnic = topo.rnic(end)
+        if not any(
+            (u.switch is not None and u.node is None and u.switch == rnic.switch)
+            or (
+                u.node == r.node
+                and u.device in (rnic.name, None)
+                and u.port in (0, rnic.port, None)
+            )
+            for u in evidence
+        ):
+            return False
     return True
 
 

@@ -249,3 +249,40 @@ def test_placed_back_where_no_rank_can_move_the_job_is_normal_and_not_restarted(
         lambda s: s.cqe_burst(device="mlx5_3", n=1, node="n0"),
         lambda s: s.checkpoint_of_the_next_incarnation(),
     )
+
+
+def test_a_rank_stuck_on_what_the_job_was_restarted_for_restarts_it_no_more(db_url: str) -> None:
+    """Early in the interval, rail2-leaf fails: restart. Back on n0 and n1, the job runs
+    failed over; then rail3-leaf fails, n0 first: restart again (news to it). Placed back
+    on n0 and n1 once more, n0's ranks 2 and 3 have no path for what that restart was
+    for, whatever n1's later report adds: a restart cannot help there (invariant 4)."""
+    nodes = ["n0", "n1", "n2", "n3"]
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.leaf_fails(device="mlx5_2", n=3, nodes=nodes),
+        lambda s: s.leaf_fails(device="mlx5_2", n=3, nodes=nodes),
+        lambda s: s.second_job(with_comm=False),
+        lambda s: s.fleet_restarts(nodes=("n0", "n1")),
+        lambda s: s.leaf_fails(device="mlx5_3", n=3, nodes=nodes),
+        lambda s: s.fleet_restarts(nodes=("n0", "n1")),
+    )
+
+
+def test_pairs_broken_by_what_the_job_was_restarted_for_restart_it_no_more(db_url: str) -> None:
+    """A communicator, early in the interval: CQE errors on n0/mlx5_2 restart the job;
+    its next incarnation, on the same nodes, runs failed over. CQE errors on n1/mlx5_3
+    then leave rank pairs across n0 and n1 on different rails, with no path between them
+    (no rank lost both RNICs): restart again, news to it. The third incarnation on the
+    same nodes, on nothing new, is not restarted once more (invariant 4)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=100),
+        lambda s: s.port_report(device="mlx5_2", node="n0", offset_s=0, up=True),
+        lambda s: s.cqe_burst(device="mlx5_2", n=2, node="n0"),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.cqe_burst(device="mlx5_3", n=1, node="n1"),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.wait_for_the_sweeps(),
+    )
