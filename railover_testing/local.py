@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 import time
@@ -18,12 +19,39 @@ from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.store.uow import Clock, system_clock
 
+# Ports below the kernel's ephemeral range: a port handed out here is closed again before
+# its daemon binds it, and one from the ephemeral range can be taken meanwhile by any
+# outgoing connection on the machine (seen: an agent of the kill -9 test failing to bind
+# its metrics port while the other test worker ran).
+_LISTEN_PORTS = (20000, 32768)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LISTEN_PORTS[1]
+
 
 def free_port() -> int:
+    """A loopback port nothing listens on, for a daemon to bind: outside the ephemeral
+    range where one is free, else whatever the kernel hands out."""
+    top = min(_LISTEN_PORTS[1], _ephemeral_low())
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(_LISTEN_PORTS[0], top) if top > _LISTEN_PORTS[0] else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen: int = s.getsockname()[1]
+            return chosen
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        fallback: int = s.getsockname()[1]
+        return fallback
 
 
 class ManualClock:
