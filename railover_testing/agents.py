@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from agent.config import AgentSettings
 from agent.runner import Agent
+from railover_testing.local import free_port
 from railover_testing.sysfs_fixture import FixtureNode
 from railover_testing.waiting import wait_for
 
@@ -296,7 +297,17 @@ class StandInService:
                 else:
                     self._send(404, {"error": "not_found", "detail": self.path})
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        # A port of its own below the ephemeral range (local.free_port): restarted on it,
+        # the stand-in could otherwise find it taken by an agent's own retry connecting
+        # from that very port (a TCP self-connect to the dead port).
+        for attempt in range(20):
+            try:
+                bind = port or free_port()
+                self._httpd = ThreadingHTTPServer(("127.0.0.1", bind), Handler)
+                break
+            except OSError:
+                if port or attempt == 19:
+                    raise
         self._httpd.daemon_threads = True
         self.port = int(self._httpd.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
