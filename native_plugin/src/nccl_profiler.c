@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "glibc_compat.h"
 #include "railover_nccl_abi.h"
 #include "railover_wire.h"
 #include "ring.h"

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "glibc_compat.h"
 #include "railover_plugin.h"
 #include "ring.h"
 
