@@ -1706,10 +1706,7 @@ def _affects(u: Unhealthy, conn: Connectivity, fabric: FabricView) -> bool:
         return any(r.node == u.node and r.gpu == u.port for r in conn.routes)
     if u.kind == "unreachable":
         return any(r.node == u.node for r in conn.routes)
-    for node, dev, port in _uses(conn):
-        if node == u.node and (u.device in (dev, None)) and u.port in (0, port, None):
-            return True
-    return False
+    return any(node == u.node and _takes_port(u, dev, port) for node, dev, port in _uses(conn))
 
 
 def _affects_indexed(u: Unhealthy, index: jobindex.JobIndex) -> bool:
@@ -1720,10 +1717,12 @@ def _affects_indexed(u: Unhealthy, index: jobindex.JobIndex) -> bool:
         return (u.node, u.port) in index.used_gpus
     if u.kind == "unreachable":
         return u.node in index.nodes
-    return any(
-        (u.device in (dev, None)) and u.port in (0, port, None)
-        for dev, port in index.ports_by_node.get(u.node or "", ())
-    )
+    return any(_takes_port(u, dev, port) for dev, port in index.ports_by_node.get(u.node or "", ()))
+
+
+def _takes_port(u: Unhealthy, device: str, port: int) -> bool:
+    """Whether evidence on the node takes this port (or its whole RNIC, or the node's)."""
+    return u.device in (device, None) and u.port in (0, port, None)
 
 
 def _switch_of(topo: NodeTopology, key: str) -> str | None:
@@ -1762,14 +1761,13 @@ def _lost_to(fabric: FabricView, r: RankRoute, evidence: Sequence[Unhealthy]) ->
     for end in (r.primary, r.backup):
         if end is None:
             continue
-        rnic = topo.rnic(end)
+        try:
+            rnic = topo.rnic(end)
+        except KeyError:
+            return False
         if not any(
             (u.switch is not None and u.node is None and u.switch == rnic.switch)
-            or (
-                u.node == r.node
-                and u.device in (rnic.name, None)
-                and u.port in (0, rnic.port, None)
-            )
+            or (u.node == r.node and _takes_port(u, rnic.name, rnic.port))
             for u in evidence
         ):
             return False
