@@ -122,7 +122,6 @@ def issue(
                 epoch=epoch,
                 comm_id=intent.comm_id,
                 ranks=sorted(ranks),
-                returning=sorted(ranks) if intent.kind == IntentKind.FAILBACK else None,
                 disabled_channels=[],
                 # NVL_TRANSIT: each node is told its own ranks' transit GPUs.
                 transit=[[r, transit[r]] for r in sorted(ranks) if r in transit],
