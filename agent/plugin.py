@@ -317,6 +317,9 @@ class PluginHub:
                 comm_id=msg.comm_id,
                 rank=r,
                 ops_done=msg.ops_done,
+                # Whose count it is: the service keeps only the job's current incarnation's.
+                job_id=client.job or None,
+                incarnation=client.incarnation or None,
             )
             return
         elif isinstance(msg, wire.Communicator):

@@ -548,7 +548,16 @@ class EventIn(Strict):
         Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), BeforeValidator(whole_number)] | None
     ) = Field(default=None, description="communicator: ranks in the communicator")
     job_id: JobId | None = Field(
-        default=None, description="communicator: the job the process says it is in"
+        default=None,
+        description="communicator, progress: the job the process says it is in (from its "
+        "HELLO); a progress report naming it counts for that job alone",
+    )
+    incarnation: Incarnation | None = Field(
+        default=None,
+        description="progress: the job's incarnation the process says it runs. A report "
+        "naming another than the job's current one is kept as history and moves no op "
+        "count; one naming none counts for the current incarnation when observed after "
+        "it started",
     )
     seq_number: CommId | None = Field(
         default=None, description="stall: the CCL's sequence number of the open collective"

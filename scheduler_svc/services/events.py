@@ -196,28 +196,51 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
 
 
 def record_progress(session: Session, events: list[EventIn]) -> int:
-    """Store each rank's newest ops_done under its job; returns how many were placed."""
+    """Store each rank's newest ops_done under its job; returns how many were placed.
+
+    A report names its job by its registered communicator, else by the job its process
+    named, else by its rank number on the node where one job alone has it. It counts for
+    the job's current incarnation only: one naming another incarnation, or naming none
+    and observed before the current one started, is an ended incarnation's (its processes
+    counted from another start) and stays history.
+    """
     repo = CoordinationRepo(session)
-    progress = [e for e in events if e.kind == EventKind.PROGRESS and e.ops_done is not None]
+    progress = [
+        e
+        for e in events
+        if e.kind == EventKind.PROGRESS and e.ops_done is not None and e.rank is not None
+    ]
     if not progress:
         return 0
     jobs_by_comm = repo.jobs_of_comm({e.comm_id for e in progress if e.comm_id is not None})
-    samples: list[ProgressSample] = []
+    placed: list[tuple[str, EventIn]] = []
     for e in progress:
-        if e.rank is None:
-            continue
+        assert e.rank is not None
         job_id = jobs_by_comm.get(e.comm_id) if e.comm_id is not None else None
         if job_id is None:
             # No communicator registered: the rank number on this node names the job.
             candidates = repo.job_of_rank_on_node(e.node, e.rank)
+            if e.job_id is not None:
+                candidates = [j for j in candidates if j == e.job_id]
             if len(candidates) != 1:
                 continue
             job_id = candidates[0]
-        samples.append(
-            ProgressSample(job_id, e.comm_id or 0, e.rank, e.ops_done or 0, e.observed_at)
-        )
+        if e.job_id is None or e.job_id == job_id:
+            placed.append((job_id, e))
+    current = repo.incarnations(j for j, _ in placed)
+    samples = [
+        ProgressSample(job_id, e.comm_id or 0, e.rank or 0, e.ops_done or 0, e.observed_at)
+        for job_id, e in placed
+        if job_id in current and _this_incarnation(e, *current[job_id])
+    ]
     repo.record_progress(samples)
     return len(samples)
+
+
+def _this_incarnation(e: EventIn, incarnation: int, started_at: datetime | None) -> bool:
+    if e.incarnation is not None:
+        return e.incarnation == incarnation
+    return started_at is None or e.observed_at >= started_at
 
 
 def flag_if_flapping(

@@ -318,12 +318,17 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
 
 def start_incarnation(session: Session, job: m.Job, incarnation: int, now: datetime) -> None:
     """A restarting job runs again as `incarnation`: what is still on its way to the ended
-    one (its ABORTs above all) is withdrawn, so none reaches the new processes."""
+    one (its ABORTs above all) is withdrawn, so none reaches the new processes, and the
+    ended one's op counts are forgotten."""
     for cmd in CoordinationRepo(session).job_commands(
         job.job_id, [k.value for k in m.CommandKind], commands.WAITING
     ):
         commands.transition(session, cmd, m.CommandState.SUPERSEDED, now)
     job.incarnation = incarnation
+    job.incarnation_started_at = now
+    # The new processes count their collectives from their own start: the ended
+    # incarnation's op counts would put every switch point far ahead of them.
+    CoordinationRepo(session).clear_progress(job.job_id)
     # Still restarting, with no restart time: reconcile starts the new incarnation.
     job.restart_decided_at = None
     log.info("job %s: incarnation %d starts", job.job_id, incarnation)

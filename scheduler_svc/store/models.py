@@ -241,6 +241,10 @@ class Job(Base):
     # stock NCCL with port failover: the planner then models NCCL's own failover.
     ccl: Mapped[dict[str, Any] | None]
     restart_decided_at: Mapped[datetime | None]
+    # When the current incarnation started (the service's clock): a progress report that
+    # names no incarnation and was observed before it is the ended incarnation's. Null for
+    # a job in its first incarnation and for jobs restarted before it existed.
+    incarnation_started_at: Mapped[datetime | None]
     # The desired state of the last reconcile pass, and the one commands were sent for
     # (engine.reconcile.Desired as JSON).
     desired: Mapped[dict[str, Any] | None] = mapped_column(JSON)

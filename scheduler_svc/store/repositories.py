@@ -772,6 +772,18 @@ class CoordinationRepo:
             q = q.where(m.RankProgress.comm_id == comm_id)
         return self.s.scalars(q.order_by(m.RankProgress.rank)).all()
 
+    def clear_progress(self, job_id: str) -> None:
+        self.s.execute(delete(m.RankProgress).where(m.RankProgress.job_id == job_id))
+
+    def incarnations(self, job_ids: Iterable[str]) -> dict[str, tuple[int, datetime | None]]:
+        """Each job's current incarnation and when it started."""
+        rows = self.s.execute(
+            select(m.Job.job_id, m.Job.incarnation, m.Job.incarnation_started_at).where(
+                m.Job.job_id.in_(sorted(set(job_ids)))
+            )
+        )
+        return {j: (n, at) for j, n, at in rows.tuples()}
+
     def record_progress(self, samples: Sequence[ProgressSample]) -> None:
         """Keep each rank's newest count; its rate comes from the previous sample.
 

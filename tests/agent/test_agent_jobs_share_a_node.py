@@ -270,3 +270,34 @@ def test_a_pre_version_2_library_still_takes_its_commands(
     (cmd,) = wire.FrameDecoder().feed(data)
     assert isinstance(cmd, wire.Command) and cmd.command_id == 14
     s.close()
+
+
+def test_progress_says_whose_count_it_is(
+    agent: AgentThread, standin: StandInService, two_jobs: dict[str, list[Plugin]]
+) -> None:
+    """Rank 1 of each job reports its op count on comm 0: each count reaches the service
+    with the job and incarnation its process named, so the service can tell them apart
+    (and keep an ended incarnation's from the new one); an old client's names neither."""
+    old = process(agent, 2, abi=2)
+    connect(agent, [old])
+    try:
+        assert two_jobs["job-a"][1].report_progress(0, 1, 100)
+        assert two_jobs["job-b"][1].report_progress(0, 1, 7)
+        assert old.report_progress(0, 2, 55)
+
+        def sent() -> dict[int, dict[str, Any]]:
+            with standin.state.lock:
+                evs = [e for e in standin.state.events.values() if e["kind"] == "progress"]
+            return {e["ops_done"]: e for e in evs}
+
+        wait_for("the three counts", lambda: len(sent()) == 3, 10)
+        got = sent()
+        assert {
+            ops: (e.get("job_id"), e.get("incarnation"), e["rank"]) for ops, e in got.items()
+        } == {
+            100: ("job-a", 1, 1),
+            7: ("job-b", 1, 1),
+            55: (None, None, 2),
+        }
+    finally:
+        old.finalize()
