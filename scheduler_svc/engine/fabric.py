@@ -290,6 +290,9 @@ class FabricHealth:
     # The earliest time a RECOVERING fault clears (a deadline to come back at).
     next_change_at: datetime | None = None
     healths: dict[int, FaultHealth] = field(default_factory=dict)
+    # Maintenance windows announced but not yet moving jobs: nothing is out of service for
+    # them yet, but a restart decided now knows of them.
+    scheduled: tuple[Unhealthy, ...] = ()
 
 
 def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHealth:
@@ -299,6 +302,7 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
     gpus: set[tuple[str, int]] = set()
     switches: set[str] = set()
     unhealthy: list[Unhealthy] = []
+    scheduled: list[Unhealthy] = []
     cleared: list[FaultHealth] = []
     healths: dict[int, FaultHealth] = {}
     next_change: datetime | None = None
@@ -355,6 +359,8 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
         change = w.next_change(now, rules.damping_s)
         if change is not None and (next_change is None or change < next_change):
             next_change = change
+        if phase == MaintenancePhase.SCHEDULED:
+            scheduled.append(_window(w, f"planned maintenance {w.id} ({w.reason}) scheduled"))
         if phase not in OUT_OF_SERVICE:
             continue
         if w.switch is not None:
@@ -371,19 +377,7 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
         reason = f"planned maintenance {w.id} ({w.reason}) from {window}"
         if phase == MaintenancePhase.ENDED:
             reason = f"planned maintenance {w.id} ({w.reason}) over, damping {rules.damping_s:g} s"
-        unhealthy.append(
-            Unhealthy(
-                f"maintenance:{w.id}",
-                w.label,
-                "maintenance",
-                w.moves_at or w.starts_at,
-                reason,
-                w.node,
-                w.device,
-                w.port,
-                w.switch,
-            )
-        )
+        unhealthy.append(_window(w, reason))
     return FabricHealth(
         failed=FailedSet(
             rnics=frozenset(rnics),
@@ -392,9 +386,24 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
             gpus=frozenset(gpus),
         ),
         unhealthy=tuple(sorted(unhealthy, key=lambda u: (u.since, u.key))),
+        scheduled=tuple(scheduled),
         cleared=tuple(cleared),
         next_change_at=next_change,
         healths=healths,
+    )
+
+
+def _window(w: Maintenance, reason: str) -> Unhealthy:
+    return Unhealthy(
+        f"maintenance:{w.id}",
+        w.label,
+        "maintenance",
+        w.moves_at or w.starts_at,
+        reason,
+        w.node,
+        w.device,
+        w.port,
+        w.switch,
     )
 
 

@@ -332,6 +332,8 @@ class FabricView:
     unhealthy: tuple[Unhealthy, ...] = ()
     # node -> (device, port) of its GPU-fabric ports, to tell a dead node from a dead link
     fabric_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    # Maintenance windows announced and not yet moving jobs (engine.fabric.FabricHealth).
+    scheduled: tuple[Unhealthy, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +600,9 @@ def _reconcile_paths(
         )
         new_life = True
 
+    # A switch inferred failed is one failure with its ports' faults: restarted for one of
+    # them, the job was restarted for all of it, whichever was reported first.
+    prev = replace(prev, restarted_for=_one_failure(prev.restarted_for, evidence))
     fresh = job.registering and not new_life and bool(keys)
     if fresh:
         # What broke before the job was registered is no news to it.
@@ -626,7 +631,7 @@ def _reconcile_paths(
         # on what is left, says so once, and is not restarted for that evidence again.
         restarted_for_it = (
             isolated
-            and not new
+            and all(u.key in prev.restarted_for for u in new)
             and (
                 (bool(keys) and keys <= prev.restarted_for)  # only what it was restarted for
                 or _isolated_by(fabric, conn, evidence, prev.restarted_for)
@@ -886,9 +891,9 @@ def _cost_decision(
             mitigation={},
             **_NO_PLAN,
             k=estimate.k,
-            # Every evidence known now: an incarnation placed back on any of it is not
-            # restarted for it again.
-            restarted_for=base.restarted_for | {u.key for u in p.evidence},
+            # Every evidence known now, windows announced on the job's parts included: an
+            # incarnation placed back on any of it is not restarted for it again.
+            restarted_for=base.restarted_for | _known(job, conn, fabric, evidence),
         )
         return record(Action(result.action.value), restarting)
     if result.action == cost.Action.NONE:
@@ -1077,7 +1082,7 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
             disabled={},
             mitigation={},
             **_NO_PLAN,
-            restarted_for=prev.restarted_for | keys,
+            restarted_for=prev.restarted_for | _known(job, conn, p.fabric, p.evidence),
         )
     elif prev.verdict == "keep":
         # The answer stands, whatever k it now rests on: a FlowCheck job checkpointing
@@ -1772,6 +1777,34 @@ def _lost_to(fabric: FabricView, r: RankRoute, evidence: Sequence[Unhealthy]) ->
         ):
             return False
     return True
+
+
+def _one_failure(restarted_for: frozenset[str], evidence: Sequence[Unhealthy]) -> frozenset[str]:
+    """`restarted_for` with each switch inferred failed and its ports' faults as one: when
+    the job was restarted for any of them, for all of them."""
+    out = set(restarted_for)
+    for sw in evidence:
+        if sw.kind != "switch":
+            continue
+        one = {sw.key} | {u.key for u in evidence if u.node is not None and u.switch == sw.switch}
+        if one & restarted_for:
+            out |= one
+    return frozenset(out) if len(out) > len(restarted_for) else restarted_for
+
+
+def _known(
+    job: JobState, conn: Connectivity, fabric: FabricView, evidence: Iterable[Unhealthy]
+) -> frozenset[str]:
+    """What a restart decided now is for: the evidence, and the maintenance windows
+    announced on the job's parts (the fleet manager knows of them when it places the next
+    incarnation)."""
+    nodes = _nodes(job, conn)
+    announced = [
+        u
+        for u in fabric.scheduled
+        if (u.node is None or u.node in nodes) and _affects(u, conn, fabric)
+    ]
+    return frozenset(u.key for u in (*evidence, *announced))
 
 
 def _evidence_for(conn: Connectivity, fabric: FabricView, nodes: Set[str]) -> list[Unhealthy]:

@@ -302,6 +302,7 @@ def view_for(
             failed=assessed.failed,
             unhealthy=assessed.unhealthy,
             fabric_ports=ports,
+            scheduled=assessed.scheduled,
         ),
         assessed,
     )

@@ -11,7 +11,8 @@ reconcile reads it (engine.reconcile.refusals), never as evidence against the no
   until the job restarts.
 - FAILBACK refused: no rank applies the switch point (its siblings on other nodes are
   withdrawn), and the ranks it was returning stay on their backup in the desired and in
-  the commanded state alike, so the views and the commands agree and nothing is sent
+  the commanded state alike (those whose FAILOVER it had withdrawn on its way never left
+  their primary: they are not held), so the views and the commands agree and nothing is sent
   again. The fail-back is tried again once the damping period
   (RAILOVER_FAILBACK_DAMPING_S) has passed: reconcile_job leaves the job due then, and
   the coordinator's sweep reconciles it.
@@ -120,9 +121,10 @@ def _failback(
     for other in siblings:
         commands.transition(session, other, CommandState.SUPERSEDED, now)
     members = {r for c in siblings for r in c.ranks}
-    ranks = tuple(sorted((commands.returning_of(session, siblings or [cmd]) or set()) & members))
+    returning = (commands.returning_of(session, siblings or [cmd]) or set()) & members
+    ranks = tuple(sorted(_left_their_primary(session, job, returning)))
     if not ranks:
-        return  # no record of who was returning: nobody to hold
+        return  # nobody of it was ever moved (or no record of who was): nobody to hold
     desired = Desired.from_json(job.desired)
     others = tuple(h for h in desired.held if h.comm_id != cmd.comm_id)
     job.desired = replace(desired, held=(*others, HeldBack(cmd.comm_id, ranks, now, why))).to_json()
@@ -132,3 +134,16 @@ def _failback(
         Desired.from_json(job.commanded), out.desired, cmd.comm_id, ranks
     )
     job.commanded = told.to_json()
+
+
+def _left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int]:
+    """Of `ranks`, those this incarnation's newest FAILOVER moved to their backup: one the
+    fail-back withdrew on its way, or one the ranks refused, moved nobody, so a rank whose
+    newest FAILOVER is such stayed on its primary, and a refused fail-back holds it nowhere."""
+    newest: dict[int, m.Command] = {}
+    every = [s.value for s in CommandState]
+    for c in CoordinationRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
+        if c.incarnation == job.incarnation:
+            newest.update((r, c) for r in c.ranks if r in ranks)
+    gone = (CommandState.SUPERSEDED, CommandState.FAILED)
+    return {r for r, c in newest.items() if CommandState(c.state) not in gone}

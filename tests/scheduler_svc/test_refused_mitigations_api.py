@@ -149,6 +149,10 @@ def test_refused_failback_stays_failed_over_and_is_tried_again_after_damping(
     start_job(http, "j", ["n0", "n1"])
     post(http, ev("n0", "port_down", T0))
     assert decisions(http, "j")[0]["action"] == "failover"
+    # The ranks take it: rank 3 is on its backup (a FAILOVER the fail-back withdrew on its
+    # way would have moved nobody, and a refused fail-back would hold nobody there).
+    for c in commands(http, "j"):
+        assert ack(http, c, "applied") == "applied"
     clock.advance(10)
     post(http, ev("n0", "port_up", T0 + timedelta(seconds=10)))
     refused_at = clock.advance(DAMPING_S + 1)

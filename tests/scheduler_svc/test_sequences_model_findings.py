@@ -286,3 +286,64 @@ def test_pairs_broken_by_what_the_job_was_restarted_for_restart_it_no_more(db_ur
         lambda s: s.checkpoint_of_the_next_incarnation(),
         lambda s: s.wait_for_the_sweeps(),
     )
+
+
+def test_what_breaks_while_the_job_restarts_is_restarted_for_too(db_url: str) -> None:
+    """Early in the interval, no communicator, with job B beside A: CQE errors on
+    n0/mlx5_2 restart A; its next incarnation runs failed over (rank 2 on mlx5_3). Then
+    rail3-leaf fails, n1 first: rank pairs across n0 and n1 lose their common rail, and A
+    restarts again. While it waits for the fleet manager, n0 and n3 report too (rank 2
+    has no RNIC left, and the leaf is inferred failed). The incarnation placed back on n0
+    and n1 was placed there knowing that: it is not restarted once more (invariant 4)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.second_job(with_comm=False),
+        lambda s: s.cqe_burst(device="mlx5_2", n=1, node="n0"),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.agent_polls(node="n0"),
+        lambda s: s.leaf_fails(device="mlx5_3", n=3, nodes=["n1", "n0", "n3", "n2"]),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+    )
+
+
+def test_a_refused_failback_holds_no_rank_whose_failover_it_withdrew(db_url: str) -> None:
+    """Job B (communicator 78) on GPUs 6-7 of n0 and n1. A window on n0/mlx5_6 moves B's
+    rank 0 to mlx5_7, but n0's agent is silent: the FAILOVER is re-issued, never handed
+    over. Half an hour later the window is long over and B is told to fail back, which
+    withdraws the FAILOVER still on its way: rank 0 never left its primary. n0's agent
+    then refuses the FAILBACK. The service must not say rank 0 stays on its backup
+    (/paths against the commands, invariant 6): it never got there."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=3000),
+        lambda s: s.second_job(with_comm=True),
+        lambda s: s.maintenance(
+            device="mlx5_6", duration_s=60, node="n0", start_s=30, switch=False
+        ),
+        lambda s: s.advance(seconds=1800),
+        lambda s: s.cancel_maintenance(data=Drawn(1)),
+        lambda s: s.agent_polls(node="n0"),
+        lambda s: s.agent_acks(data=Drawn(0), status="failed"),
+    )
+
+
+def test_a_window_announced_at_a_restart_is_restarted_for(db_url: str) -> None:
+    """With a communicator: CQE errors on n0/mlx5_3 move rank 3 to mlx5_2. Windows are
+    announced on n0/mlx5_2 (in two minutes) and on rail2-leaf (in 30 s): the leaf's lead
+    time begins at once, rank 3 has no path, and A restarts. Its next incarnation, back
+    on n0 and n1, runs failed over; when n0/mlx5_2's window starts moving jobs a minute
+    later, that is no news: it was announced when the restart was decided, and the
+    fleet manager placed the job there knowing it (invariant 4)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=3000),
+        lambda s: s.cqe_burst(device="mlx5_3", n=1, node="n0"),
+        lambda s: s.maintenance(
+            device="mlx5_2", duration_s=600, node="n0", start_s=120, switch=False
+        ),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=60, node="n1", start_s=30, switch=True),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.advance(seconds=61),
+    )
