@@ -125,7 +125,8 @@ TARGETS = (
     Target(
         # Issue 28's engine rules: port levels in fault health, the held fail-back, the
         # checkpoint verdict across incarnations, the backups a fail-back overtaken keeps,
-        # and what a restart was decided for.
+        # and what a restart was decided for (a leaf with its ports as one failure, the
+        # windows announced at the restart).
         "sequences",
         ("scheduler_svc/engine/fabric.py", "scheduler_svc/engine/reconcile.py"),
         (
@@ -139,6 +140,8 @@ TARGETS = (
             "scheduler_svc.engine.reconcile.x_backups_of__mutmut_*",
             "scheduler_svc.engine.reconcile.x__primary_ok__mutmut_*",
             "scheduler_svc.engine.reconcile.x__isolated_by__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__one_failure__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__known__mutmut_*",
         ),
     ),
     Target(

@@ -6,6 +6,7 @@ lets the fleet manager bring it back, with the fault still open.
 
 from __future__ import annotations
 
+from scheduler_svc.engine.fabric import Maintenance, SwitchEvidence
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, reconcile, routes_of
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down, topo
@@ -182,3 +183,95 @@ def test_a_job_registered_on_ranks_without_a_path_restarts_with_no_restart_note(
     assert d.reason == ISOLATED
     assert d.inputs["t_elapsed_s"] == 210.0
     assert out.desired.evidence == frozenset({"fault:1", "fault:2"})
+
+
+def _restarted_twice_by_rail3(*, leaf_inferred: bool) -> Story:
+    """n0/mlx5_2 fails early (restart); back on n0 and n1, rank 2 runs on mlx5_3. Then
+    n1/mlx5_3 fails: pairs across the nodes lose their common rail, restart again, for
+    faults 1 and 2. While the job waits for the fleet manager, n0/mlx5_3 fails too (rank 2
+    has no RNIC left) and, with `leaf_inferred`, rail3-leaf is inferred failed from it."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_2", 1000, switch="rail2-leaf")
+    assert s.step(1000).desired.restarted_for == {"fault:1"}
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    assert mode_after(s, 1100) == Mode.FAILED_OVER
+    s.faults[2] = down(2, "n1", "mlx5_3", 1200, switch="rail3-leaf")
+    again = s.step(1200)
+    assert again.decision is not None and again.decision.action == Action.RESTART
+    assert again.desired.restarted_for == {"fault:1", "fault:2"}
+    s.faults[3] = down(3, "n0", "mlx5_3", 1201, switch="rail3-leaf")
+    if leaf_inferred:
+        s.switches[1] = SwitchEvidence(1, "rail3-leaf", at(1202), "3 nodes lost their port")
+    assert s.step(1202).decision is None
+    s.restart_decided_at = None  # the next incarnation starts, on n0 and n1 again
+    s.checkpoint = CheckpointSeen(10, at(1300), received_at=at(1300))
+    return s
+
+
+def mode_after(s: Story, t: float) -> Mode:
+    s.step(t)
+    return s.mode
+
+
+def test_a_leaf_inferred_failed_is_one_failure_with_the_port_a_restart_was_for() -> None:
+    """n1/mlx5_3, which the second restart was for, is one of rail3-leaf's ports: the
+    leaf, and n0/mlx5_3 under it, are that same failure. Placed back there, the job is
+    not restarted a third time; it runs on what is left and says why."""
+    s = _restarted_twice_by_rail3(leaf_inferred=True)
+    out = s.step(1300)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert out.decision.reason.startswith(
+        "the restarted job resumes on the faults it was restarted for, 2 rank(s) without a "
+        "usable path: it is not restarted again for them"
+    )
+    assert out.desired.restarted_for == {"fault:1", "fault:2", "fault:3", "switch:1"}
+
+
+def test_a_port_failing_while_the_job_restarts_is_news_unless_one_failure_with_its_cause() -> None:
+    """The same, but no leaf is inferred: n0/mlx5_3 is a failure of its own that no restart
+    was for, so the incarnation it leaves without a path is restarted for it."""
+    s = _restarted_twice_by_rail3(leaf_inferred=False)
+    now = at(1300)
+    out = reconcile(now, s.job(), s.fabric(now), s.options)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.desired.restarted_for == {"fault:1", "fault:2", "fault:3"}
+
+
+def _restarted_ahead_of_rail2_leaf_window(*, announced_n0_window_at: float) -> Story:
+    """n0/mlx5_3 fails late in the interval: rank 3 fails over to mlx5_2. A window on
+    rail2-leaf moves jobs at once (3001 s): rank 3 has no path, restart. The next
+    incarnation is placed back on n0 and n1 and runs failed over. A window on n0/mlx5_2
+    (moving jobs from 3060 s) is announced at `announced_n0_window_at`."""
+    s = Story(["n0", "n1"])
+    n0_window = Maintenance(
+        2, at(3120), at(3720), node="n0", device="mlx5_2", port=1, moves_at=at(3060)
+    )
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, switch="rail3-leaf")
+    assert mode_after(s, 3000) == Mode.FAILED_OVER
+    if announced_n0_window_at < 3001:
+        s.windows[2] = n0_window
+    s.windows[3] = Maintenance(3, at(3030), at(3090), switch="rail2-leaf", moves_at=at(3000))
+    restart = s.step(3001).decision
+    assert restart is not None and restart.action == Action.RESTART
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(9, at(3002), received_at=at(3002))
+    assert mode_after(s, 3002) == Mode.FAILED_OVER
+    s.windows[2] = n0_window
+    return s
+
+
+def test_a_window_announced_when_the_restart_was_decided_was_restarted_for() -> None:
+    s = _restarted_ahead_of_rail2_leaf_window(announced_n0_window_at=3000)
+    assert s.decisions[1].desired.restarted_for == {"fault:1", "maintenance:2", "maintenance:3"}
+    out = s.step(3061)  # n0/mlx5_2's window moves jobs now: no news to this incarnation
+    assert out.decision is None
+    assert out.desired.mode == Mode.FAILED_OVER
+
+
+def test_a_window_announced_after_the_restart_is_news_to_the_next_incarnation() -> None:
+    s = _restarted_ahead_of_rail2_leaf_window(announced_n0_window_at=3002)
+    assert s.decisions[1].desired.restarted_for == {"fault:1", "maintenance:3"}
+    out = s.step(3061)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.decision.trigger == "maintenance:2"

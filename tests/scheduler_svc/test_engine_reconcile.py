@@ -84,6 +84,7 @@ class Story:
     faults: dict[int, FaultEvidence] = field(default_factory=dict)
     switches: dict[int, SwitchEvidence] = field(default_factory=dict)
     quarantines: dict[int, Quarantine] = field(default_factory=dict)
+    windows: dict[int, Maintenance] = field(default_factory=dict)
     lost_gpus: dict[str, int] = field(default_factory=dict)
     desired: Desired = field(default_factory=Desired)
     commanded: Desired = field(default_factory=Desired)
@@ -129,6 +130,7 @@ class Story:
                 faults=tuple(self.faults.values()),
                 switches=tuple(self.switches.values()),
                 quarantines=tuple(self.quarantines.values()),
+                maintenance=tuple(self.windows.values()),
             ),
             now,
             RULES,
@@ -148,6 +150,7 @@ class Story:
             fabric_ports={
                 n: frozenset((r.name, r.port) for r in t.rnics) for n, t in topologies.items()
             },
+            scheduled=health.scheduled,
         )
 
     def step(self, s: float) -> Reconciled:
