@@ -608,7 +608,9 @@ def _reconcile_paths(
         # What broke before the job was registered is no news to it.
         prev = replace(prev, evidence=keys)
     p = _Pass(now, job, fabric, conn, options, warnings, evidence)
-    new = [u for u in evidence if u.key not in prev.evidence]
+    # A restart of this job was decided for some evidence: that is no news to any of its
+    # incarnations, wherever the fleet manager placed them since.
+    new = [u for u in evidence if u.key not in prev.evidence and u.key not in prev.restarted_for]
     moved = {
         r.rank: r.backup
         for r in jobindex.odd_routes(conn)

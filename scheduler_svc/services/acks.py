@@ -142,4 +142,8 @@ def cannot_move(
         # Wake the node's polls as a command would: a renewal that would have skipped its
         # look (nothing new since its last empty one) must look, and so be heard.
         notify_nodes(session, [cmd.node])
+        # Evidence on the node: every job with a rank there, not only the command's.
+        jobs = JobRepo(session).job_ids_on_nodes({cmd.node})
+        reconciler.reconcile_jobs(session, sorted({cmd.job_id, *jobs}), now, settings)
+        return
     reconciler.reconcile_jobs(session, [cmd.job_id], now, settings)

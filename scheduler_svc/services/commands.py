@@ -151,6 +151,20 @@ def _withdraw_moves(session: Session, job: m.Job, returning: Set[int], now: date
             transition(session, cmd, CommandState.SUPERSEDED, now)
 
 
+def left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int]:
+    """Of `ranks`, those this incarnation's newest FAILOVER moved to their backup: one a
+    fail-back withdrew on its way (_withdraw_moves), or one the ranks refused, moved
+    nobody, so a rank whose newest FAILOVER is such never left its primary (a refused or
+    overtaken fail-back keeps it nowhere else)."""
+    newest: dict[int, m.Command] = {}
+    every = [s.value for s in CommandState]
+    for c in CoordinationRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
+        if c.incarnation == job.incarnation:
+            newest.update((r, c) for r in c.ranks if r in ranks)
+    gone = (CommandState.SUPERSEDED, CommandState.FAILED)
+    return {r for r, c in newest.items() if CommandState(c.state) not in gone}
+
+
 def transit_mb(settings: Settings) -> int:
     """MB a transit GPU gives one channel: the service's per-channel cost, whole MB."""
     return max(1, int(settings.nvl_mb_per_channel))

@@ -370,7 +370,8 @@ def _overtake_returns(
 
     The ranks that fail-back was returning never left their backups, so the stored
     desired and commanded states get them back as moved (those the new pass keeps moved
-    are its news to decide; the others return, or wait, by the usual rules).
+    are its news to decide; the others return, or wait, by the usual rules); except
+    those whose FAILOVER the fail-back withdrew on its way: they never left their primary.
     """
     desired = out.desired
     if desired.mode != Mode.FAILED_OVER:
@@ -381,8 +382,10 @@ def _overtake_returns(
     overtaken = commands.overtake_returns(session, job, set(desired.moved), now)
     if not overtaken:
         return []
-    returning = sorted({r for o in overtaken for r in o.returning})
-    backups = engine.backups_of(out.conn, returning)
+    returning = {r for o in overtaken for r in o.returning}
+    backups = engine.backups_of(
+        out.conn, sorted(commands.left_their_primary(session, job, returning))
+    )
     prev = Desired.from_json(job.desired)
     kept = {r: k for r, k in backups.items() if r not in desired.moved and r not in prev.moved}
     if kept:

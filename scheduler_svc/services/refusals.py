@@ -122,7 +122,7 @@ def _failback(
         commands.transition(session, other, CommandState.SUPERSEDED, now)
     members = {r for c in siblings for r in c.ranks}
     returning = (commands.returning_of(session, siblings or [cmd]) or set()) & members
-    ranks = tuple(sorted(_left_their_primary(session, job, returning)))
+    ranks = tuple(sorted(commands.left_their_primary(session, job, returning)))
     if not ranks:
         return  # nobody of it was ever moved (or no record of who was): nobody to hold
     desired = Desired.from_json(job.desired)
@@ -134,16 +134,3 @@ def _failback(
         Desired.from_json(job.commanded), out.desired, cmd.comm_id, ranks
     )
     job.commanded = told.to_json()
-
-
-def _left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int]:
-    """Of `ranks`, those this incarnation's newest FAILOVER moved to their backup: one the
-    fail-back withdrew on its way, or one the ranks refused, moved nobody, so a rank whose
-    newest FAILOVER is such stayed on its primary, and a refused fail-back holds it nowhere."""
-    newest: dict[int, m.Command] = {}
-    every = [s.value for s in CommandState]
-    for c in CoordinationRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
-        if c.incarnation == job.incarnation:
-            newest.update((r, c) for r in c.ranks if r in ranks)
-    gone = (CommandState.SUPERSEDED, CommandState.FAILED)
-    return {r for r, c in newest.items() if CommandState(c.state) not in gone}

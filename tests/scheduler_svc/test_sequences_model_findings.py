@@ -347,3 +347,88 @@ def test_a_window_announced_at_a_restart_is_restarted_for(db_url: str) -> None:
         lambda s: s.checkpoint_of_the_next_incarnation(),
         lambda s: s.advance(seconds=61),
     )
+
+
+def test_what_a_restart_was_for_is_no_news_on_any_placement(db_url: str) -> None:
+    """Early in the interval, no communicator: CQE errors on n1/mlx5_2 restart A. The fleet
+    manager places it on n0 and n3, where n3/mlx5_2 erred too: restart again (news to that
+    placement). Placed back on n0 and n1, the job meets n1's fault once more, which its
+    first restart was for: it runs failed over, not restarted a third time (invariant 4)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.advance(seconds=1),
+        lambda s: s.cqe_burst(device="mlx5_2", n=3, node="n3"),
+        lambda s: s.cqe_burst(device="mlx5_2", n=1, node="n1"),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.fleet_restarts(nodes=("n0", "n3")),
+        lambda s: s.fleet_restarts(nodes=("n0", "n1")),
+    )
+
+
+def test_an_overtaken_failback_restores_no_failover_it_withdrew(db_url: str) -> None:
+    """Job B (communicator 78) beside A. CQE errors on n0/mlx5_6 move B's rank 0 to mlx5_7;
+    n0's agent does not poll, so its FAILOVER is never handed over. Five minutes on, B is
+    told to fail back, which withdraws that FAILOVER on its way; then mlx5_6 errs again
+    and a failover overtakes the fail-back. Rank 0 never left its primary: the new
+    failover must send it a FAILOVER, not take it as already on its backup and send the
+    channel plan alone (/paths against the commands, invariant 6)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=600, node="n0", start_s=0, switch=True),
+        lambda s: s.advance(seconds=1),
+        lambda s: s.partition(node="n2"),
+        lambda s: s.partition_heals(data=Drawn("n2")),
+        lambda s: s.cancel_maintenance(data=Drawn(1)),
+        lambda s: s.leaf_fails(device="mlx5_5", n=4, nodes=["n1", "n2", "n0", "n3"]),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.second_job(with_comm=True),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.fleet_restarts(nodes=("n0", "n1")),
+        lambda s: s.checkpoint_current(kind="full", named=False),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.partition(node="n2"),
+        lambda s: s.checkpoint_current(kind="flowcheck", named=False),
+        lambda s: s.advance(seconds=5),
+        lambda s: s.partition_heals(data=Drawn("n2")),
+        lambda s: s.checkpoint_current(kind="flowcheck", named=True),
+        lambda s: s.checkpoint_current(kind="flowcheck", named=True),
+        lambda s: s.cqe_burst(device="mlx5_6", n=4, node="n0"),
+        lambda s: s.partition(node="n1"),
+        lambda s: s.partition_heals(data=Drawn("n1")),
+        lambda s: s.advance(seconds=301),
+        lambda s: s.cqe_burst(device="mlx5_6", n=1, node="n0"),
+    )
+
+
+def test_a_node_unreachable_for_one_job_is_evidence_for_every_job_on_it(db_url: str) -> None:
+    """n0's agent is cut off. Job B's FAILOVER to n0 goes unanswered three times, so n0 is
+    unreachable: evidence on the node, which leaves job A's ranks there without a path
+    too. A must be reconciled with it (it restarts), not keep showing failed_over with
+    nobody on a backup in /paths (invariant 6). The open finding (a) of the last long
+    profile was this."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=False, elapsed_s=100),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.maintenance(device="mlx5_2", duration_s=600, node="n0", start_s=0, switch=True),
+        lambda s: s.advance(seconds=1),
+        lambda s: s.partition(node="n0"),
+        lambda s: s.leaf_fails(device="mlx5_6", n=3, nodes=["n0", "n1", "n3", "n2"]),
+        lambda s: s.checkpoint_current(kind="full", named=False),
+        lambda s: s.wait_for_the_sweeps(),
+        lambda s: s.second_job(with_comm=True),
+        lambda s: s.one_comes_back(data=Drawn(("n3", "mlx5_6"))),
+        lambda s: s.checkpoint_of_an_ended_incarnation(named=False),
+        lambda s: s.cancel_maintenance(data=Drawn(1)),
+        lambda s: s.advance(seconds=1800),
+        lambda s: s.one_comes_back(data=Drawn(("n1", "mlx5_6"))),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.leaf_fails(device="mlx5_2", n=4, nodes=["n3", "n1", "n0", "n2"]),
+        lambda s: s.leaf_fails(device="mlx5_6", n=4, nodes=["n2", "n0", "n1", "n3"]),
+        lambda s: s.advance(seconds=31),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.advance(seconds=61),
+    )
