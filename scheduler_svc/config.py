@@ -19,6 +19,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from scheduler_svc.engine.decision import Policy
+
 DEFAULT_DB_URL = "sqlite:///railover.db"
 DEFAULT_PORT = 8080
 
@@ -250,6 +252,12 @@ class Settings(BaseSettings):
     )
     failback_damping_s: Annotated[float, Field(ge=0)] = Field(
         default=120.0, description="A port up and quiet this long fails back (failover is at once)"
+    )
+    policy: Policy = Field(
+        default=Policy.RAILOVER,
+        description="How faults are answered: railover (the cost model, restarts at "
+        "checkpoints by the repair rule); restart-only, nccl-failover-only (never fail back) "
+        "and failover-always are the behaviours the fleet twin compares it with",
     )
     fault_quiet_s: Annotated[float, Field(ge=0)] = Field(
         default=600.0,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -32,6 +32,43 @@ class Action(enum.StrEnum):
     RESTART = "restart"
     RESTART_SCALED = "restart_scaled"
     NONE = "none"
+
+
+class Policy(enum.StrEnum):
+    """How the service answers a fault: its own cost model, or one of the behaviours it is
+    compared with (the fleet twin runs each on the same trace; RAILOVER_POLICY)."""
+
+    RAILOVER = "railover"  # ReCCL's cost model at the fault, the repair rule at checkpoints
+    RESTART_ONLY = "restart-only"  # every fault that hits a rank restarts the job
+    NCCL_FAILOVER_ONLY = "nccl-failover-only"  # fail over where a path is left, never back
+    FAILOVER_ALWAYS = "failover-always"  # fail over where a path is left, whatever it costs
+
+    @property
+    def restarts_at_checkpoints(self) -> bool:
+        """Whether a failed-over job may restart at a checkpoint (the repair rule)."""
+        return self == Policy.RAILOVER
+
+    @property
+    def fails_back(self) -> bool:
+        """Whether ranks return to a primary that is healthy again (NCCL's partner device
+        stays until the job restarts)."""
+        return self != Policy.NCCL_FAILOVER_ONLY
+
+
+def with_policy(d: Decision, policy: Policy) -> Decision:
+    """`d` as `policy` answers it: the costs stay as computed, the action may not."""
+    failover = d.costs_s.get(Action.FAILOVER.value)
+    if policy == Policy.RAILOVER or d.action in (Action.NONE,):
+        return d
+    if policy == Policy.RESTART_ONLY:
+        if d.action == Action.FAILOVER and not d.inputs.planned:
+            why = "policy restart-only: every fault that hits a rank restarts the job"
+            return replace(d, action=Action.RESTART, reason=f"{why} ({d.reason})")
+        return d
+    if failover is not None and d.action != Action.FAILOVER:
+        why = f"policy {policy.value}: fail over wherever a path is left"
+        return replace(d, action=Action.FAILOVER, reason=f"{why} ({d.reason})")
+    return d
 
 
 def ib_timeout_s(timeout_exponent: int, retry_cnt: int) -> float:

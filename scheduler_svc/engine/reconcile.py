@@ -345,6 +345,8 @@ class Options:
     nvl_cap_mb: float = 512.0
     # A fail-back the ranks refused is tried again this long after (the damping period).
     failback_retry_s: float = 120.0
+    # How faults are answered: the cost model, or a behaviour it is compared with.
+    policy: cost.Policy = cost.Policy.RAILOVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,6 +621,15 @@ def _reconcile_paths(
     isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
     held = _held(job, prev, moved, fabric, conn, options=options)
     moved.update(held)
+    if not options.policy.fails_back:  # NCCL keeps the partner device until a restart
+        stay = _routes_by_rank(conn, sorted(prev.moved))
+        moved.update(
+            {
+                r: b
+                for r, b in prev.moved.items()
+                if r not in moved and r in stay and stay[r].backup_ok
+            }
+        )
     returning = sorted(r for r in prev.moved if r not in moved)
     newly_moved = sorted(r for r in moved if r not in prev.moved or prev.moved[r] != moved[r])
 
@@ -832,7 +843,7 @@ def _cost_decision(
         node_replace_s=job.node_replace_s,
         planned=planned,
     )
-    result = cost.decide(inputs)
+    result = cost.with_policy(cost.decide(inputs), options.policy)
     reasons = [result.reason]
     if domain is None and not conn.all_pairs_survive:
         reasons.insert(
@@ -1062,7 +1073,11 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
     remaining = max(0.0, repair - degraded_for)
     restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
     keys = frozenset(u.key for u in p.evidence)
-    if restart and keys and keys <= prev.restarted_for:
+    if restart and not options.policy.restarts_at_checkpoints:
+        restart = False
+        reason = f"keep running degraded: policy {options.policy.value} never restarts a job "
+        reason += "at a checkpoint"
+    elif restart and keys and keys <= prev.restarted_for:
         restart = False
         reason = (
             "keep running degraded: a restart was already decided for this evidence, and "

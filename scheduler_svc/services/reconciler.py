@@ -51,6 +51,7 @@ def options(settings: Settings) -> engine.Options:
         nvl_mb_per_channel=settings.nvl_mb_per_channel,
         nvl_cap_mb=settings.nvl_cap_mb,
         failback_retry_s=settings.failback_damping_s,
+        policy=settings.policy,
     )
 
 
