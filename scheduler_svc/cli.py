@@ -31,6 +31,7 @@ from scheduler_svc.config import (
 from scheduler_svc.console import refuse
 from scheduler_svc.planning import cli as planning_cli
 from scheduler_svc.schemas import Role
+from scheduler_svc.twin import cli as twin_cli
 
 app = typer.Typer(
     name="railover",
@@ -41,6 +42,7 @@ app = typer.Typer(
 )
 token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Store maintenance.", no_args_is_help=True)
+twin_cli.register(app)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 planning_cli.register(app)

@@ -21,7 +21,7 @@ registration that was stored before the connection dropped answers 409, which
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -33,8 +33,11 @@ from scheduler_svc.fleet.schemas import SubscriptionCreated, SubscriptionIn
 from scheduler_svc.schemas import (
     CheckpointIn,
     CheckpointOut,
+    CommandList,
+    CommandOut,
     DecisionList,
     DecisionOut,
+    EventsAccepted,
     IterationsIn,
     IterationsOut,
     JobIn,
@@ -133,10 +136,17 @@ class RailoverClient:
         iteration: int | None = None,
         at: datetime | None = None,
         kind: str = "full",
+        incarnation: int | None = None,
     ) -> CheckpointOut:
-        """A usable checkpoint exists now (or at `at`): restart would resume from here."""
+        """A usable checkpoint exists now (or at `at`): restart would resume from here.
+        `incarnation`: the job's incarnation that took it (the processes know it)."""
         body = CheckpointIn.model_validate(
-            {"at": at or datetime.now(UTC), "iteration": iteration, "kind": kind}
+            {
+                "at": at or datetime.now(UTC),
+                "iteration": iteration,
+                "kind": kind,
+                "incarnation": incarnation,
+            }
         )
         return self._call(
             "POST",
@@ -239,6 +249,29 @@ class RailoverClient:
             SubscriptionCreated,
             json=body.model_dump(mode="json", exclude_none=True),
         )
+
+    # --- what a node's agent does (the fleet twin drives the service with these) -----
+
+    def register_node(self, name: str, body: Mapping[str, Any]) -> NodeOut:
+        """Register (or re-register) node `name` as its agent discovered it (NodeIn)."""
+        return self._call("PUT", f"/v1/nodes/{name}", NodeOut, json=dict(body))
+
+    def report_events(self, events: Sequence[Mapping[str, Any]]) -> EventsAccepted:
+        """Report a batch of events (EventBatch); each is stored once by its event id."""
+        return self._call("POST", "/v1/events", EventsAccepted, json={"events": list(events)})
+
+    def node_commands(self, node: str) -> list[CommandOut]:
+        """The commands waiting for `node`'s processes (marks them delivered)."""
+        return self._call("GET", f"/v1/nodes/{node}/commands", CommandList).commands
+
+    def ack_command(self, command_id: int, node: str, status: str) -> CommandOut:
+        """The node's processes answer a command: applied, failed or too_late."""
+        body = {"node": node, "status": status}
+        return self._call("POST", f"/v1/commands/{command_id}/acks", CommandOut, json=body)
+
+    def job_commands(self, job_id: str) -> list[CommandOut]:
+        """Every command issued for the job, with its delivery state."""
+        return self._call("GET", f"/v1/jobs/{job_id}/commands", CommandList).commands
 
     # --- plumbing ----------------------------------------------------------------
 

@@ -144,6 +144,7 @@ def create_app(
             clock,
         )
         coordinator.start()
+        app.state.coordinator = coordinator
         # Reports of one storm share their jobs' reconcile passes (services/passes.py).
         app.state.passes = ReconcilePasses(
             app.state.sessionmaker,

@@ -120,12 +120,19 @@ class Coordinator:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def sweep(self) -> set[str]:
+        """One sweep at the clock's now, its nodes told of their commands; returns them.
+        The thread runs it every interval; a caller that owns the clock (the fleet twin,
+        with the thread off: RAILOVER_COORDINATOR=false) runs it after each move of it."""
+        nodes = sweep_once(self._sessions, self._reads, self._clock(), self._settings)
+        if nodes:
+            self._notifier.notify_threadsafe(nodes)
+        return nodes
+
     def _run(self) -> None:
         while not self._stop.wait(self._settings.coordinator_interval_s):
             try:
-                nodes = sweep_once(self._sessions, self._reads, self._clock(), self._settings)
-                if nodes:
-                    self._notifier.notify_threadsafe(nodes)
+                self.sweep()
             except Exception:  # the loop must outlive any single bad sweep
                 metrics.SWEEPS.labels(outcome="error").inc()
                 log.exception("coordinator sweep failed; retrying next interval")

@@ -1,6 +1,6 @@
 """Node topologies of common GPU servers, as an agent would register them.
 
-Used by the demo and the tests when no sysfs tree is at hand: 8 GPUs in pairs
+Used by the fleet twin, the demo and the tests when no sysfs tree is at hand: 8 GPUs in pairs
 behind 4 PCIe switches, two switches per NUMA node, each switch with its own
 root port, and one 400G RNIC per GPU on a rail of its own.
 """

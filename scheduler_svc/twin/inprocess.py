@@ -1,4 +1,5 @@
-"""Run the real service on loopback inside this process (demo, tests, benchmarks)."""
+"""Run the real service on loopback inside this process: the fleet twin, the demo, tests and
+benchmarks (over real HTTP, on a clock the caller may move by hand)."""
 
 from __future__ import annotations
 

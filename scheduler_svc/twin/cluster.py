@@ -1,0 +1,158 @@
+"""The simulated cluster of the fleet twin: its nodes and leaf switches, its jobs, and the
+faults that happen to it, drawn from the planning parameters.
+
+Nothing here decides anything: the twin (scheduler_svc.twin.loop) reports what this
+module says happened, and the service decides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from scheduler_svc.planning.params import JobModel
+
+RAILS = 8  # one 400G RNIC per GPU, each on a rail of its own (hgx_node)
+GPUS = 8
+
+
+class FaultKind(StrEnum):
+    """What the twin breaks. Rates per component and hour: LINK and SWITCH are the planning
+    parameters' (link_failure_monthly, switch_failure_monthly); the others are multiples
+    of the link rate (KIND_SCALE), each times --fault-scale."""
+
+    LINK = "link"  # a cable or transceiver: port_down, port_up after the repair
+    RNIC = "rnic"  # the RNIC dies: device_fatal, back (port_up) after the repair
+    FLAP = "flap"  # port_down and port_up a few seconds apart
+    CQE = "cqe"  # CQE errors (retry exceeded) with no port change
+    LEAF = "leaf"  # a leaf switch: every node on it loses that rail within a spread
+
+
+# Per component (a link, an RNIC, a leaf) and hour, as a multiple of the link rate; LEAF
+# uses the switch rate itself.
+KIND_SCALE = {FaultKind.LINK: 1.0, FaultKind.RNIC: 0.5, FaultKind.FLAP: 4.0, FaultKind.CQE: 2.0}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int = 256
+    spares: int = 8
+    nodes_per_leaf: int = 32  # per rail: rail r of nodes 0..31 is on leaf r of group 0
+    jobs: int = 2
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2:
+            raise ValueError(f"nodes: a cluster needs at least 2 nodes, got {self.nodes}")
+        if not 0 <= self.spares < self.nodes:
+            raise ValueError(f"spares: must be in [0, {self.nodes}), got {self.spares}")
+        if self.nodes_per_leaf < 1:
+            raise ValueError(f"nodes_per_leaf: must be >= 1, got {self.nodes_per_leaf}")
+        if not 1 <= self.jobs <= self.nodes - self.spares:
+            raise ValueError(
+                f"jobs: must be in [1, {self.nodes - self.spares}] (a node each at least), "
+                f"got {self.jobs}"
+            )
+
+
+def node_name(i: int) -> str:
+    return f"n{i:05d}"
+
+
+def leaf_of(node: int, rail: int, nodes_per_leaf: int) -> str:
+    return f"rail{rail}-leaf{node // nodes_per_leaf}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A training job as the twin runs it: on whole nodes, 8 ranks a node."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    checkpoint: str  # "interval" or "flowcheck"
+    interval_s: float  # between checkpoints (an iteration under FlowCheck)
+    reload_s: float
+    detect_s: float
+    timeout_s: float
+    k: float  # how much slower it really runs failed over
+
+    @property
+    def gpus(self) -> int:
+        return GPUS * len(self.nodes)
+
+
+def job_mix(spec: ClusterSpec, model: JobModel) -> list[JobSpec]:
+    """The jobs on the non-spare nodes: the first takes half of them, the others share the
+    rest; every other job checkpoints with FlowCheck (every iteration)."""
+    usable = spec.nodes - spec.spares
+    sizes = [max(1, usable // 2)] if spec.jobs > 1 else [usable]
+    rest = usable - sizes[0]
+    for j in range(1, spec.jobs):
+        share = rest // (spec.jobs - j)
+        sizes.append(share)
+        rest -= share
+    jobs, start = [], 0
+    for j, size in enumerate(sizes):
+        flowcheck = j % 2 == 1
+        jobs.append(
+            JobSpec(
+                job_id=f"job-{j}",
+                nodes=tuple(node_name(i) for i in range(start, start + size)),
+                checkpoint="flowcheck" if flowcheck else "interval",
+                interval_s=model.iteration_s if flowcheck else model.checkpoint_interval_h * 3600,
+                reload_s=model.reload_h * 3600,
+                detect_s=model.detect_h * 3600,
+                timeout_s=model.timeout_s,
+                k=model.k[0],
+            )
+        )
+        start += size
+    return jobs
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Fault:
+    """One fault of the trace: at `at` seconds from the start, on `node`'s RNIC `rail`
+    (LEAF: every node of `leaf`), repaired `repair_s` later (FLAP: back after it)."""
+
+    at: float
+    kind: FaultKind = field(compare=False)
+    node: int = field(compare=False)
+    rail: int = field(compare=False)
+    repair_s: float = field(compare=False)
+    leaf: str | None = field(default=None, compare=False)
+
+
+def trace(
+    spec: ClusterSpec, model: JobModel, days: float, seed: int, fault_scale: float
+) -> list[Fault]:
+    """Independent Poisson processes per component kind, seeded: the same trace for every
+    policy. A LINK, RNIC or LEAF fault is repaired after an exponential time of mean
+    repair_h; a FLAP comes back within seconds; a CQE burst needs no repair."""
+    if not (days > 0 and math.isfinite(days)):
+        raise ValueError(f"days: must be a positive number, got {days}")
+    if not (fault_scale >= 0 and math.isfinite(fault_scale)):
+        raise ValueError(f"fault_scale: must be a number >= 0, got {fault_scale}")
+    rng = np.random.default_rng(seed)
+    horizon = days * 86400.0
+    links = spec.nodes * RAILS
+    leaves = RAILS * math.ceil(spec.nodes / spec.nodes_per_leaf)
+    rates = {kind: links * model.link_rate_per_h * scale for kind, scale in KIND_SCALE.items()}
+    rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
+    out: list[Fault] = []
+    for kind, per_h in rates.items():
+        rate_s = per_h * fault_scale / 3600.0
+        t = 0.0
+        while rate_s > 0:
+            t += float(rng.exponential(1.0 / rate_s))
+            if t >= horizon:
+                break
+            node, rail = int(rng.integers(spec.nodes)), int(rng.integers(RAILS))
+            repair = float(rng.exponential(model.repair_h * 3600.0))
+            if kind == FaultKind.FLAP:
+                repair = float(rng.uniform(1.0, 10.0))
+            leaf = leaf_of(node, rail, spec.nodes_per_leaf) if kind == FaultKind.LEAF else None
+            out.append(Fault(t, kind, node, rail, repair, leaf))
+    return sorted(out)

@@ -1,0 +1,101 @@
+"""The fleet twin (scheduler_svc.twin) over the real service: a short day in `make test`.
+
+benchmarks/bench_twin.py runs the long ones (a month of 2,048 nodes, the policies side by
+side, the planner against the twin).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler_svc.engine.decision import Policy
+from scheduler_svc.planning.params import JobModel
+from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, job_mix, trace
+from scheduler_svc.twin.loop import CAUSES, Twin, TwinResult
+
+DAY = 86400.0
+# 64 nodes, 16 per leaf and rail; 4 spares; job-0 (interval checkpoints) on n00000-n00029,
+# job-1 (FlowCheck) on n00030-n00059.
+SPEC = ClusterSpec(nodes=64, spares=4, nodes_per_leaf=16, jobs=2)
+
+
+def conserved(r: TwinResult) -> None:
+    """The causes sum to the total: elapsed minus progress, kept apart from them."""
+    assert math.isclose(sum(r.gpu_hours_lost.values()), r.gpu_hours_total, rel_tol=1e-9), r
+
+
+def test_a_day_with_a_leaf_failure_and_a_nic_that_stays_broken(db_url: str) -> None:
+    """rail3-leaf0 (nodes 0-15, job-0's) fails for four hours an hour in; a NIC of job-1's
+    node 40 breaks two hours in and stays broken all day. Railover fails both jobs over
+    (late enough after their checkpoints), fails job-0 back after the leaf's repair, and
+    keeps every invariant."""
+    faults = [
+        Fault(3600 + 1800, FaultKind.LEAF, 0, 3, 4 * 3600, leaf="rail3-leaf0"),
+        Fault(7200 + 1800, FaultKind.LINK, 40, 5, 10 * DAY),
+    ]
+    r = Twin(SPEC, days=1, seed=1, fault_scale=0, faults=faults, db_url=db_url).run()
+    assert r.violations == {}, r.first_violation
+    conserved(r)
+    assert r.faults == {"leaf": 1, "link": 1}
+    assert r.events == 16 * 2 + 1  # each node of the leaf down and up; the NIC down
+    assert r.decisions.get("failover", 0) >= 2
+    assert r.decisions.get("failback", 0) >= 1
+    assert r.gpu_hours_lost["hang"] > 0 and r.gpu_hours_lost["degraded"] > 0
+
+
+def test_restart_only_loses_what_the_closed_form_says() -> None:
+    """restart-only on a fixed trace: three NICs of the job's nodes break for good, each
+    hitting a rank's primary. Each costs timeout + detect + reload + the work since the
+    checkpoint, times the job's GPUs, and nothing else is lost."""
+    spec = ClusterSpec(nodes=16, spares=4, nodes_per_leaf=16, jobs=1)
+    model = JobModel()
+    (job,) = job_mix(spec, model)
+    times = [5000.0, 20000.0, 40000.0]
+    faults = [Fault(t, FaultKind.LINK, i, 2, 10 * DAY) for i, t in enumerate(times)]
+    r = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults, policy=Policy.RESTART_ONLY).run()
+    assert r.violations == {}, r.first_violation
+    assert r.decisions == {"restart": 3}
+    conserved(r)
+    # Checkpoints every interval from the start, and from each restart's end of reload.
+    down = job.timeout_s + job.detect_s
+    expected, since = 0.0, 0.0
+    for t in times:
+        lost = (t - since) % job.interval_s
+        expected += down + job.reload_s + lost
+        since = t + down + job.reload_s
+    expected *= job.gpus / 3600
+    assert math.isclose(r.gpu_hours_total, expected, rel_tol=0.01), (r.gpu_hours_lost, expected)
+    assert r.gpu_hours_lost["degraded"] == r.gpu_hours_lost["waiting"] == 0
+
+
+def test_a_trace_is_the_same_for_every_policy_and_scales_with_the_rates() -> None:
+    model = JobModel()
+    one = trace(SPEC, model, 7, seed=3, fault_scale=100)
+    assert one == trace(SPEC, model, 7, seed=3, fault_scale=100)
+    assert one != trace(SPEC, model, 7, seed=4, fault_scale=100)
+    kinds = {f.kind for f in one}
+    assert kinds >= {FaultKind.LINK, FaultKind.FLAP, FaultKind.CQE, FaultKind.RNIC}
+    assert trace(SPEC, model, 7, seed=3, fault_scale=0) == []
+    assert all(0 <= f.at < 7 * DAY for f in one) and one == sorted(one)
+
+
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"nodes": 1}, "nodes"),
+        ({"spares": 64}, "spares"),
+        ({"jobs": 61}, "jobs"),
+        ({"nodes_per_leaf": 0}, "nodes_per_leaf"),
+    ],
+)
+def test_a_cluster_that_cannot_be_is_refused_naming_the_option(
+    kw: dict[str, int], what: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{what}: "):
+        ClusterSpec(**({"nodes": 64, "spares": 4} | kw))
+
+
+def test_every_cause_is_named() -> None:
+    assert CAUSES == ("hang", "lost_work", "reload", "degraded", "waiting")
