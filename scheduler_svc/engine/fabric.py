@@ -279,6 +279,8 @@ class Unhealthy:
     device: str | None = None
     port: int | None = None
     switch: str | None = None
+    # A recovering fault: when it clears if nothing new happens (its cause is gone).
+    clears_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +335,7 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
                 f.device,
                 f.port,
                 f.switch,
+                h.clears_at if h.health == Health.RECOVERING else None,
             )
         )
     for s in evidence.switches:

@@ -1071,6 +1071,11 @@ def _at_checkpoint(p: _Pass, desired: Desired, prev: Desired, cp: CheckpointSeen
     broken_since = min([job.failed_over_at, *(u.since for u in p.evidence)])
     degraded_for = max(0.0, (cp.at - broken_since).total_seconds())
     remaining = max(0.0, repair - degraded_for)
+    if p.evidence and all(u.clears_at is not None for u in p.evidence):
+        # Every cause is gone already (a flap's port is back): the repair is the damping
+        # or quiet period left, not a field engineer's day.
+        clears = max(u.clears_at for u in p.evidence if u.clears_at is not None)
+        remaining = min(remaining, max(0.0, (clears - cp.at).total_seconds()))
     restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
     keys = frozenset(u.key for u in p.evidence)
     if restart and not options.policy.restarts_at_checkpoints:

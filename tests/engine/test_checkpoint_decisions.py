@@ -317,3 +317,19 @@ def test_the_repair_clock_runs_from_the_fault_across_incarnations() -> None:
     d = s.step(5100).decision
     assert d is not None
     assert d.plan == {"repair_in_s": 7200.0 - 2100.0, "k": 1.5}
+
+
+def test_a_fault_whose_cause_is_gone_is_not_restarted_for_at_a_checkpoint() -> None:
+    """A flap: the port is back 5 s after it failed, and the job waits on its backup only
+    for the damping period (120 s here). A checkpoint meanwhile (FlowCheck takes one
+    every iteration) must not restart the job for a day-long repair that will not
+    happen: the repair left is the damping left. Found by the fleet twin, where every
+    flap under a FlowCheck job cost it a reload."""
+    s = failed_over(repair_estimate_s=86400)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3005))
+    s.checkpoint = CheckpointSeen(5, at(3006), at(3006))
+    d = s.step(3006).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.plan == {"repair_in_s": 119.0, "k": 1.5}
+    assert d.reason.startswith("keep running degraded")
+    assert s.mode == Mode.FAILED_OVER
