@@ -664,6 +664,8 @@ def _reconcile_paths(
             )
             if moved:
                 return _failover(p, base, moved, note=back_on)
+            if returning:  # the last on a backup can return: nobody is left there
+                return _failback(p, prev, base, moved, returning)
             # Nobody can move to a backup: it runs as placed, and that is the decision.
             record = DecisionRecord(
                 f"replan:{now.isoformat()}",

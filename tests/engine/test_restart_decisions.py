@@ -275,3 +275,24 @@ def test_a_window_announced_after_the_restart_is_news_to_the_next_incarnation() 
     out = s.step(3061)
     assert out.decision is not None and out.decision.action == Action.RESTART
     assert out.decision.trigger == "maintenance:2"
+
+
+def test_a_job_placed_back_without_a_path_fails_back_its_last_rank_on_a_backup() -> None:
+    """No communicator. n0's mlx5_2 and mlx5_3 fail early (GPUs 2 and 3 have no path) and
+    so does n1/mlx5_5: the job restarts. Placed back on n0 and n1, it runs on what is
+    left (rank 13 on its backup). When n1/mlx5_5 comes back and is damped, rank 13
+    returns: a fail-back, after which nobody is on a backup, the job is normal and its
+    desired state moves no rank (not a `none` that left rank 13 on its backup)."""
+    s = Story(["n0", "n1"], comm_channels=None)
+    s.faults[1] = down(1, "n0", "mlx5_2", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_3", 1000)
+    s.faults[3] = down(3, "n1", "mlx5_5", 1000)
+    assert mode_after(s, 1000) == Mode.RESTARTING
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    assert mode_after(s, 1100) == Mode.FAILED_OVER
+    assert dict(s.desired.moved) == {13: "mlx5_4/1"}
+    s.faults[3] = down(3, "n1", "mlx5_5", 1000, recovered_at=at(1200))
+    back = s.step(1200 + 3600).decision
+    assert back is not None and back.action == Action.FAILBACK
+    assert (s.mode, dict(s.desired.moved)) == (Mode.NORMAL, {})
