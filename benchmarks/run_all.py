@@ -34,6 +34,8 @@ BENCHMARKS = [
         "50",
     ],
     ["bench_simulate.py"],
+    ["bench_twin.py"],
+    ["bench_sequences_model.py", "--minutes", "10"],
     ["bench_agent.py", "--seconds", "60"],
 ]
 

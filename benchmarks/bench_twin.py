@@ -1,0 +1,107 @@
+"""The fleet twin at size: simulated days per wall second, events and decisions per wall
+second, where the time goes (the service's answers or the twin's own bookkeeping), and
+memory over the simulated time.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_twin.py \
+        [--nodes 256] [--days 7] [--fault-scale 100] [--policy railover] [--seed 1]
+
+One run per policy asked for (all four by default), each on the same trace; the
+numbers go in benchmarks/RESULTS.md ("The fleet twin"). Not part of `make test`
+(tests/twin runs a short day there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from typing import Any
+
+import benchlib
+
+from scheduler_svc.client import RailoverClient
+from scheduler_svc.engine.decision import Policy
+from scheduler_svc.twin.cluster import ClusterSpec
+from scheduler_svc.twin.loop import Twin
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+class Timed:
+    """Wall time spent waiting on the service's answers (the service runs in this process
+    on a thread of its own: that wait is its work, the rest is the twin's)."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0
+        self.requests = 0
+        original = RailoverClient._request
+
+        def request(client: RailoverClient, *args: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(client, *args, **kw)
+            finally:
+                self.waited += time.perf_counter() - started
+                self.requests += 1
+
+        RailoverClient._request = request  # type: ignore[method-assign,assignment]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--nodes", type=int, default=256)
+    ap.add_argument("--nodes-per-leaf", type=int, default=32)
+    ap.add_argument("--spares", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--fault-scale", type=float, default=100.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policy", type=Policy, action="append")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    m = benchlib.machine()
+    print(f"machine: {m['nproc']} cores, {m['cpu']}")
+    spec = ClusterSpec(args.nodes, args.spares, args.nodes_per_leaf, args.jobs)
+    timed = Timed()
+    for policy in args.policy or list(Policy):
+        timed.waited, timed.requests = 0.0, 0
+        rss: dict[str, float] = {}
+
+        def progress(done: float, rss: dict[str, float] = rss) -> None:
+            if done * args.days >= 1 and "day 1" not in rss:
+                rss["day 1"] = rss_mb()
+
+        twin = Twin(
+            spec,
+            days=args.days,
+            seed=args.seed,
+            fault_scale=args.fault_scale,
+            policy=policy,
+            progress=progress,
+        )
+        r = twin.run()
+        rss["end"] = rss_mb()
+        decided = sum(r.decisions.values())
+        print(
+            f"{policy.value}: {args.nodes} nodes, {args.days:g} days at {args.fault_scale:g}x: "
+            f"wall {r.wall_s:.1f} s, {args.days * 86400 / r.wall_s:,.0f}x real time; "
+            f"{sum(r.faults.values())} faults {r.faults}; {r.events} events "
+            f"({r.events / r.wall_s:.1f}/s), {decided} decisions ({decided / r.wall_s:.2f}/s), "
+            f"{timed.requests} requests ({timed.requests / r.wall_s:.0f}/s); "
+            f"waiting on the service {100 * timed.waited / r.wall_s:.0f} % of the wall time; "
+            f"RSS MB {', '.join(f'{k} {v:.0f}' for k, v in rss.items())}; "
+            f"lost {r.gpu_hours_total:,.1f} of {r.gpu_hours:,.0f} GPU-h; "
+            f"violations {sum(r.violations.values())}"
+        )
+
+
+if __name__ == "__main__":
+    main()
