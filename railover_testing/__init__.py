@@ -4,8 +4,10 @@
 - ``agents``: agents run in-process, and a stand-in for the service's agent endpoints;
 - ``fake_agent``: a stand-in for the agent's plugin socket;
 - ``simjob``: a simulated training job whose ranks use the real native plugin;
-- ``local``: the real service served on loopback inside this process;
-- ``cluster_shapes``: node registrations of common GPU servers, with no sysfs tree;
+- ``local``: the real service served on loopback inside this process, and
+  ``cluster_shapes``: node registrations of common GPU servers, with no sysfs tree
+  (both now names for scheduler_svc.twin.inprocess and .hardware, which the fleet twin
+  ships with the product);
 - ``demo``: the script `railover demo` plays.
 
 It lives at the top of a source checkout and is left out of the wheel
