@@ -46,9 +46,6 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
     policy: Annotated[
         list[Policy] | None, typer.Option(help="A policy to run (repeat it); default: all four")
     ] = None,
-    db: Annotated[
-        str | None, typer.Option(help="A store URL (emptied for each run); default: SQLite")
-    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write every run's books here")
     ] = None,
@@ -72,7 +69,6 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
                     seed=s,
                     fault_scale=fault_scale,
                     policy=p,
-                    db_url=db,
                     progress=partial(_advance, bar, task),
                 )
                 results.append(twin.run())

@@ -184,7 +184,8 @@ class TwinResult:
 
 def twin_settings(policy: Policy, db_url: str | None, tmp: Path) -> Settings:
     """The service's settings in the twin: its defaults, the policy under study, a store of
-    its own, and no coordinator thread (the twin sweeps after each move of its clock)."""
+    its own (SQLite in `tmp`; `db_url` must name an empty one), and no coordinator thread
+    (the twin sweeps after each move of its clock)."""
     return Settings(
         db_url=db_url or f"sqlite:///{tmp / 'twin.db'}",
         port=0,
