@@ -432,3 +432,34 @@ def test_a_node_unreachable_for_one_job_is_evidence_for_every_job_on_it(db_url: 
         lambda s: s.checkpoint_of_the_next_incarnation(),
         lambda s: s.advance(seconds=61),
     )
+
+
+@pytest.mark.xfail(strict=True, reason="open: a fail-back switch point beside members with no path")
+def test_a_failback_beside_members_without_any_path(db_url: str) -> None:
+    """Open (long profile, run 7 on SQLite). Communicator 77. CQE errors on n1's mlx5_3 and
+    mlx5_2 leave n1's GPUs 2 and 3 no path: restart. The next incarnation, back on n0 and
+    n1, runs on what is left (it is not restarted again for them). rail3-leaf fails (rank
+    3 of n0 goes to mlx5_2), n0/mlx5_3 comes back and rank 3 is sent a FAILBACK switch
+    point, which names every member and disables no channel; then rail2-leaf fails, n0
+    first. That FAILBACK is still live and, read as "every member to its primary", sends
+    rank 2 of n0 onto mlx5_2, now down (invariant 1). Holding rank 3 on its backup while
+    members of its communicator have no path (tried) keeps it there after its backup
+    fails instead. What a communicator with members that have no path at all should be
+    told is not settled here."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=3000),
+        lambda s: s.cqe_burst(device="mlx5_3", n=4, node="n1"),
+        lambda s: s.cqe_burst(device="mlx5_2", n=2, node="n1"),
+        lambda s: s.partition(node="n0"),
+        lambda s: s.advance(seconds=1),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.advance(seconds=7),
+        lambda s: s.leaf_fails(device="mlx5_3", n=3, nodes=["n3", "n2", "n0", "n1"]),
+        lambda s: s.cqe_burst(device="mlx5_2", n=4, node="n2"),
+        lambda s: s.one_comes_back(data=Drawn(("n0", "mlx5_3"))),
+        lambda s: s.cqe_burst(device="mlx5_2", n=1, node="n3"),
+        lambda s: s.agent_polls(node="n0"),
+        lambda s: s.partition(node="n0"),
+        lambda s: s.leaf_fails(device="mlx5_2", n=3, nodes=["n0", "n2", "n1", "n3"]),
+    )
