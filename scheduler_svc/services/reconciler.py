@@ -410,10 +410,13 @@ def _overrides(
     switched = {i.comm_id for i in intents if i.coordinated}
     members = {c.comm_id: c.ranks for c in state.communicators}
     everyone = tuple(r for r, _, _ in state.ranks)
+    sent = {r for i in intents if i.kind == engine.IntentKind.FAILOVER for r in i.ranks}
     out = []
     for o in overtaken:
         if not state.communicators:
-            stay = tuple(r for r in o.ranks if r in desired.moved)
+            # Told again, unless the pass moves it anyway (a FAILOVER the fail-back had
+            # withdrawn never reached it: commands.left_their_primary).
+            stay = tuple(r for r in o.ranks if r in desired.moved and r not in sent)
             if stay:
                 out.append(engine.Intent(engine.IntentKind.FAILOVER, o.comm_id, stay))
         elif o.comm_id not in switched:

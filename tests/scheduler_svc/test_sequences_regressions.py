@@ -246,13 +246,13 @@ def test_case04_a_failover_elsewhere_keeps_the_pending_return(make: Start) -> No
     register_nodes(http, ["n0", "n1"])
     post_job(http, "j", ["n0", "n1"], comm=COMM)
     post(http, ev("n0", "port_down", T0))
+    for c in commands(http, "j", live=True):
+        ack(http, c, "applied")  # rank 3 is on its backup
     clock.advance(10)
     post(http, ev("n0", "port_up", T0 + timedelta(seconds=10)))
     clock.advance(61)
     wait_for("the fail-back", lambda: decisions(http, "j")[0]["action"] == "failback")
     (first,) = {c["epoch"] for c in commands(http, "j", "failback", live=True)}
-    for c in commands(http, "j", "failover", live=True):
-        ack(http, c, "applied")  # rank 3 is on its backup
     for at, node in ((72, "n0"), (73, "n1")):
         clock.advance(1)
         post(http, ev(node, "port_down", T0 + timedelta(seconds=at), device="mlx5_1"))

@@ -26,7 +26,7 @@ def conserved(r: TwinResult) -> None:
     assert math.isclose(sum(r.gpu_hours_lost.values()), r.gpu_hours_total, rel_tol=1e-9), r
 
 
-def test_a_day_with_a_leaf_failure_and_a_nic_that_stays_broken(db_url: str) -> None:
+def test_a_day_with_a_leaf_failure_and_a_nic_that_stays_broken() -> None:
     """rail3-leaf0 (nodes 0-15, job-0's) fails for four hours an hour in; a NIC of job-1's
     node 40 breaks two hours in and stays broken all day. Railover fails both jobs over
     (late enough after their checkpoints), fails job-0 back after the leaf's repair, and
@@ -35,7 +35,7 @@ def test_a_day_with_a_leaf_failure_and_a_nic_that_stays_broken(db_url: str) -> N
         Fault(3600 + 1800, FaultKind.LEAF, 0, 3, 4 * 3600, leaf="rail3-leaf0"),
         Fault(7200 + 1800, FaultKind.LINK, 40, 5, 10 * DAY),
     ]
-    r = Twin(SPEC, days=1, seed=1, fault_scale=0, faults=faults, db_url=db_url).run()
+    r = Twin(SPEC, days=1, seed=1, fault_scale=0, faults=faults).run()  # its own SQLite
     assert r.violations == {}, r.first_violation
     conserved(r)
     assert r.faults == {"leaf": 1, "link": 1}
