@@ -463,3 +463,43 @@ def test_a_failback_beside_members_without_any_path(db_url: str) -> None:
         lambda s: s.partition(node="n0"),
         lambda s: s.leaf_fails(device="mlx5_2", n=3, nodes=["n0", "n2", "n1", "n3"]),
     )
+
+
+@pytest.mark.xfail(strict=True, reason="open: a fail-back switch point beside members with no path")
+def test_a_failback_beside_members_without_any_path_short(db_url: str) -> None:
+    """Open (long profile, run 8 on PostgreSQL): the shortest form of the one above. With
+    rail3-leaf down and CQE errors on n0/mlx5_2, n0's GPU 2 has no path: restart. Placed
+    back on n0 and n1, the job runs on what is left; when rail2-leaf fails too (n1 does
+    not report), the service sends a FAILBACK switch point returning rank 9 that disables
+    no channel, which reads as returning rank 2 of n0 onto its dead mlx5_2 (invariant 1).
+    Before this session's fix for a `none` that left a rank on its backup, the same
+    sequence broke invariant 6 instead."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=3000),
+        lambda s: s.leaf_fails(device="mlx5_3", n=4, nodes=["n0", "n2", "n1", "n3"]),
+        lambda s: s.cqe_burst(device="mlx5_2", n=3, node="n0"),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.leaf_fails(device="mlx5_2", n=3, nodes=["n3", "n0", "n2", "n1"]),
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="open: a FAILOVER of two ranks, one of them returning")
+def test_a_failback_leaves_live_a_failover_of_two_ranks_one_of_them_returning(
+    db_url: str,
+) -> None:
+    """Open (long profile, run 8 on PostgreSQL). A job placed back on what it was restarted
+    for sends one FAILOVER moving ranks 9 and 11 of n1 to mlx5_2 and mlx5_4; rail2-leaf
+    then fails and rank 9 is told to return, but a fail-back withdraws only a FAILOVER
+    whose every rank it returns, so the one still on its way moves rank 9 onto the dead
+    mlx5_2 (invariant 1). The withdrawal has to split such a FAILOVER."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=3000),
+        lambda s: s.leaf_fails(device="mlx5_3", n=4, nodes=["n0", "n2", "n1", "n3"]),
+        lambda s: s.cqe_burst(device="mlx5_2", n=3, node="n0"),
+        lambda s: s.leaf_fails(device="mlx5_3", n=4, nodes=["n0", "n3", "n2", "n1"]),
+        lambda s: s.leaf_fails(device="mlx5_5", n=3, nodes=["n3", "n2", "n1", "n0"]),
+        lambda s: s.checkpoint_of_the_next_incarnation(),
+        lambda s: s.leaf_fails(device="mlx5_2", n=4, nodes=["n2", "n1", "n3", "n0"]),
+    )
