@@ -84,7 +84,7 @@ def issue(
             transition(session, cmd, CommandState.SUPERSEDED, now)
     for intent in intents:
         if intent.kind == IntentKind.FAILBACK and intent.returning:
-            _withdraw_moves(session, job, set(intent.returning), now)
+            _withdraw_moves(session, job, set(intent.returning), now, settings)
         if intent.coordinated:
             made += switch_point(
                 session,
@@ -140,15 +140,21 @@ def issue(
     return made
 
 
-def _withdraw_moves(session: Session, job: m.Job, returning: Set[int], now: datetime) -> None:
+def _withdraw_moves(
+    session: Session, job: m.Job, returning: Set[int], now: datetime, settings: Settings
+) -> None:
     """A FAILOVER still on its way to ranks that now return is withdrawn: sent (or sent
     again, unanswered) after the fail-back, it would move them onto a backup that may be
-    dead by now."""
+    dead by now. One that moves other ranks too goes on for those alone."""
     for cmd in CoordinationRepo(session).job_commands(
         job.job_id, [CommandKind.FAILOVER.value], WAITING
     ):
-        if set(cmd.ranks) <= returning:
-            transition(session, cmd, CommandState.SUPERSEDED, now)
+        if not returning & set(cmd.ranks):
+            continue
+        staying = [r for r in cmd.ranks if r not in returning]
+        if transition(session, cmd, CommandState.SUPERSEDED, now) and staying:
+            CommandRepo(session).add_all([_again(cmd, now, settings, attempt=1, ranks=staying)])
+            notify_nodes(session, [cmd.node])
 
 
 def left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int]:
@@ -383,6 +389,40 @@ def retrigger(
     )
 
 
+def _again(
+    cmd: m.Command,
+    now: datetime,
+    settings: Settings,
+    *,
+    attempt: int,
+    ranks: list[int] | None = None,
+) -> m.Command:
+    """`cmd` issued again under a new id (for `ranks` of it, when given), its deadline
+    counted from now."""
+    return m.Command(
+        node=cmd.node,
+        job_id=cmd.job_id,
+        decision_id=cmd.decision_id,
+        kind=cmd.kind,
+        epoch=cmd.epoch,
+        comm_id=cmd.comm_id,
+        ops_done=cmd.ops_done,
+        disabled_channels=list(cmd.disabled_channels),
+        channel_weights=list(cmd.channel_weights),
+        split_ratio=cmd.split_ratio,
+        transit=[list(t) for t in cmd.transit],
+        transit_mb_per_channel=cmd.transit_mb_per_channel,
+        ranks=list(cmd.ranks) if ranks is None else ranks,
+        returning=None if cmd.returning is None else list(cmd.returning),
+        created_at=now,
+        attempt=attempt,
+        ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+        iteration=cmd.iteration,
+        # Again for the processes the first issue was for, not a later incarnation.
+        incarnation=cmd.incarnation,
+    )
+
+
 def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Settings) -> bool:
     """An unacknowledged command past its deadline: re-issue it under a new id, or fail it.
 
@@ -390,29 +430,7 @@ def retry_or_fail(session: Session, cmd: m.Command, now: datetime, settings: Set
     """
     if cmd.attempt < settings.command_max_attempts:
         transition(session, cmd, CommandState.SUPERSEDED, now)
-        retry = m.Command(
-            node=cmd.node,
-            job_id=cmd.job_id,
-            decision_id=cmd.decision_id,
-            kind=cmd.kind,
-            epoch=cmd.epoch,
-            comm_id=cmd.comm_id,
-            ops_done=cmd.ops_done,
-            disabled_channels=list(cmd.disabled_channels),
-            channel_weights=list(cmd.channel_weights),
-            split_ratio=cmd.split_ratio,
-            transit=[list(t) for t in cmd.transit],
-            transit_mb_per_channel=cmd.transit_mb_per_channel,
-            ranks=list(cmd.ranks),
-            returning=None if cmd.returning is None else list(cmd.returning),
-            created_at=now,
-            attempt=cmd.attempt + 1,
-            ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
-            iteration=cmd.iteration,
-            # A retry is for the processes the first issue was for, not a later incarnation.
-            incarnation=cmd.incarnation,
-        )
-        CommandRepo(session).add_all([retry])
+        CommandRepo(session).add_all([_again(cmd, now, settings, attempt=cmd.attempt + 1)])
         notify_nodes(session, [cmd.node])
         metrics.COMMAND_RETRIES.inc()
         return False

@@ -459,6 +459,11 @@ def test_a_failover_overtakes_a_failback_of_a_communicator_with_a_new_switch_poi
     start_job(http, "j", ["n0", "n1"])
     post(http, ev("n0", "port_down", T0), ev("n0", "port_down", T0, device="mlx5_6"))
     assert http.get("/v1/jobs/j/paths").json()["failed_over_ranks"] == [3, 6]
+    for c in commands(http, "j"):  # the ranks take it: 3 and 6 are on their backups
+        r = http.post(
+            f"/v1/commands/{c['command_id']}/acks", json={"node": c["node"], "status": "applied"}
+        )
+        assert r.status_code == 200, r.text
     post(http, ev("n0", "port_up", T0 + timedelta(seconds=5)))
     clock.advance(66)
     wait_for(lambda: len(live(http, "j", "failback")) == 2)  # one per node
