@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, Options
@@ -333,3 +335,53 @@ def test_a_fault_whose_cause_is_gone_is_not_restarted_for_at_a_checkpoint() -> N
     assert d.plan == {"repair_in_s": 119.0, "k": 1.5}
     assert d.reason.startswith("keep running degraded")
     assert s.mode == Mode.FAILED_OVER
+
+
+def test_the_repair_left_for_a_recovering_fault_counts_from_the_checkpoint() -> None:
+    """The checkpoint was taken half a second before the flap's port is damped: that half
+    second is the repair left (not rounded up to a whole one)."""
+    s = failed_over(repair_estimate_s=86400)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3005))
+    s.checkpoint = CheckpointSeen(5, at(3124.5), at(3124.5))
+    d = s.step(3124.6).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.plan == {"repair_in_s": 0.5, "k": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("scaling", "dp", "restarts"), [(True, 2, True), (False, 2, False), (True, 1, False)]
+)
+def test_without_a_spare_only_a_scaled_restart_escapes_the_fault(
+    scaling: bool, dp: int, restarts: bool
+) -> None:
+    """No spare node: a restart at the checkpoint escapes the fault only as a scaled
+    restart without n0, which needs scaling allowed and a replica left (DP 2 of TP 8:
+    n0 and n1 are one replica each; DP 1 leaves none)."""
+    s = failed_over(
+        repair_estimate_s=86400,
+        spare_nodes=False,
+        allow_scaling=scaling,
+        dp_size=dp,
+        tp_size=16 // dp,
+    )
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    assert (d.action == Action.RESTART) == restarts, d.reason
+
+
+def test_a_checkpoint_does_not_restart_for_evidence_a_restart_was_decided_for() -> None:
+    """The job carries a restart verdict for fault 1 (its last incarnation was restarted
+    for it) and fails over on it: a checkpoint with a long repair ahead keeps it running
+    degraded, and says why."""
+    s = Story(["n0", "n1"], job_kw={"repair_estimate_s": 86400})
+    s.desired = replace(s.desired, restarted_for=frozenset({"fault:1"}))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    assert s.step(3000).decision is not None and s.mode == Mode.FAILED_OVER
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.reason == (
+        "keep running degraded: a restart was already decided for this evidence, and the "
+        "job came back on it"
+    )

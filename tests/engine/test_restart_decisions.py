@@ -296,3 +296,33 @@ def test_a_job_placed_back_without_a_path_fails_back_its_last_rank_on_a_backup()
     back = s.step(1200 + 3600).decision
     assert back is not None and back.action == Action.FAILBACK
     assert (s.mode, dict(s.desired.moved)) == (Mode.NORMAL, {})
+
+
+def test_a_port_of_another_switch_failing_while_the_job_restarts_is_news() -> None:
+    """As in the leaf test, and n1's mlx5_5 (rail5-leaf, not inferred failed) fails too
+    while the job restarts: only rail3-leaf and its ports are one failure with what the
+    restart was for; rank 13 losing its primary to rail 5 is news, and with ranks still
+    without a path the job restarts for it."""
+    s = _restarted_twice_by_rail3(leaf_inferred=True)
+    s.faults[4] = down(4, "n1", "mlx5_5", 1201, switch="rail5-leaf")
+    now = at(1300)
+    out = reconcile(now, s.job(), s.fabric(now), s.options)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert "fault:4" in out.desired.restarted_for
+
+
+def test_what_a_restart_knows_of_announced_windows() -> None:
+    """Ranks on GPUs 0-5 of n0 and n1 (mlx5_6 and mlx5_7 carry none of them). At the
+    restart, windows are announced on rail4-leaf and on n0/mlx5_6: the leaf's is the job's
+    (its ranks on GPUs 4 and 5 use it) and counts as restarted for; n0/mlx5_6's is not."""
+    ranks = tuple((i * 6 + g, n, g) for i, n in enumerate(("n0", "n1")) for g in range(6))
+    s = Story(["n0", "n1"], ranks=ranks)
+    s.windows[4] = Maintenance(4, at(5000), at(5600), switch="rail4-leaf", moves_at=at(4940))
+    s.windows[6] = Maintenance(
+        6, at(5000), at(5600), node="n0", device="mlx5_6", port=1, moves_at=at(4940)
+    )
+    s.faults[1] = down(1, "n0", "mlx5_2", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_3", 1000)
+    out = s.step(1000)
+    assert out.decision is not None and out.decision.action == Action.RESTART
+    assert out.desired.restarted_for == {"fault:1", "fault:2", "maintenance:4"}
