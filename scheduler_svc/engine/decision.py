@@ -57,15 +57,14 @@ class Policy(enum.StrEnum):
 
 def with_policy(d: Decision, policy: Policy) -> Decision:
     """`d` as `policy` answers it: the costs stay as computed, the action may not."""
-    failover = d.costs_s.get(Action.FAILOVER.value)
-    if policy == Policy.RAILOVER or d.action in (Action.NONE,):
+    if policy == Policy.RAILOVER or d.action == Action.NONE:
         return d
     if policy == Policy.RESTART_ONLY:
         if d.action == Action.FAILOVER and not d.inputs.planned:
             why = "policy restart-only: every fault that hits a rank restarts the job"
             return replace(d, action=Action.RESTART, reason=f"{why} ({d.reason})")
         return d
-    if failover is not None and d.action != Action.FAILOVER:
+    if d.costs_s.get(Action.FAILOVER.value) is not None and d.action != Action.FAILOVER:
         why = f"policy {policy.value}: fail over wherever a path is left"
         return replace(d, action=Action.FAILOVER, reason=f"{why} ({d.reason})")
     return d

@@ -1813,7 +1813,7 @@ def _one_failure(restarted_for: frozenset[str], evidence: Sequence[Unhealthy]) -
         one = {sw.key} | {u.key for u in evidence if u.node is not None and u.switch == sw.switch}
         if one & restarted_for:
             out |= one
-    return frozenset(out) if len(out) > len(restarted_for) else restarted_for
+    return frozenset(out)
 
 
 def _known(

@@ -227,6 +227,8 @@ def record_progress(session: Session, events: list[EventIn]) -> int:
             job_id = candidates[0]
         if e.job_id is None or e.job_id == job_id:
             placed.append((job_id, e))
+    if not placed:
+        return 0
     current = repo.incarnations(j for j, _ in placed)
     samples = [
         ProgressSample(job_id, e.comm_id or 0, e.rank or 0, e.ops_done or 0, e.observed_at)
