@@ -61,8 +61,13 @@ def node_name(i: int) -> str:
     return f"n{i:05d}"
 
 
+def leaf_names(node: int, nodes_per_leaf: int) -> str:
+    """The leaf of each of the node's rails, as hgx_node's `switch_name` takes it."""
+    return f"rail{{rail}}-leaf{node // nodes_per_leaf}"
+
+
 def leaf_of(node: int, rail: int, nodes_per_leaf: int) -> str:
-    return f"rail{rail}-leaf{node // nodes_per_leaf}"
+    return leaf_names(node, nodes_per_leaf).format(rail=rail)
 
 
 @dataclass(frozen=True, slots=True)

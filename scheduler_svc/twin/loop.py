@@ -49,6 +49,7 @@ from scheduler_svc.twin.cluster import (
     FaultKind,
     JobSpec,
     job_mix,
+    leaf_names,
     leaf_of,
     node_name,
     trace,
@@ -300,7 +301,7 @@ class Twin:
 
     def register(self) -> None:
         for i in range(self.spec.nodes):
-            body = hgx_node(switch_name=f"rail{{rail}}-leaf{i // self.spec.nodes_per_leaf}")
+            body = hgx_node(switch_name=leaf_names(i, self.spec.nodes_per_leaf))
             self.rv.register_node(node_name(i), body)
         for job in self.jobs.values():
             self.post_job(job)
@@ -543,8 +544,12 @@ class Twin:
         the CQE bursts still within the service's quiet period."""
         quiet = self.now_s - self.settings.fault_quiet_s
         down = {f"{n}/mlx5_{r}" for (n, r), c in self.down.items() if c > 0 and n in job.nodes}
-        cqe = {f"cqe {n}/mlx5_{r} at {t:.0f}" for n, r, t in self.bursts if t >= quiet}
-        return frozenset(down | {c for c in cqe if c.split()[1].split("/")[0] in job.nodes})
+        cqe = {
+            f"cqe {n}/mlx5_{r} at {t:.0f}"
+            for n, r, t in self.bursts
+            if t >= quiet and n in job.nodes
+        }
+        return frozenset(down | cqe)
 
     def broken(self, node: str) -> bool:
         return any(self.down[(node, r)] > 0 for r in range(RAILS))
