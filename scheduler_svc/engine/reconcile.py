@@ -619,6 +619,9 @@ def _reconcile_paths(
         if not r.primary_ok and r.backup_ok and r.backup
     }
     isolated = bool(conn.isolated_ranks) or not conn.all_pairs_survive
+    # A rank on its backup that failed too, its primary still failed: no command helps
+    # it, and a fail-back would send it onto its dead primary. It stays where it was told.
+    moved.update(_stranded(conn, prev, moved))
     held = _held(job, prev, moved, fabric, conn, options=options)
     moved.update(held)
     if not options.policy.fails_back:  # NCCL keeps the partner device until a restart
@@ -742,6 +745,17 @@ def _reconcile_paths(
         # Same ranks off their primary, another channel plan (a second rail of a node).
         return _failover(p, base, moved, note=None)
     return Reconciled(desired, None, conn, warnings)
+
+
+def _stranded(conn: Connectivity, prev: Desired, moved: Mapping[int, str]) -> dict[int, str]:
+    """Ranks of `prev.moved` whose backup and primary are both failed now."""
+    gone = sorted(r for r in prev.moved if r not in moved)
+    routes = _routes_by_rank(conn, gone)
+    return {
+        r: prev.moved[r]
+        for r in gone
+        if r in routes and not routes[r].primary_ok and not routes[r].backup_ok
+    }
 
 
 def _held(

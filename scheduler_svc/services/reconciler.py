@@ -521,7 +521,10 @@ def job_paths(
         g = None
         if plan is not None and plan.has_gpu(r.gpu):
             g = plan.for_gpu(r.gpu)
-        active = moved.get(r.rank, r.primary if r.primary_ok else None)
+        # The path it is on, where that works: none for a rank whose every path failed.
+        active = moved[r.rank] if r.rank in moved and r.backup_ok else None
+        if r.rank not in moved and r.primary_ok:
+            active = r.primary
         if job.mode == Mode.RESTARTING.value:
             active = None
         ranks.append(

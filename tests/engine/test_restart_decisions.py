@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from scheduler_svc.engine.fabric import Maintenance, SwitchEvidence
 from scheduler_svc.engine.paths import plan_node
-from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, reconcile, routes_of
+from scheduler_svc.engine.reconcile import (
+    Action,
+    CheckpointSeen,
+    IntentKind,
+    Mode,
+    command_diff,
+    reconcile,
+    routes_of,
+)
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down, topo
 
 # Both RNICs of n0's GPUs 2 and 3 fail: ranks 2 and 3 lose every path.
@@ -326,3 +334,56 @@ def test_what_a_restart_knows_of_announced_windows() -> None:
     out = s.step(1000)
     assert out.decision is not None and out.decision.action == Action.RESTART
     assert out.desired.restarted_for == {"fault:1", "fault:2", "maintenance:4"}
+
+
+def _placed_back_with_rank_13_on_a_windowed_backup() -> Story:
+    """No communicator. n0's mlx5_2 and mlx5_3 and n1's mlx5_5 fail early, and a window on
+    n1/mlx5_4 (rank 13's backup) is announced, moving jobs from 1200 s: the job restarts
+    for all of it. Placed back on n0 and n1, it runs on what is left, rank 13 on mlx5_4."""
+    s = Story(["n0", "n1"], comm_channels=None)
+    s.faults[1] = down(1, "n0", "mlx5_2", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_3", 1000)
+    s.faults[3] = down(3, "n1", "mlx5_5", 1000)
+    s.windows[4] = Maintenance(
+        4, at(1260), at(9000), node="n1", device="mlx5_4", port=1, moves_at=at(1200)
+    )
+    assert mode_after(s, 1000) == Mode.RESTARTING
+    assert s.desired.restarted_for == {"fault:1", "fault:2", "fault:3", "maintenance:4"}
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    assert mode_after(s, 1100) == Mode.FAILED_OVER
+    assert dict(s.desired.moved) == {13: "mlx5_4/1"}
+    return s
+
+
+def test_a_rank_whose_backup_fails_too_stays_where_it_was_told() -> None:
+    """The window on rank 13's backup begins while its primary is still down: rank 13 has
+    no path left, which the restart was for. It is not failed back onto its dead primary
+    (before: a FAILBACK saying n1's primary paths were healthy again); it stays on its
+    backup, told nothing, and the job says nothing new."""
+    s = _placed_back_with_rank_13_on_a_windowed_backup()
+    told = s.desired
+    out = s.step(1201)
+    assert out.decision is None
+    assert out.conn.isolated_ranks == (2, 3, 12, 13)
+    assert (out.desired.mode, dict(out.desired.moved)) == (Mode.FAILED_OVER, {13: "mlx5_4/1"})
+    assert command_diff(told, out.desired, s.job()) == []
+
+
+def test_a_rank_left_without_a_path_returns_once_its_primary_does() -> None:
+    """Then n1/mlx5_5 comes back and, past its damping, is healthy: rank 13 returns to it
+    from its backup, still in the window, and rank 12 (mlx5_4's own GPU) moves onto it."""
+    s = _placed_back_with_rank_13_on_a_windowed_backup()
+    s.step(1201)
+    told = s.desired
+    s.faults[3] = down(3, "n1", "mlx5_5", 1000, recovered_at=at(1300))
+    assert s.step(1301).decision is None  # damped: still no path
+    out = s.step(1300 + 3600)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert out.conn.isolated_ranks == (2, 3)
+    assert (out.desired.mode, dict(out.desired.moved)) == (Mode.FAILED_OVER, {12: "mlx5_5/1"})
+    intents = command_diff(told, out.desired, s.job())
+    assert [(i.kind, i.ranks, i.returning) for i in intents] == [
+        (IntentKind.FAILOVER, (12,), ()),
+        (IntentKind.FAILBACK, (13,), (13,)),
+    ]

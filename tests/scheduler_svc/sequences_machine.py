@@ -579,13 +579,20 @@ class SequencesMachine(RuleBasedStateMachine):
     def check_dead_hardware(
         self, j: str, ds: list[dict[str, Any]], cs: list[dict[str, Any]], ps: dict[str, Any]
     ) -> None:
-        """1: nothing puts a rank on a port whose newest report is DOWN."""
+        """1: nothing puts a rank on a port whose newest report is DOWN, nor keeps it on a
+        failed backup while its primary works. A rank whose primary has failed too has no path
+        to lose: a FAILOVER on its way to it moves it from one dead port to the other."""
         down = self.down()
         rows = self.rows(ps)
+        moved = set(ps["failed_over_ranks"])
         for r, row in rows.items():
             assert self.port(row["node"], row["active"]) not in down, (
                 f"invariant 1: /paths of {j} has rank {r} on {row['node']}/{row['active']}, "
                 "whose newest report is DOWN"
+            )
+            assert r not in moved or row["backup_ok"] or not row["primary_ok"], (
+                f"invariant 1: /paths of {j} keeps rank {r} on its failed backup "
+                f"{row['node']}/{row['backup']} while its primary {row['primary']} works"
             )
         for c in cs:
             if c["state"] not in LIVE:
@@ -593,7 +600,7 @@ class SequencesMachine(RuleBasedStateMachine):
             if c["kind"] == "failover":
                 for r in c["ranks"]:
                     to = self.port(c["node"], rows[r]["backup"]) if r in rows else None
-                    assert to not in down, (
+                    assert to not in down or (r in rows and not rows[r]["primary_ok"]), (
                         f"invariant 1: live FAILOVER {c['command_id']} of {j} moves rank {r} "
                         f"onto {to}, whose newest report is DOWN"
                     )
@@ -642,13 +649,19 @@ class SequencesMachine(RuleBasedStateMachine):
                     newest[r] = (c, "primary")
                     if c["state"] in LIVE:
                         returns[r] = c
+        moved = set(ps["failed_over_ranks"])
         for r, (c, to) in newest.items():
             if c["state"] not in LIVE or r not in rows:
                 continue
-            assert rows[r]["active"] == rows[r][to], (
+            # A rank with no path left is kept where it was told: /paths shows which side,
+            # and no active path.
+            kept = "backup" if r in moved else "primary"
+            active = rows[r]["active"]
+            works = rows[r]["backup_ok" if kept == "backup" else "primary_ok"]
+            assert kept == to and active == (rows[r][to] if works else None), (
                 f"invariant 2: live {c['kind'].upper()} {c['command_id']} of {j} takes rank "
-                f"{r} to its {to} {rows[r][to]}, but the service keeps it on "
-                f"{rows[r]['active']}"
+                f"{r} to its {to} {rows[r][to]}, but the service keeps it on its {kept} "
+                f"({active})"
             )
 
     def check_epochs(self, j: str, cs: list[dict[str, Any]]) -> None:

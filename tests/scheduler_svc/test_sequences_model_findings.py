@@ -434,9 +434,8 @@ def test_a_node_unreachable_for_one_job_is_evidence_for_every_job_on_it(db_url: 
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: a fail-back switch point beside members with no path")
 def test_a_failback_beside_members_without_any_path(db_url: str) -> None:
-    """Open (long profile, run 7 on SQLite). Communicator 77. CQE errors on n1's mlx5_3 and
+    """Long profile, run 7 on SQLite. Communicator 77. CQE errors on n1's mlx5_3 and
     mlx5_2 leave n1's GPUs 2 and 3 no path: restart. The next incarnation, back on n0 and
     n1, runs on what is left (it is not restarted again for them). rail3-leaf fails (rank
     3 of n0 goes to mlx5_2), n0/mlx5_3 comes back and rank 3 is sent a FAILBACK switch
@@ -444,8 +443,10 @@ def test_a_failback_beside_members_without_any_path(db_url: str) -> None:
     first. That FAILBACK is still live and, read as "every member to its primary", sends
     rank 2 of n0 onto mlx5_2, now down (invariant 1). Holding rank 3 on its backup while
     members of its communicator have no path (tried) keeps it there after its backup
-    fails instead. What a communicator with members that have no path at all should be
-    told is not settled here."""
+    fails instead. Settled: a rank whose backup fails while its primary is still failed has
+    no path to lose and stays where it was told (engine `_stranded`: no fail-back onto its
+    dead primary; a FAILOVER on its way moves it from one dead port to the other); /paths
+    shows it on its backup with no active path."""
     replay(
         db_url,
         lambda s: s.start(with_comm=True, elapsed_s=3000),
@@ -465,15 +466,16 @@ def test_a_failback_beside_members_without_any_path(db_url: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: a fail-back switch point beside members with no path")
 def test_a_failback_beside_members_without_any_path_short(db_url: str) -> None:
-    """Open (long profile, run 8 on PostgreSQL): the shortest form of the one above. With
+    """Long profile, run 8 on PostgreSQL: the shortest form of the one above. With
     rail3-leaf down and CQE errors on n0/mlx5_2, n0's GPU 2 has no path: restart. Placed
     back on n0 and n1, the job runs on what is left; when rail2-leaf fails too (n1 does
     not report), the service sends a FAILBACK switch point returning rank 9 that disables
     no channel, which reads as returning rank 2 of n0 onto its dead mlx5_2 (invariant 1).
-    Before this session's fix for a `none` that left a rank on its backup, the same
-    sequence broke invariant 6 instead."""
+    Rank 9 is the one returned: its backup n1/mlx5_2 failed with rail2-leaf and its
+    primary with rail3-leaf. It now stays where it was told, and nobody is sent a FAILBACK.
+    Before the fix for a `none` that left a rank on its backup, the same sequence broke
+    invariant 6 instead."""
     replay(
         db_url,
         lambda s: s.start(with_comm=True, elapsed_s=3000),
@@ -484,17 +486,16 @@ def test_a_failback_beside_members_without_any_path_short(db_url: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: a fail-back switch point beside members with no path")
 def test_a_failback_with_a_failover_of_two_ranks_beside_members_without_any_path(
     db_url: str,
 ) -> None:
-    """Open (long profile, run 8 on PostgreSQL). A job placed back on what it was restarted
+    """Long profile, run 8 on PostgreSQL. A job placed back on what it was restarted
     for sends one FAILOVER moving ranks 9 and 11 of n1 to mlx5_2 and mlx5_4; rail2-leaf
     then fails and rank 9 is told to return. A fail-back withdrew only a FAILOVER whose
     every rank it returned, so the one still on its way moved rank 9 onto the dead
     mlx5_2 (invariant 1): fixed (test_a_failback_splits_a_failover_of_two_ranks). What
-    is left is the open finding above: the FAILBACK switch point, disabling no channel,
-    reads as returning rank 2 of n0 onto its dead mlx5_2."""
+    was left is the finding above: the FAILBACK switch point, disabling no channel, read as
+    returning rank 2 of n0 onto its dead mlx5_2; rank 9 now stays where it was told."""
     replay(
         db_url,
         lambda s: s.start(with_comm=True, elapsed_s=3000),
