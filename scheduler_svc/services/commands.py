@@ -281,7 +281,7 @@ class Overtaken:
 
 
 def overtake_returns(
-    session: Session, job: m.Job, staying: Set[int], now: datetime
+    session: Session, job: m.Job, staying: Set[int], now: datetime, *, rank_by_rank: bool
 ) -> list[Overtaken]:
     """Supersede each fail-back on its way that would take one of `staying` (ranks the
     job now keeps on their backup) to its primary; what each one was.
@@ -289,15 +289,17 @@ def overtake_returns(
     A switch point is all or nothing, so the whole of it goes, on every node, unless some
     node already applied it (then its op count has passed: the ranks are back, and
     moving them again is an ordinary failover). The ranks it was returning never left
-    their backups.
+    their backups. A job told `rank_by_rank` (no registered communicator) agreed no op
+    count: each node's row stands alone, and one node applying its own says nothing of
+    another's.
     """
     repo = CoordinationRepo(session)
     rows = repo.job_commands(job.job_id, [CommandKind.FAILBACK.value], ALL_STATES)
-    groups: dict[tuple[int, int], list[m.Command]] = {}
+    groups: dict[tuple[int, int, str], list[m.Command]] = {}
     for c in rows:
-        groups.setdefault((c.comm_id, c.epoch), []).append(c)
+        groups.setdefault((c.comm_id, c.epoch, c.node if rank_by_rank else ""), []).append(c)
     out = []
-    for (comm_id, epoch), cmds in sorted(groups.items()):
+    for (comm_id, epoch, _), cmds in sorted(groups.items()):
         ranks = {r for c in cmds for r in c.ranks}
         live = [c for c in cmds if c.state in WAITING]  # a retry supersedes its first try
         settled = any(c.state in (CommandState.APPLIED, CommandState.FAILED) for c in cmds)

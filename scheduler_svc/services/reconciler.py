@@ -297,7 +297,7 @@ def reconcile_job(
 ) -> m.Decision | None:
     """One pass for a locked job: store the decision if the outcome changed, send the diff."""
     state, _, out = current(session, job, now, settings)
-    overtaken = _overtake_returns(session, job, out, now)
+    overtaken = _overtake_returns(session, job, out, now, rank_by_rank=not state.communicators)
     if overtaken:
         state, _, out = current(session, job, now, settings)  # from where the ranks really are
     row = None
@@ -364,7 +364,7 @@ def reconcile_job(
 
 
 def _overtake_returns(
-    session: Session, job: m.Job, out: engine.Reconciled, now: datetime
+    session: Session, job: m.Job, out: engine.Reconciled, now: datetime, *, rank_by_rank: bool
 ) -> list[commands.Overtaken]:
     """A failover overtaking a fail-back on its way (issue 28, case 4): supersede it, and
     take up the job from where its ranks really are.
@@ -380,7 +380,9 @@ def _overtake_returns(
     commanded = Desired.from_json(job.commanded)
     if all(commanded.moved.get(r) == k for r, k in desired.moved.items()):
         return []  # nobody newly on a backup: nothing to overtake
-    overtaken = commands.overtake_returns(session, job, set(desired.moved), now)
+    overtaken = commands.overtake_returns(
+        session, job, set(desired.moved), now, rank_by_rank=rank_by_rank
+    )
     if not overtaken:
         return []
     returning = {r for o in overtaken for r in o.returning}

@@ -532,3 +532,25 @@ def test_a_failback_splits_a_failover_of_two_ranks(make: Start) -> None:
     assert again["ranks"] == [4] and again["command_id"] > both["command_id"]
     assert again["epoch"] == both["epoch"]
     assert paths(http, "j")["failed_over_ranks"] == [4]
+
+
+def test_a_failover_overtakes_a_nodes_failback_though_another_node_applied_its_own(
+    db_url: str,
+) -> None:
+    """Long profile, run 9 on SQLite. Job B has no communicator: each rank is told its own
+    return. A window on rail6-leaf moves B's ranks 0 (n0) and 2 (n1) to mlx5_7 as B
+    registers; the window is cancelled and both are told to return, in one FAILBACK of
+    two rows. n1 applies its row, n0 has not polled yet. Then rail6-leaf fails: rank 0
+    must go to its backup again, and its FAILBACK still on its way is superseded. It was
+    not: an applied row was read as the op count of a switch point having passed for
+    every node, so the FAILBACK stayed live and would take rank 0 onto the dead mlx5_6
+    (invariant 1)."""
+    replay(
+        db_url,
+        lambda s: s.start(with_comm=True, elapsed_s=100),
+        lambda s: s.maintenance(device="mlx5_6", duration_s=60, node="n0", start_s=0, switch=True),
+        lambda s: s.second_job(with_comm=False),
+        lambda s: s.cancel_maintenance(data=Drawn(1)),
+        lambda s: s.partition_heals(data=Drawn("n1")),
+        lambda s: s.leaf_fails(device="mlx5_6", n=3, nodes=["n1", "n2", "n0", "n3"]),
+    )
