@@ -655,12 +655,12 @@ class SequencesMachine(RuleBasedStateMachine):
                 continue
             # A rank with no path left is kept where it was told: /paths shows which side,
             # and no active path.
-            kept = "backup" if r in moved else "primary"
+            side = "backup" if r in moved else "primary"
             active = rows[r]["active"]
-            works = rows[r]["backup_ok" if kept == "backup" else "primary_ok"]
-            assert kept == to and active == (rows[r][to] if works else None), (
+            works = rows[r]["backup_ok" if side == "backup" else "primary_ok"]
+            assert side == to and active == (rows[r][to] if works else None), (
                 f"invariant 2: live {c['kind'].upper()} {c['command_id']} of {j} takes rank "
-                f"{r} to its {to} {rows[r][to]}, but the service keeps it on its {kept} "
+                f"{r} to its {to} {rows[r][to]}, but the service keeps it on its {side} "
                 f"({active})"
             )
 
