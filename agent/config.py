@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent.collectors import registered_names
+from agent.collectors.names import registered_names
 
 DEFAULT_COUNTER_EVENTS = (
     "link_downed",

@@ -25,7 +25,10 @@ from agent.client import (
     ServiceClient,
     Unavailable,
 )
-from agent.collectors import PLUGIN, REGISTRY, Collected, Collector, CollectorContext, Supervisor
+from agent.collectors.base import Collected, Collector, CollectorContext
+from agent.collectors.catalog import REGISTRY
+from agent.collectors.names import PLUGIN
+from agent.collectors.supervise import Supervisor
 from agent.config import AgentSettings
 from agent.events import Event
 from agent.health import HealthServer

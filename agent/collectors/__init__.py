@@ -1,28 +1,8 @@
-"""The agent's collectors, registered by name (see ``base``)."""
+"""The agent's collectors, registered by name (see ``base``).
 
-from __future__ import annotations
-
-from agent.collectors import counters, pcie, ports, topology
-from agent.collectors.base import REGISTRY, Collected, Collector, CollectorContext, register
-from agent.collectors.supervise import Supervisor
-
-__all__ = [
-    "REGISTRY",
-    "Collected",
-    "Collector",
-    "CollectorContext",
-    "Supervisor",
-    "counters",
-    "pcie",
-    "ports",
-    "register",
-    "registered_names",
-    "topology",
-]
-
-# The plugin listener is not polled, but it is switched off the same way.
-PLUGIN = "plugin"
-
-
-def registered_names() -> list[str]:
-    return [*REGISTRY, PLUGIN]
+``names`` is the leaf list of their names (what the settings check
+DISABLED_COLLECTORS against), ``catalog`` imports every collector so it
+registers, ``supervise`` runs each in its own thread. This package module
+imports none of them, so importing ``agent.collectors.names`` imports no
+collector.
+"""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from agent.collectors import names
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_int, read_attr
 from agent.topology import Topology
@@ -56,7 +57,7 @@ def counter_delta(prev: int, cur: int, saturates_at: int | None) -> tuple[int, b
 
 @register
 class CountersCollector(Collector):
-    name = "counters"
+    name = names.COUNTERS
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from agent.collectors import names
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_int, parse_link_speed, read_attr
 from agent.topology import Topology
@@ -14,7 +15,7 @@ STATE_KEY = "pcie"
 
 @register
 class PcieCollector(Collector):
-    name = "pcie"
+    name = names.PCIE
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)

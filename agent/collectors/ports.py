@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from agent import metrics
+from agent.collectors import names
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.sysfs import parse_state, read_attr
 from agent.topology import Topology
@@ -14,7 +15,7 @@ STATE_KEY = "ports"
 
 @register
 class PortsCollector(Collector):
-    name = "ports"
+    name = names.PORTS
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)

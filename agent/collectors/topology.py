@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from agent.collectors import names
 from agent.collectors.base import Collected, Collector, CollectorContext, register
 from agent.railmap import load_rail_map
 from agent.topology import Topology, discover
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 @register
 class TopologyCollector(Collector):
-    name = "topology"
+    name = names.TOPOLOGY
     provides_topology = True
 
     def __init__(self, ctx: CollectorContext) -> None:

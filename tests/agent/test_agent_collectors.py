@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from agent.collectors import REGISTRY as COLLECTORS
 from agent.collectors.base import Collected, CollectorContext
+from agent.collectors.catalog import REGISTRY as COLLECTORS
 from agent.collectors.counters import CountersCollector, counter_delta, saturation_value
 from agent.collectors.pcie import PcieCollector
 from agent.collectors.ports import PortsCollector
