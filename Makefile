@@ -104,7 +104,7 @@ mutation: venv plugin
 	$(BIN)/python scripts/mutation.py --workers $(MUTATION_WORKERS) $(TARGETS)
 
 bench: venv plugin
-	PYTHONPATH=. $(BIN)/python benchmarks/run_all.py
+	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	$(MAKE) -C native_plugin clean

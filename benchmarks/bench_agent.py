@@ -7,7 +7,7 @@ too. CPU is the process's own utime+stime from /proc (not wall time, so other
 load on the machine does not inflate it); RSS is VmRSS sampled every second.
 Also times one poll of the ports/counters/pcie collectors in-process.
 
-    .venv/bin/python benchmarks/bench_agent.py [--seconds 60] [--json]
+    .venv/bin/python -m benchmarks.bench_agent [--seconds 60] [--json]
 """
 
 from __future__ import annotations

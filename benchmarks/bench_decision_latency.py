@@ -12,7 +12,7 @@ even RNIC leaves ranks with only their backup on even rails and ranks with only
 their primary on odd ones: no pair across nodes loses both of its paths however
 many faults are still damping, and every fault is a failover decision.
 
-    .venv/bin/python benchmarks/bench_decision_latency.py [--faults 300] [--nodes 128]
+    .venv/bin/python -m benchmarks.bench_decision_latency [--faults 300] [--nodes 128]
         [--backend sqlite,postgres]
 """
 
@@ -24,9 +24,9 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import bench_registration
-import benchlib
 import httpx
+
+from benchmarks import bench_registration, benchlib
 
 
 def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ answer on the same raw sockets. Their "polls/s" column counts keepalives, and th
 CPU of opening the 8,192 streams is printed too (what the streams' reconnects cost,
 one every RAILOVER_COMMANDS_STREAM_MAX_S per agent).
 
-    .venv/bin/python benchmarks/bench_idle_polls.py [--agents 8192] [--old-agents 1000]
+    .venv/bin/python -m benchmarks.bench_idle_polls [--agents 8192] [--old-agents 1000]
         [--idle-s 40] [--samples 64] [--heartbeat-s 30]
         [--runs old,sqlite,postgres,stream-sqlite,stream-postgres]
 """
@@ -44,9 +44,9 @@ from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import benchlib
 import httpx
 
+from benchmarks import benchlib
 from railover_testing.cluster_shapes import hgx_node
 
 WAIT_S = 20.0  # the agent's default command_wait_s; --wait-s changes it

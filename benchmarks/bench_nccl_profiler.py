@@ -4,7 +4,7 @@ Prints the cost of one collective's startEvent + stopEvent pair (median / p99 /
 p99.9 ns; without and with a listener; one thread, four threads on their own
 communicators, four on one), plus the machine it ran on. Aim: median < 100 ns.
 ``--json`` prints the raw records instead.
-Usage: python benchmarks/bench_nccl_profiler.py [--pairs N] [--json]
+Usage: .venv/bin/python -m benchmarks.bench_nccl_profiler [--pairs N] [--json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import benchlib
+from benchmarks import benchlib
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "native_plugin"

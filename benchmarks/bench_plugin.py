@@ -3,7 +3,7 @@
 Prints the cost of one report call (median / p99 / p99.9 ns, with and without a
 listener, 1 and 4 producer threads) and the sustained delivered message rate, plus
 the machine it ran on. ``--json`` prints the raw records instead.
-Usage: python benchmarks/bench_plugin.py [--calls N] [--json]
+Usage: .venv/bin/python -m benchmarks.bench_plugin [--calls N] [--json]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import benchlib
+from benchmarks import benchlib
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "native_plugin"

@@ -5,7 +5,7 @@ No store and no HTTP: HGX topologies and s-Bond plans are built in memory for
 link fault on mlx5_0 of one node, whole-job (`reconcile(now, job, fabric, options)`)
 and with the index, which must give the same answer.
 
-    .venv/bin/python benchmarks/bench_reconcile_engine.py [--nodes 128,1024,8192] [--rounds 20]
+    .venv/bin/python -m benchmarks.bench_reconcile_engine [--nodes 128,1024,8192] [--rounds 20]
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
-import benchlib
-
+from benchmarks import benchlib
 from scheduler_svc.engine.fabric import Unhealthy
 from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.reconcile import FabricView, JobState, Mode, Options, index_for, reconcile

@@ -5,7 +5,7 @@ threads, as agents starting together would; then one client posts the whole job 
 JSON encoded beforehand, so the figure is the service's), deletes it, and posts it
 again, `--posts` times. Each POST returns after the job is validated and committed.
 
-    .venv/bin/python benchmarks/bench_registration.py [--nodes 8192] [--posts 5]
+    .venv/bin/python -m benchmarks.bench_registration [--nodes 8192] [--posts 5]
         [--backend sqlite,postgres]
 """
 
@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import benchlib
 import httpx
 
+from benchmarks import benchlib
 from railover_testing.cluster_shapes import hgx_node
 
 THREADS = 8

@@ -7,7 +7,7 @@ the checks of every invariant after it; p50/p95/p99) and the falsifying example,
 (a shrunk one: the sequences counted include those shrinking ran).
 Not part of `make test` (tests/scheduler_svc/test_sequences_model.py runs a few there).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_sequences_model.py \
+    .venv/bin/python -m benchmarks.bench_sequences_model \
         [--examples 2000] [--steps 40] [--store sqlite|postgres] [--minutes 10]
 
 What it found before is in tests/scheduler_svc/test_sequences_model_findings.py.
@@ -23,10 +23,10 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import benchlib
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from benchmarks import benchlib
 from scheduler_svc.store.db import upgrade
 from tests.scheduler_svc.sequences_machine import SequencesMachine, connect_to
 

@@ -5,7 +5,7 @@ five policies) with the numpy kernels, and the same model as one Python
 iteration per event and run (`simulate_loop`) on fewer runs, extrapolated per
 run to 10,000. Prints the machine, its load, both times, the speed-up, and the
 reductions the simulation gives on the paper's setup and two variants.
-Usage: python benchmarks/bench_simulate.py [--runs N] [--loop-runs N] [--json]
+Usage: .venv/bin/python -m benchmarks.bench_simulate [--runs N] [--loop-runs N] [--json]
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import benchlib
-
+from benchmarks import benchlib
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.planning.simulate import POLICIES, simulate, simulate_loop
 

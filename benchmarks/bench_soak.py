@@ -9,7 +9,7 @@ at 60 % for a few seconds. At the end every agent's spool must be empty and
 the store must hold exactly what the agents spooled, with no (job, fault)
 decided twice.
 
-    .venv/bin/python benchmarks/bench_soak.py --seconds 600 [--nodes 8] [--json]
+    .venv/bin/python -m benchmarks.bench_soak --seconds 600 [--nodes 8] [--json]
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ The service runs as its own process (`railover serve`). Two scenarios:
   until the switch failure is listed in GET /v1/fabric, and until the job's
   last command row was written (its `created_at`, read from the store).
 
-    .venv/bin/python benchmarks/bench_switch_storm.py [--rounds 3] [--backend sqlite,postgres]
-    .venv/bin/python benchmarks/bench_switch_storm.py --scenario leaf [--nodes 8192]
+    .venv/bin/python -m benchmarks.bench_switch_storm [--rounds 3] [--backend sqlite,postgres]
+    .venv/bin/python -m benchmarks.bench_switch_storm --scenario leaf [--nodes 8192]
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import bench_registration
-import benchlib
 import httpx
 
+from benchmarks import bench_registration, benchlib
 from railover_testing.cluster_shapes import hgx_node
 from railover_testing.processes import store_rows
 

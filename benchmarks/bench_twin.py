@@ -2,7 +2,7 @@
 second, where the time goes (the service's answers or the twin's own bookkeeping), and
 memory over the simulated time.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_twin.py \
+    .venv/bin/python -m benchmarks.bench_twin \
         [--nodes 256] [--days 7] [--fault-scale 100] [--policy railover] [--seed 1]
 
 One run per policy asked for (all four by default), each on the same trace; the
@@ -18,8 +18,7 @@ import os
 import time
 from typing import Any
 
-import benchlib
-
+from benchmarks import benchlib
 from scheduler_svc.client import RailoverClient
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.twin.cluster import ClusterSpec

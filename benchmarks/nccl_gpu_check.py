@@ -8,7 +8,7 @@ Prints one JSON line with the figures for benchmarks/RESULTS.md.
 
 Written without a GPU machine at hand (none was lent to the session that wrote
 it): run it where one is, and record the result.
-Usage: PYTHONPATH=. python benchmarks/nccl_gpu_check.py [--collectives N]
+Usage: .venv/bin/python -m benchmarks.nccl_gpu_check [--collectives N]
 """
 
 from __future__ import annotations

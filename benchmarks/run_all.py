@@ -1,5 +1,7 @@
 """Run every benchmark once with its default settings (`make bench`); each prints its own table.
 
+    .venv/bin/python -m benchmarks.run_all   # from the repository root
+
 The figures recorded in benchmarks/RESULTS.md come from these commands.
 """
 
@@ -9,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = [
     ["bench_plugin.py"],
     ["bench_nccl_profiler.py"],
@@ -44,7 +46,8 @@ def main() -> int:
     failed = []
     for cmd in BENCHMARKS:
         print(f"\n=== {' '.join(cmd)} ===", flush=True)
-        rc = subprocess.call([sys.executable, str(HERE / cmd[0]), *cmd[1:]])
+        module = f"benchmarks.{Path(cmd[0]).stem}"
+        rc = subprocess.call([sys.executable, "-m", module, *cmd[1:]], cwd=ROOT)
         if rc != 0:
             failed.append(cmd[0])
     if failed:
