@@ -31,7 +31,8 @@ from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.railmap import load_rail_map
 from railover_testing.agents import StandInService, short_socket_path
-from railover_testing.sysfs_fixture import set_port_state, shape_a, write_rail_map
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import shape_a, write_rail_map
 
 CPU_AIM = 0.01  # share of one core
 RSS_AIM = 60 * 2**20

@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 
 from railover_testing.processes import Agent, Cluster, Service, stop_all, store_rows, wait_for
-from railover_testing.sysfs_fixture import build_cluster, bump_counter, set_port_state
+from railover_testing.sysfs_faults import bump_counter, set_port_state
+from railover_testing.sysfs_node import build_cluster
 from scheduler_svc.store.db import upgrade
 
 PORTS = [f"mlx5_{r}" for r in range(8)]

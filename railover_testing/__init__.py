@@ -1,6 +1,7 @@
 """What the tests, the demo and the benchmarks share; never shipped in the service or agent.
 
-- ``sysfs_fixture``: sysfs trees laid out as Linux lays them out, and fault helpers;
+- ``sysfs_node``: sysfs trees laid out as Linux lays them out (``sysfs_kernel_values``:
+  what their files hold; ``sysfs_faults``: changing them under a running agent);
 - ``agents``: agents run in-process, and a stand-in for the service's agent endpoints;
 - ``fake_agent``: a stand-in for the agent's plugin socket;
 - ``simjob``: a simulated training job whose ranks use the real native plugin;

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 from agent.config import AgentSettings
 from agent.runner import Agent
 from railover_testing.local import free_port
-from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_for
 
 
@@ -138,7 +138,7 @@ def node_agents(
     register_timeout_s: float,
     **overrides: Any,
 ) -> Iterator[dict[str, AgentThread]]:
-    """One running agent per node of `built` (sysfs_fixture.build_cluster), each with its
+    """One running agent per node of `built` (sysfs_node.build_cluster), each with its
     work directory under `work`; yields them once every one has registered its node, and
     stops every one on the way out, even when another fails to stop."""
     agents: dict[str, AgentThread] = {}

@@ -39,7 +39,8 @@ from native_plugin.wire import CommandKind
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service
 from railover_testing.simjob import Applied, SimulatedJob
-from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, build_cluster
 from scheduler_svc.config import Settings
 from scheduler_svc.engine.decision import total_saved_gpu_s
 from scheduler_svc.web.render import gpu_hours

@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 from railover_testing import waiting
 from railover_testing.agents import short_socket_path
 from railover_testing.local import free_port
-from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.sysfs_node import FixtureNode
 
 BIN = Path(sys.executable).parent
 RAILOVER = BIN / "railover"

@@ -65,7 +65,7 @@ def dual_port_node(
 
     Two GPUs and one dual-port card behind each of 4 PCIe switches, two switches
     per root complex and NUMA node, in PCI domain 0x10000 (VMD), like
-    railover_testing.sysfs_fixture.shape_c. Both ports of a card sit on the same
+    railover_testing.sysfs_node.shape_c. Both ports of a card sit on the same
     switch as its GPUs, so the cheapest "other" port for a GPU is the second port
     of its own card, which s-Bond must never pick: one card failing takes both.
     """

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from railover_testing.agents import StandInService
-from railover_testing.sysfs_fixture import FixtureNode, shape_a, shape_b, write_rail_map
+from railover_testing.sysfs_node import FixtureNode, shape_a, shape_b, write_rail_map
 
 
 @pytest.fixture

@@ -26,14 +26,14 @@ from agent.railmap import RailMapError, load_rail_map
 from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state
 from agent.topology import Topology
 from railover_testing.agents import AgentThread, StandInService, settings_for
-from railover_testing.sysfs_fixture import (
-    FixtureNode,
+from railover_testing.sysfs_faults import (
     bump_counter,
     degrade_pcie_link,
     restore_pcie_link,
     set_counter,
     set_port_state,
 )
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 
 

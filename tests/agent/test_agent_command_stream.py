@@ -23,7 +23,8 @@ from prometheus_client import REGISTRY
 from native_plugin import wire
 from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.local import local_service
-from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_for, wait_until
 from scheduler_svc.config import Settings
 from tests.agent.test_agent_e2e_service import job_on_n0

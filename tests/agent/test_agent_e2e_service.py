@@ -25,7 +25,8 @@ from prometheus_client import REGISTRY
 from native_plugin import wire
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.processes import store_rows
-from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 from tests.agent.polls import PollLog
 from tests.deploy.tools import need_console_script

@@ -20,7 +20,7 @@ import pytest
 from native_plugin import wire
 from native_plugin.binding import CclCommand, Plugin
 from railover_testing.agents import AgentThread, StandInService, settings_for
-from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_for, wait_until
 
 RANKS = range(4)

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from agent.config import AgentSettings, describe_errors
 from railover_testing.agents import StandInService, short_socket_path
-from railover_testing.sysfs_fixture import FixtureNode, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 from tests.deploy.tools import need_console_script
 

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from agent.plugin import to_wire_command
 from native_plugin import wire
 from railover_testing.agents import AgentThread, StandInService, settings_for
-from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 
 

@@ -11,7 +11,8 @@ from prometheus_client import REGISTRY
 
 from agent.events import new_event
 from railover_testing.agents import AgentThread, StandInService, settings_for
-from railover_testing.sysfs_fixture import FixtureNode, bump_counter, set_port_state
+from railover_testing.sysfs_faults import bump_counter, set_port_state
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 from tests.agent.polls import PollLog
 

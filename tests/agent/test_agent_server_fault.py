@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 
 from agent.events import new_event
 from railover_testing.agents import AgentThread, StandInService, settings_for
-from railover_testing.sysfs_fixture import FixtureNode
+from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
 
 

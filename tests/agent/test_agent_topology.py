@@ -15,7 +15,8 @@ from agent import topology as topo_mod
 from agent.railmap import load_rail_map
 from agent.sysfs import normalise_pci
 from agent.topology import PciTree, discover
-from railover_testing.sysfs_fixture import FixtureNode, build_cluster, rail_node, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, build_cluster, rail_node
 from scheduler_svc import schemas
 from scheduler_svc.engine import paths
 

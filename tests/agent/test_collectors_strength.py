@@ -20,15 +20,13 @@ from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.railmap import load_rail_map
 from agent.topology import Topology, list_rnic_ports
-from railover_testing.sysfs_fixture import (
-    FixtureNode,
+from railover_testing.sysfs_faults import (
     bump_counter,
     degrade_pcie_link,
     set_counter,
     set_port_state,
-    shape_c,
-    write_rail_map,
 )
+from railover_testing.sysfs_node import FixtureNode, shape_c, write_rail_map
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from agent.collectors.counters import STATE_KEY, CountersCollector
 from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.topology import Topology
-from railover_testing.sysfs_fixture import FixtureNode, bump_counter, read_counter, shape_c
+from railover_testing.sysfs_faults import bump_counter, read_counter
+from railover_testing.sysfs_node import FixtureNode, shape_c
 
 
 def counters_for(

@@ -18,7 +18,8 @@ from agent.events import new_event
 from agent.runner import Agent
 from agent.topology import Topology
 from railover_testing.agents import StandInService, settings_for
-from railover_testing.sysfs_fixture import FixtureNode, set_port_state, shape_c, write_rail_map
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, shape_c, write_rail_map
 
 
 @pytest.fixture

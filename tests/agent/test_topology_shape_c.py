@@ -8,7 +8,8 @@ from pathlib import Path
 
 from agent.railmap import load_rail_map
 from agent.topology import Topology, discover
-from railover_testing.sysfs_fixture import FixtureNode, set_port_state, shape_c, write_rail_map
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, shape_c, write_rail_map
 from scheduler_svc.engine import paths
 from scheduler_svc.schemas import NodeIn
 

@@ -22,7 +22,8 @@ from railover_testing.processes import (
     store_rows,
     wait_for,
 )
-from railover_testing.sysfs_fixture import build_cluster, bump_counter
+from railover_testing.sysfs_faults import bump_counter
+from railover_testing.sysfs_node import build_cluster
 from scheduler_svc.store.db import upgrade
 from tests.deploy.tools import tool_missing
 

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from railover_testing.processes import Agent, Service, stop_all, store_rows, wait_for
-from railover_testing.sysfs_fixture import build_cluster, bump_counter, set_port_state
+from railover_testing.sysfs_faults import bump_counter, set_port_state
+from railover_testing.sysfs_node import build_cluster
 from scheduler_svc.store.db import upgrade
 from tests.scheduler_svc.helpers import job_body
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from railover_testing.local import free_port, local_service
-from railover_testing.sysfs_fixture import rail_node, set_port_state, write_rail_map
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import rail_node, write_rail_map
 from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from tests.deploy.tools import need_tool

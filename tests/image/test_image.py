@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 
 from railover_testing import waiting
-from railover_testing.sysfs_fixture import set_port_state, shape_a, write_rail_map
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import shape_a, write_rail_map
 from tests.image.conftest import Podman
 from tests.scheduler_svc.helpers import job_body
 

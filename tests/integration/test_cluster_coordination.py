@@ -23,7 +23,8 @@ from railover_testing import waiting
 from railover_testing.agents import AgentThread, node_agents
 from railover_testing.processes import Service
 from railover_testing.simjob import Applied, SimulatedJob
-from railover_testing.sysfs_fixture import FixtureNode, build_cluster, set_port_state
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, build_cluster
 
 NODES = ("n0", "n1", "n2", "n3")
 GPUS = 8

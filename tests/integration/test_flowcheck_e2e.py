@@ -26,7 +26,7 @@ from native_plugin.wire import AckStatus, CommandKind
 from railover_testing.agents import AgentThread, node_agents
 from railover_testing.local import local_service
 from railover_testing.simjob import SimulatedJob
-from railover_testing.sysfs_fixture import build_cluster
+from railover_testing.sysfs_node import build_cluster
 from railover_testing.waiting import wait_for
 from scheduler_svc.config import Settings
 

@@ -25,7 +25,7 @@ import pytest
 from railover_testing import waiting
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service
-from railover_testing.sysfs_fixture import build_cluster
+from railover_testing.sysfs_node import build_cluster
 from scheduler_svc.config import Settings
 from tests.deploy.tools import tool_missing
 

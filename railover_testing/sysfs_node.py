@@ -7,8 +7,9 @@ hierarchy, ``class/infiniband/<dev>`` and ``class/net/<if>`` symlinks into it,
 ``bus/pci/devices/*`` symlinks, and ``devices/system/node/node*/cpulist``.
 
 Used by the agent's tests and by ``railover demo`` (which builds one tree per
-simulated node). Helpers change files in place, atomically, so a running agent
-sees a port go down, a counter rise or a PCIe link train down.
+simulated node). What the files hold is in ``sysfs_kernel_values``; changing them
+under a running agent (a port going down, a counter rising, a PCIe link training
+down) is ``sysfs_faults``.
 """
 
 from __future__ import annotations
@@ -22,97 +23,28 @@ from typing import Literal
 
 import yaml
 
-# PCI identities of the parts a current GPU node is built from.
-NVIDIA_VENDOR = "0x10de"
-H100_SXM_DEVICE = "0x2330"
-NVSWITCH_DEVICE = "0x22a3"
-MELLANOX_VENDOR = "0x15b3"
-CX7_DEVICE = "0x1021"
-BROADCOM_VENDOR = "0x1000"
-PEX_SWITCH_DEVICE = "0xc030"
-INTEL_VENDOR = "0x8086"
-ROOT_PORT_DEVICE = "0x352a"
-
-CLASS_3D_CONTROLLER = "0x030200"
-CLASS_PCI_BRIDGE = "0x060400"
-CLASS_OTHER_BRIDGE = "0x068000"
-CLASS_INFINIBAND = "0x020700"
-CLASS_ETHERNET = "0x020000"
-
-GEN5 = "32.0 GT/s PCIe"
-GEN4 = "16.0 GT/s PCIe"
-
-# Port state strings exactly as ib_core prints them.
-PORT_STATES = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
-PHYS_STATES = {
-    "Sleep": 1,
-    "Polling": 2,
-    "Disabled": 3,
-    "PortConfigurationTraining": 4,
-    "LinkUp": 5,
-    "LinkErrorRecovery": 6,
-    "Phy Test": 7,
-}
-
-# The counters an mlx5 port exposes (names as in drivers/infiniband/core/sysfs.c
-# and drivers/infiniband/hw/mlx5/counters.c); values start at NodeSpec.counter_start.
-IB_COUNTERS = (
-    "VL15_dropped",
-    "excessive_buffer_overrun_errors",
-    "link_downed",
-    "link_error_recovery",
-    "local_link_integrity_errors",
-    "multicast_rcv_packets",
-    "multicast_xmit_packets",
-    "port_rcv_constraint_errors",
-    "port_rcv_data",
-    "port_rcv_errors",
-    "port_rcv_packets",
-    "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors",
-    "port_xmit_constraint_errors",
-    "port_xmit_data",
-    "port_xmit_discards",
-    "port_xmit_packets",
-    "port_xmit_wait",
-    "symbol_error",
-    "unicast_rcv_packets",
-    "unicast_xmit_packets",
+from railover_testing.sysfs_kernel_values import (
+    BROADCOM_VENDOR,
+    CLASS_3D_CONTROLLER,
+    CLASS_ETHERNET,
+    CLASS_INFINIBAND,
+    CLASS_OTHER_BRIDGE,
+    CLASS_PCI_BRIDGE,
+    CX7_DEVICE,
+    GEN4,
+    GEN5,
+    H100_SXM_DEVICE,
+    HW_COUNTERS,
+    IB_COUNTERS,
+    INTEL_VENDOR,
+    MELLANOX_VENDOR,
+    NO_PMA,
+    NVIDIA_VENDOR,
+    NVSWITCH_DEVICE,
+    PEX_SWITCH_DEVICE,
+    ROCE_NO_PMA_COUNTERS,
+    ROOT_PORT_DEVICE,
 )
-HW_COUNTERS = (
-    "duplicate_request",
-    "implied_nak_seq_err",
-    "lifespan",
-    "local_ack_timeout_err",
-    "np_cnp_sent",
-    "np_ecn_marked_roce_packets",
-    "out_of_buffer",
-    "out_of_sequence",
-    "packet_seq_err",
-    "req_cqe_error",
-    "req_cqe_flush_error",
-    "req_remote_access_errors",
-    "req_remote_invalid_request",
-    "resp_cqe_error",
-    "resp_cqe_flush_error",
-    "resp_local_length_error",
-    "resp_remote_access_errors",
-    "rnr_nak_retry_err",
-    "roce_adp_retrans",
-    "roce_adp_retrans_to",
-    "roce_slow_restart",
-    "roce_slow_restart_cnps",
-    "roce_slow_restart_trans",
-    "rp_cnp_handled",
-    "rp_cnp_ignored",
-    "rx_atomic_requests",
-    "rx_icrc_encapsulated",
-    "rx_read_requests",
-    "rx_write_requests",
-)
-# A RoCE port has no InfiniBand PMA behind these; the kernel prints this text.
-NO_PMA = "N/A (no PMA)"
-ROCE_NO_PMA_COUNTERS = ("VL15_dropped", "link_downed", "symbol_error", "port_xmit_wait")
 
 LinkLayer = Literal["InfiniBand", "Ethernet"]
 
@@ -231,16 +163,6 @@ def _put(path: Path, value: str | int) -> None:
     """Write a sysfs attribute; newline-terminated like the kernel's show()."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{value}\n")
-
-
-def _atomic_put(path: Path, value: str | int) -> None:
-    # A reader polling concurrently must never see a half-written value, as on
-    # real sysfs where a read returns the whole attribute or nothing.
-    if not path.exists():
-        raise FileNotFoundError(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"{value}\n")
-    os.replace(tmp, path)
 
 
 def _symlink(link: Path, target: Path) -> None:
@@ -589,69 +511,6 @@ def shape_c(root: Path) -> FixtureNode:
             counter_start=17,
         ),
     )
-
-
-# -- fault injection ----------------------------------------------------------------------------
-def _port_dir(root: Path, device: str, port: int) -> Path:
-    return Path(root) / "class" / "infiniband" / device / "ports" / str(port)
-
-
-def set_port_state(
-    root: Path, device: str, port: int, state: str, phys_state: str | None = None
-) -> None:
-    """Set a port's state, e.g. "DOWN"; phys_state follows unless given."""
-    d = _port_dir(root, device, port)
-    if phys_state is None:
-        phys_state = "LinkUp" if state in ("ACTIVE", "ARMED", "INIT") else "Disabled"
-    _atomic_put(d / "state", f"{PORT_STATES[state]}: {state}")
-    _atomic_put(d / "phys_state", f"{PHYS_STATES[phys_state]}: {phys_state}")
-
-
-def read_counter(root: Path, device: str, port: int, name: str, hw: bool = False) -> str:
-    d = _port_dir(root, device, port) / ("hw_counters" if hw else "counters")
-    return (d / name).read_text().strip()
-
-
-def bump_counter(
-    root: Path, device: str, port: int, name: str, delta: int = 1, *, hw: bool | None = None
-) -> int:
-    """Raise a counter by ``delta``; finds it under counters/ or hw_counters/."""
-    d = _port_dir(root, device, port)
-    path = d / "counters" / name
-    if hw or (hw is None and not path.exists()):
-        path = d / "hw_counters" / name
-    value = int(path.read_text().strip()) + delta
-    _atomic_put(path, value)
-    return value
-
-
-def set_counter(root: Path, device: str, port: int, name: str, value: int | str) -> None:
-    d = _port_dir(root, device, port)
-    path = d / "counters" / name
-    if not path.exists():
-        path = d / "hw_counters" / name
-    _atomic_put(path, value)
-
-
-def _pci_dir(root: Path, pci: str) -> Path:
-    return (Path(root) / "bus" / "pci" / "devices" / pci).resolve()
-
-
-def degrade_pcie_link(
-    root: Path, pci: str, width: int | None = None, speed: str | None = None
-) -> None:
-    """Make a PCI function's link train down (lower width and/or speed)."""
-    d = _pci_dir(root, pci)
-    if width is not None:
-        _atomic_put(d / "current_link_width", width)
-    if speed is not None:
-        _atomic_put(d / "current_link_speed", speed)
-
-
-def restore_pcie_link(root: Path, pci: str) -> None:
-    d = _pci_dir(root, pci)
-    _atomic_put(d / "current_link_width", (d / "max_link_width").read_text().strip())
-    _atomic_put(d / "current_link_speed", (d / "max_link_speed").read_text().strip())
 
 
 def build_cluster(
