@@ -19,7 +19,9 @@ Report calls return ``True`` when queued and ``False`` when dropped (counted in
 ``stats()``); only real errors raise ``PluginError``. Integer arguments are converted by
 ctypes to the C widths (u32/u64), so out-of-range values wrap as they would in C.
 ``agree()`` and ``Round`` are the library's pure switch-point decision (see "Switch
-points" in the header); they need no handle.
+points" in the header); they need no handle. The C side under them (the status codes,
+the structs, the function tables, ``load_library``, ``PluginError``) is
+``native_plugin.abi``.
 """
 
 from __future__ import annotations
@@ -32,15 +34,29 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+from native_plugin.abi import (
+    ABI_VERSION,
+    LOG_FN,
+    NO_COMMAND,
+    OK,
+    PluginError,
+    RailoverAgreement,
+    RailoverCommand,
+    RailoverCommandV2,
+    RailoverConfig,
+    RailoverConfigV3,
+    RailoverStats,
+    RailoverSwitchVote,
+    Stats,
+    Status,
+    load_library,
+)
 from native_plugin.wire import MAX_CHANNELS, MAX_TRANSIT, RANK_UNKNOWN, AckStatus, Command
 
 __all__ = [
-    "ABI_VERSION",
-    "DEFAULT_LIBRARY",
     "AckStatus",
     "AgreeAction",
     "AgreeOutcome",
@@ -48,108 +64,14 @@ __all__ = [
     "CclCommand",
     "LogFn",
     "Plugin",
-    "PluginError",
-    "PluginLibraryNotFoundError",
     "Round",
-    "Stats",
-    "Status",
     "SwitchVote",
     "agree",
-    "library_path",
-    "load_library",
 ]
-
-ABI_VERSION: Final = 3
-DEFAULT_LIBRARY: Final = Path(__file__).resolve().parent / "build" / "librailover_plugin.so"
-
-# railover_status_t
-OK: Final = 0
-DROPPED: Final = 1
-NO_COMMAND: Final = 2
-
-
-class Status:
-    """``railover_status_t`` values."""
-
-    OK: Final = OK
-    DROPPED: Final = DROPPED
-    NO_COMMAND: Final = NO_COMMAND
-    ERR_INVALID: Final = -1
-    ERR_SYSTEM: Final = -2
-    ERR_CONFIG: Final = -3
-
-
-_STATUS_TEXT: Final = {
-    -1: "invalid argument",
-    -2: "system error (memory, thread or pipe)",
-    -3: "bad configuration (see the plugin log)",
-}
 
 LogFn = Callable[[int, str], None]
 _logger = logging.getLogger("railover.native_plugin")
 _LEVELS: Final = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
-
-
-class PluginError(RuntimeError):
-    """A plugin call returned a negative status."""
-
-    def __init__(self, call: str, status: int) -> None:
-        super().__init__(f"{call} failed: {_STATUS_TEXT.get(status, 'unknown error')} ({status})")
-        self.status = status
-
-
-class PluginLibraryNotFoundError(FileNotFoundError):
-    """``librailover_plugin.so`` is not where it was looked for."""
-
-
-# --- C structs ------------------------------------------------------------------------------
-
-
-class _Config(ctypes.Structure):
-    _fields_ = (
-        ("socket_path", ctypes.c_char_p),
-        ("ring_size", ctypes.c_uint32),
-        ("rank", ctypes.c_uint32),
-        ("comm_id", ctypes.c_uint64),
-        ("reconnect_min_ms", ctypes.c_uint32),
-        ("reconnect_max_ms", ctypes.c_uint32),
-        ("log_interval_ms", ctypes.c_uint32),
-        ("drain_timeout_ms", ctypes.c_uint32),
-    )
-
-
-class _ConfigV3(ctypes.Structure):
-    _fields_ = (
-        ("base", _Config),
-        ("job_id", ctypes.c_char_p),
-        ("incarnation", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
-    )
-
-
-class _Command(ctypes.Structure):
-    _fields_ = (
-        ("command_id", ctypes.c_uint64),
-        ("comm_id", ctypes.c_uint64),
-        ("ops_done", ctypes.c_uint64),
-        ("disabled_channels", ctypes.c_uint64),
-        ("kind", ctypes.c_uint32),
-        ("epoch", ctypes.c_uint32),
-    )
-
-
-class _CommandV2(ctypes.Structure):
-    _fields_ = (
-        ("base", _Command),
-        ("n_channels", ctypes.c_uint32),
-        ("split_ratio", ctypes.c_float),
-        ("weights", ctypes.c_float * MAX_CHANNELS),
-        ("n_transit", ctypes.c_uint32),
-        ("mb_per_channel", ctypes.c_uint32),
-        ("transit_ranks", ctypes.c_uint32 * MAX_TRANSIT),
-        ("transit_gpus", ctypes.c_uint32 * MAX_TRANSIT),
-        ("iteration", ctypes.c_uint64),
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,159 +144,6 @@ class Agreement:
     max_ops_done: int
 
 
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """``railover_stats_t``: counters since init (see the header for each field)."""
-
-    sent: int
-    dropped_ring_full: int
-    dropped_no_agent: int
-    queued: int
-    bytes_sent: int
-    hellos_sent: int
-    acks_sent: int
-    acks_dropped: int
-    commands_received: int
-    commands_dropped: int
-    commands_unsupported: int
-    malformed_received: int
-    connects: int
-    disconnects: int
-    connect_failures: int
-    connected: int
-    commands_invalid: int
-
-    @property
-    def dropped(self) -> int:
-        """All reports dropped, for whatever reason."""
-        return self.dropped_ring_full + self.dropped_no_agent
-
-
-class _Stats(ctypes.Structure):
-    _fields_ = tuple((f.name, ctypes.c_uint64) for f in fields(Stats))
-
-
-class _Vote(ctypes.Structure):
-    _fields_ = (
-        ("ops_done", ctypes.c_uint64),
-        ("switch_at", ctypes.c_uint64),
-        ("disabled_channels", ctypes.c_uint64),
-        ("epoch", ctypes.c_uint32),
-        ("kind", ctypes.c_uint32),
-    )
-
-
-class _Agreement(ctypes.Structure):
-    _fields_ = (
-        ("outcome", ctypes.c_uint32),
-        ("action", ctypes.c_uint32),
-        ("epoch", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
-        ("switch_at", ctypes.c_uint64),
-        ("max_ops_done", ctypes.c_uint64),
-    )
-
-
-_LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p)
-_HANDLE = ctypes.c_void_p
-_u32, _u64, _i32, _str = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_char_p
-_INIT = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(_Config), _LOG_FN, ctypes.POINTER(ctypes.c_void_p)
-)
-_FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE)
-_CQE = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _str, _u32, _u32, _u32, _u32, _str)
-_PORT = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _str, _u32, _u32)
-_SWITCH = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _u32, _str, _str, _u32)
-_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _u32, _u64)
-_POLL = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Command))
-_ACK = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32)
-_STATS = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_Stats), ctypes.c_size_t)
-_ACK_AT = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, _u64, _i32, _u64)
-_POLL2 = ctypes.CFUNCTYPE(ctypes.c_int, _HANDLE, ctypes.POINTER(_CommandV2), ctypes.c_size_t)
-_AGREE = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(_Vote), _u32, _u32, ctypes.POINTER(_Agreement)
-)
-_INIT3 = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    ctypes.POINTER(_ConfigV3),
-    ctypes.c_size_t,
-    _LOG_FN,
-    ctypes.POINTER(ctypes.c_void_p),
-)
-
-
-class _PluginV1(ctypes.Structure):
-    """``railoverPlugin_v1_t``."""
-
-    _fields_ = (
-        ("name", ctypes.c_char_p),
-        ("abi_version", ctypes.c_uint32),
-        ("init", _INIT),
-        ("finalize", _FINALIZE),
-        ("report_cqe_error", _CQE),
-        ("report_port_event", _PORT),
-        ("report_path_switch", _SWITCH),
-        ("report_progress", _PROGRESS),
-        ("poll_command", _POLL),
-        ("ack_command", _ACK),
-        ("stats", _STATS),
-        ("ack_command_at", _ACK_AT),
-        ("agree", _AGREE),
-    )
-
-
-class _PluginV2(ctypes.Structure):
-    """``railoverPlugin_v2_t``: v1's members, then ABI 2's."""
-
-    _fields_ = (*_PluginV1._fields_, ("poll_command_v2", _POLL2))
-
-
-class _PluginV3(ctypes.Structure):
-    """``railoverPlugin_v3_t``: v2's members, then ABI 3's."""
-
-    _fields_ = (*_PluginV2._fields_, ("init_v3", _INIT3))
-
-
-# --- loading --------------------------------------------------------------------------------
-
-_loaded: dict[Path, _PluginV3] = {}
-_load_lock = threading.Lock()
-
-
-def library_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The library to load: ``path``, else ``$RAILOVER_PLUGIN_LIB``, else the build output."""
-    if path is not None:
-        return Path(path)
-    env = os.environ.get("RAILOVER_PLUGIN_LIB")
-    return Path(env) if env else DEFAULT_LIBRARY
-
-
-def load_library(path: str | os.PathLike[str] | None = None) -> _PluginV3:
-    """Load the library once per path and return its ``railoverPlugin_v3`` table."""
-    lib_path = library_path(path).resolve()
-    with _load_lock:
-        table = _loaded.get(lib_path)
-        if table is not None:
-            return table
-        if not lib_path.is_file():
-            raise PluginLibraryNotFoundError(
-                f"native plugin library not found at {lib_path}; "
-                "build it with `make -C native_plugin` (or set RAILOVER_PLUGIN_LIB)"
-            )
-        lib = ctypes.CDLL(str(lib_path))
-        v1 = _PluginV1.in_dll(lib, "railoverPlugin_v1")
-        if v1.abi_version != 1:
-            raise PluginError(f"loading {lib_path}: railoverPlugin_v1 says {v1.abi_version}", -3)
-        v2 = _PluginV2.in_dll(lib, "railoverPlugin_v2")
-        if v2.abi_version != 2:
-            raise PluginError(f"loading {lib_path}: railoverPlugin_v2 says {v2.abi_version}", -3)
-        table = _PluginV3.in_dll(lib, "railoverPlugin_v3")
-        if table.abi_version != ABI_VERSION:
-            raise PluginError(f"loading {lib_path}: ABI version {table.abi_version}", -3)
-        _loaded[lib_path] = table
-        return table
-
-
 # Every initialised plugin, held strongly until finalize. The C sender thread calls
 # the handle's ctypes log callback, which lives on the Plugin object: if a Plugin
 # nobody references any more were collected while its handle still ran, the
@@ -406,13 +175,16 @@ class Round:
             raise PluginError("agree (a round needs at least one vote)", Status.ERR_INVALID)
         self._api = load_library(lib_path)
         self.size = len(votes)
-        self._votes = (_Vote * self.size)(
-            *(_Vote(v.ops_done, v.switch_at, v.disabled_channels, v.epoch, v.kind) for v in votes)
+        self._votes = (RailoverSwitchVote * self.size)(
+            *(
+                RailoverSwitchVote(v.ops_done, v.switch_at, v.disabled_channels, v.epoch, v.kind)
+                for v in votes
+            )
         )
 
     def agree(self, self_index: int) -> Agreement:
         """The library's ``agree()``: the round's outcome and this rank's action."""
-        out = _Agreement()
+        out = RailoverAgreement()
         rc = self._api.agree(self._votes, self.size, self_index, ctypes.byref(out))
         if rc != OK:
             raise PluginError("agree", rc)
@@ -471,8 +243,8 @@ class Plugin:
         self._abi = abi
         self._socket_path = os.fsencode(socket_path) if socket_path is not None else None
         self._job_id = job_id.encode() if job_id is not None else None
-        self._config = _ConfigV3(
-            base=_Config(
+        self._config = RailoverConfigV3(
+            base=RailoverConfig(
                 socket_path=self._socket_path,
                 ring_size=ring_size,
                 rank=rank,
@@ -485,7 +257,7 @@ class Plugin:
             job_id=self._job_id,
             incarnation=incarnation,
         )
-        self._log_cb = _LOG_FN(self._make_log(log)) if log is not None else _LOG_FN()
+        self._log_cb = LOG_FN(self._make_log(log)) if log is not None else LOG_FN()
         self._handle: int | None = None
         self._lock = threading.Lock()  # init/finalize only; reports never take it
 
@@ -603,7 +375,7 @@ class Plugin:
         ``iteration`` is 0 even for CHECKPOINT_NOW: v1's ``railover_command_t`` has no
         field for it; ``poll_command_v2`` hands it out.
         """
-        out = _Command()
+        out = RailoverCommand()
         rc = self._api.poll_command(self.handle, ctypes.byref(out))
         if rc == NO_COMMAND:
             return None
@@ -620,7 +392,7 @@ class Plugin:
 
     def poll_command_v2(self) -> CclCommand | None:
         """The oldest pending command of any kind, with its weights or transit GPUs."""
-        out = _CommandV2()
+        out = RailoverCommandV2()
         rc = self._api.poll_command_v2(self.handle, ctypes.byref(out), ctypes.sizeof(out))
         if rc == NO_COMMAND:
             return None
@@ -654,7 +426,7 @@ class Plugin:
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""
-        out = _Stats()
+        out = RailoverStats()
         rc = self._api.stats(self.handle, ctypes.byref(out), ctypes.sizeof(out))
         if rc != OK:
             raise PluginError("stats", rc)

@@ -343,7 +343,7 @@ def demo(
     keep_running: Annotated[bool, typer.Option(help="Leave the service up afterwards")] = False,
 ) -> None:
     """Start the service on SQLite, inject faults into a small cluster and show the decisions."""
-    from native_plugin.binding import library_path
+    from native_plugin.abi import library_path
 
     run_demo = _load_demo()
     # Said before a cluster is built, not as a traceback from the first simulated rank.

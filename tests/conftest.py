@@ -23,7 +23,7 @@ from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy import text
 
-from native_plugin.binding import DEFAULT_LIBRARY, library_path
+from native_plugin.abi import DEFAULT_LIBRARY, library_path
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, upgrade

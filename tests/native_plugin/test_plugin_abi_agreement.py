@@ -1,4 +1,4 @@
-"""The ctypes structs in ``native_plugin.binding`` match ``railover_plugin.h`` field by field."""
+"""The ctypes structs in ``native_plugin.abi`` match ``railover_plugin.h`` field by field."""
 
 from __future__ import annotations
 
@@ -8,34 +8,34 @@ from pathlib import Path
 
 import pytest
 
-from native_plugin import binding
+from native_plugin import abi, binding
 from tests.deploy.tools import need_tool
 
 INCLUDE = Path(__file__).resolve().parents[2] / "native_plugin" / "include"
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {
-    "railover_config_t": binding._Config,
-    "railover_command_t": binding._Command,
-    "railover_stats_t": binding._Stats,
-    "railover_switch_vote_t": binding._Vote,
-    "railover_agreement_t": binding._Agreement,
-    "railoverPlugin_v1_t": binding._PluginV1,
-    "railover_command_v2_t": binding._CommandV2,
-    "railoverPlugin_v2_t": binding._PluginV2,
-    "railover_config_v3_t": binding._ConfigV3,
-    "railoverPlugin_v3_t": binding._PluginV3,
+    "railover_config_t": abi.RailoverConfig,
+    "railover_command_t": abi.RailoverCommand,
+    "railover_stats_t": abi.RailoverStats,
+    "railover_switch_vote_t": abi.RailoverSwitchVote,
+    "railover_agreement_t": abi.RailoverAgreement,
+    "railoverPlugin_v1_t": abi.PluginTableV1,
+    "railover_command_v2_t": abi.RailoverCommandV2,
+    "railoverPlugin_v2_t": abi.PluginTableV2,
+    "railover_config_v3_t": abi.RailoverConfigV3,
+    "railoverPlugin_v3_t": abi.PluginTableV3,
 }
 
 
 def ctypes_layout() -> dict[str, int]:
-    out = {"RAILOVER_PLUGIN_ABI_VERSION": binding.ABI_VERSION}
+    out = {"RAILOVER_PLUGIN_ABI_VERSION": abi.ABI_VERSION}
     for cname, cls in STRUCTS.items():
         out[f"sizeof({cname})"] = ctypes.sizeof(cls)
         for field in cls._fields_:
             name = field[0]
             out[f"offsetof({cname},{name})"] = getattr(cls, name).offset
     for name in ("OK", "DROPPED", "NO_COMMAND", "ERR_INVALID", "ERR_SYSTEM", "ERR_CONFIG"):
-        out[f"RAILOVER_{name}"] = getattr(binding.Status, name)
+        out[f"RAILOVER_{name}"] = getattr(abi.Status, name)
     out.update({f"RAILOVER_AGREE_{o.name}": o.value for o in binding.AgreeOutcome})
     out.update({f"RAILOVER_ACT_{a.name}": a.value for a in binding.AgreeAction})
     return out

@@ -13,18 +13,8 @@ from typing import TypedDict
 import pytest
 
 from native_plugin import wire
-from native_plugin.binding import (
-    AgreeAction,
-    AgreeOutcome,
-    CclCommand,
-    Plugin,
-    PluginError,
-    PluginLibraryNotFoundError,
-    Stats,
-    SwitchVote,
-    agree,
-    load_library,
-)
+from native_plugin.abi import PluginError, PluginLibraryNotFoundError, Stats, load_library
+from native_plugin.binding import AgreeAction, AgreeOutcome, CclCommand, Plugin, SwitchVote, agree
 from railover_testing.fake_agent import FakeAgent
 from railover_testing.waiting import wait_until as poll_until
 
