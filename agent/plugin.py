@@ -29,7 +29,7 @@ from typing import Any
 
 from agent import metrics
 from agent.events import Event, new_event
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +213,11 @@ def frames_for(cmd: dict[str, Any], abi_version: int) -> bytes | None:
         return None
     ext = to_wire_extension(cmd, frame)
     if ext is None:
-        return wire.encode(frame)
+        return wire_codec.encode(frame)
     if abi_version >= wire.ABI_WITH_EXTENSIONS:
-        return wire.encode(frame) + wire.encode(ext)
+        return wire_codec.encode(frame) + wire_codec.encode(ext)
     if frame.kind == wire.CommandKind.BALANCE:
-        return wire.encode(replace(frame, kind=wire.CommandKind.REBALANCE))
+        return wire_codec.encode(replace(frame, kind=wire.CommandKind.REBALANCE))
     return None
 
 
@@ -523,7 +523,7 @@ class PluginServer:
         client = PluginClient(writer=writer)
         self.hub.clients.add(client)
         metrics.PLUGIN_CLIENTS.set(len(self.hub.clients))
-        decoder = wire.FrameDecoder()
+        decoder = wire_codec.FrameDecoder()
         try:
             while True:
                 data = await reader.read(READ_CHUNK)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "native_plugin" / "build" / "libnccl-profiler-railover.so"
@@ -47,7 +47,7 @@ class Listener:
 
     def _run(self) -> None:
         conn, _ = self._server.accept()
-        decoder = wire.FrameDecoder()
+        decoder = wire_codec.FrameDecoder()
         with conn:
             while data := conn.recv(1 << 16):
                 for m in decoder.feed(data):

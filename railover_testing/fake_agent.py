@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 
 
 class FakeAgent:
@@ -66,7 +66,7 @@ class FakeAgent:
             self._serve(conn)
 
     def _serve(self, conn: socket.socket) -> None:
-        decoder = wire.FrameDecoder()
+        decoder = wire_codec.FrameDecoder()
         conn.settimeout(0.05)
         with conn:
             while not self._stop.is_set():

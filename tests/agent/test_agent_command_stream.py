@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.local import local_service
 from railover_testing.sysfs_faults import set_port_state
@@ -96,7 +96,7 @@ def test_streams_end_and_reopen_and_each_command_is_relayed_once(
         assert agent_calls("commands", "ok") == polled  # no long-poll beside the stream
 
         plugin = _connect(a)
-        plugin.sendall(wire.encode(wire.Hello(comm_id=0, pid=100, abi_version=1, rank=0)))
+        plugin.sendall(wire_codec.encode(wire.Hello(comm_id=0, pid=100, abi_version=1, rank=0)))
         assert wait_until(
             lambda: a.agent.hub is not None and any(c.hello for c in a.agent.hub.clients)
         )
@@ -136,7 +136,7 @@ def test_an_agent_long_polls_a_service_without_the_stream(
     a = AgentThread(settings_for(node_a.root, tmp_path, standin.url, rail_map_a)).start()
     try:
         plugin = _connect(a)
-        plugin.sendall(wire.encode(wire.Hello(comm_id=7, pid=10, abi_version=1, rank=0)))
+        plugin.sendall(wire_codec.encode(wire.Hello(comm_id=7, pid=10, abi_version=1, rank=0)))
         assert wait_until(
             lambda: a.agent.hub is not None and any(c.hello for c in a.agent.hub.clients)
         )

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.processes import store_rows
 from railover_testing.sysfs_faults import set_port_state
@@ -100,7 +100,7 @@ def service(tmp_path: Path, db_url: str) -> Iterator[Service]:
 
 
 def _cqe(qp: int) -> bytes:
-    return wire.encode(
+    return wire_codec.encode(
         wire.CqeError(
             timestamp_ns=time.time_ns(),
             port=1,
@@ -117,7 +117,7 @@ def _cqe(qp: int) -> bytes:
 def _send_cqes(a: AgentThread, qps: range) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(str(a.settings.socket))
-    s.sendall(wire.encode(wire.Hello(comm_id=9, pid=4242, abi_version=1, rank=0)))
+    s.sendall(wire_codec.encode(wire.Hello(comm_id=9, pid=4242, abi_version=1, rank=0)))
     s.sendall(b"".join(_cqe(q) for q in qps))
     s.close()
 
@@ -245,7 +245,9 @@ def test_live_service_plan_fault_and_command_relay(
         _http("POST", f"{base}/v1/jobs", job_on_n0(now))
         for rank, p in enumerate(plugins):
             p.connect(str(settings.socket))
-            p.sendall(wire.encode(wire.Hello(comm_id=0, pid=100 + rank, abi_version=1, rank=rank)))
+            p.sendall(
+                wire_codec.encode(wire.Hello(comm_id=0, pid=100 + rank, abi_version=1, rank=rank))
+            )
 
         polls = PollLog(a, "ports")
         before = polls.mark()
@@ -282,14 +284,16 @@ def test_live_service_plan_fault_and_command_relay(
         cmds_seen: list[wire.Command] = []
         for rank, p in enumerate(plugins):
             p.settimeout(10)
-            dec = wire.FrameDecoder()
+            dec = wire_codec.FrameDecoder()
             msgs: list[wire.Message] = []
             while not msgs:
                 msgs = dec.feed(p.recv(4096))
             (cmd,) = msgs
             assert isinstance(cmd, wire.Command) and cmd.kind == wire.CommandKind.ABORT
             cmds_seen.append(cmd)
-            p.sendall(wire.encode(wire.Ack(command_id=cmd.command_id, status=0, pid=100 + rank)))
+            p.sendall(
+                wire_codec.encode(wire.Ack(command_id=cmd.command_id, status=0, pid=100 + rank))
+            )
         assert len({c.command_id for c in cmds_seen}) == 1
         command_id = cmds_seen[0].command_id
 

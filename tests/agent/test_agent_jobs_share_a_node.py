@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from native_plugin.binding import CclCommand, Plugin
 from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.sysfs_node import FixtureNode
@@ -254,7 +254,7 @@ def test_a_pre_version_2_library_still_takes_its_commands(
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
     s.connect(str(agent.settings.socket))
-    hello = wire.encode(wire.Hello(comm_id=0, pid=77, abi_version=2, rank=3))
+    hello = wire_codec.encode(wire.Hello(comm_id=0, pid=77, abi_version=2, rank=3))
     assert hello[4:6] == b"\x01\x00" and len(hello) == 16 + 24
     s.sendall(hello)
     hub = agent.agent.hub
@@ -267,7 +267,7 @@ def test_a_pre_version_2_library_still_takes_its_commands(
         data += s.recv(4096)
     # A version-1 COMMAND: what a plugin before version 2 accepts, and nothing else.
     assert data[4:6] == b"\x01\x00"
-    (cmd,) = wire.FrameDecoder().feed(data)
+    (cmd,) = wire_codec.FrameDecoder().feed(data)
     assert isinstance(cmd, wire.Command) and cmd.command_id == 14
     s.close()
 

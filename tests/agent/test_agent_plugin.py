@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent.plugin import to_wire_command
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_until
@@ -40,7 +40,7 @@ def _connect(a: AgentThread) -> socket.socket:
 
 
 def _recv_messages(s: socket.socket, n: int, timeout: float = 5.0) -> list[wire.Message]:
-    dec = wire.FrameDecoder()
+    dec = wire_codec.FrameDecoder()
     out: list[wire.Message] = []
     deadline = time.monotonic() + timeout
     while len(out) < n and time.monotonic() < deadline:
@@ -93,7 +93,7 @@ def test_plugin_events_reach_the_service(running: AgentThread, standin: StandInS
         for i in range(1, 501)
     ]
     # Split frames across writes at odd places, as a stream socket may.
-    data = b"".join(wire.encode(f) for f in frames)
+    data = b"".join(wire_codec.encode(f) for f in frames)
     for i in range(0, len(data), 37):
         s.sendall(data[i : i + 37])
     # Every kind, and the last progress sample (the agent sends the latest per rank; an
@@ -141,7 +141,7 @@ def test_malformed_frames_drop_the_connection_only(
     before = _metric("railover_agent_plugin_malformed_frames_total")
     bad = _connect(running)
     good = _connect(running)
-    good.sendall(wire.encode(wire.Hello(comm_id=5, pid=2, abi_version=1, rank=0)))
+    good.sendall(wire_codec.encode(wire.Hello(comm_id=5, pid=2, abi_version=1, rank=0)))
     # A valid frame before the garbage is still acted on.
     ok = wire.CqeError(
         timestamp_ns=0,
@@ -153,13 +153,13 @@ def test_malformed_frames_drop_the_connection_only(
         dev_name="mlx5_3",
         peer="",
     )
-    bad.sendall(wire.encode(ok) + garbage)
+    bad.sendall(wire_codec.encode(ok) + garbage)
     assert _is_closed(bad)
     assert wait_until(lambda: _metric("railover_agent_plugin_malformed_frames_total") == before + 1)
     assert standin.wait_for(lambda st: any(e.get("device") == "mlx5_3" for e in st.events.values()))
     # The other client and the listener carry on.
     good.sendall(
-        wire.encode(
+        wire_codec.encode(
             wire.CqeError(
                 timestamp_ns=0,
                 port=1,
@@ -181,15 +181,15 @@ def test_malformed_frames_drop_the_connection_only(
 def test_client_sending_a_command_is_dropped(running: AgentThread) -> None:
     s = _connect(running)
     cmd = wire.Command(command_id=1, comm_id=1, ops_done=0, disabled_channels=0, kind=1, epoch=1)
-    s.sendall(wire.encode(cmd))
+    s.sendall(wire_codec.encode(cmd))
     assert _is_closed(s)
 
 
 def test_commands_are_relayed_and_acked(running: AgentThread, standin: StandInService) -> None:
     mine = _connect(running)
     other = _connect(running)
-    mine.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
-    other.sendall(wire.encode(wire.Hello(comm_id=999, pid=11, abi_version=1, rank=0)))
+    mine.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    other.sendall(wire_codec.encode(wire.Hello(comm_id=999, pid=11, abi_version=1, rank=0)))
     assert wait_until(
         lambda: (
             running.agent.hub is not None and sum(c.hello for c in running.agent.hub.clients) == 2
@@ -218,11 +218,11 @@ def test_commands_are_relayed_and_acked(running: AgentThread, standin: StandInSe
     with pytest.raises(BlockingIOError):
         other.recv(1)
     other.setblocking(True)
-    mine.sendall(wire.encode(wire.Ack(command_id=17, status=0, pid=10)))
+    mine.sendall(wire_codec.encode(wire.Ack(command_id=17, status=0, pid=10)))
     assert standin.wait_for(lambda st: any(b["status"] == "applied" for _, b in st.acks))
     applied = [b for cid, b in standin.state.acks if b["status"] == "applied"]
     assert applied == [{"node": "n0", "rank": 3, "status": "applied", "detail": "(pid 10)"}]
-    mine.sendall(wire.encode(wire.Ack(command_id=17, status=-3, pid=10)))
+    mine.sendall(wire_codec.encode(wire.Ack(command_id=17, status=-3, pid=10)))
     assert standin.wait_for(lambda st: any(b["status"] == "too_late" for _, b in st.acks))
     (late,) = [b for _, b in standin.state.acks if b["status"] == "too_late"]
     assert late["rank"] == 3
@@ -241,7 +241,7 @@ def test_a_nodes_rank_acks_go_out_together(running: AgentThread, standin: StandI
     ranks = list(range(8))
     socks = [_connect(running) for _ in ranks]
     for r, s in zip(ranks, socks, strict=True):
-        s.sendall(wire.encode(wire.Hello(comm_id=123, pid=100 + r, abi_version=1, rank=r)))
+        s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=100 + r, abi_version=1, rank=r)))
     hub = running.agent.hub
     assert hub is not None
     assert wait_until(lambda: sum(c.hello for c in hub.clients) == len(ranks))
@@ -264,10 +264,10 @@ def test_a_nodes_rank_acks_go_out_together(running: AgentThread, standin: StandI
     gate = threading.Event()
     standin.state.ack_gate = gate
     posts = standin.state.ack_posts
-    socks[0].sendall(wire.encode(wire.AckAt(command_id=21, status=0, pid=100, ops_done=900)))
+    socks[0].sendall(wire_codec.encode(wire.AckAt(command_id=21, status=0, pid=100, ops_done=900)))
     assert standin.wait_for(lambda st: st.ack_posts == posts + 1)
     for r, s in zip(ranks[1:], socks[1:], strict=True):
-        s.sendall(wire.encode(wire.AckAt(command_id=21, status=0, pid=100 + r, ops_done=900)))
+        s.sendall(wire_codec.encode(wire.AckAt(command_id=21, status=0, pid=100 + r, ops_done=900)))
     assert wait_until(lambda: hub.acks.qsize() == len(ranks) - 1)
     standin.state.ack_gate = None
     gate.set()
@@ -285,7 +285,7 @@ def test_acks_that_fail_are_sent_again_in_their_order(
     running: AgentThread, standin: StandInService
 ) -> None:
     s = _connect(running)
-    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
     hub = running.agent.hub
     assert hub is not None
     assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
@@ -309,8 +309,8 @@ def test_acks_that_fail_are_sent_again_in_their_order(
     # Every try of the client's three fails: the loop backs off and sends both again.
     standin.state.fail_acks = 3
     posts = standin.state.ack_posts
-    s.sendall(wire.encode(wire.Ack(command_id=31, status=0, pid=10)))
-    s.sendall(wire.encode(wire.Ack(command_id=32, status=0, pid=10)))
+    s.sendall(wire_codec.encode(wire.Ack(command_id=31, status=0, pid=10)))
+    s.sendall(wire_codec.encode(wire.Ack(command_id=32, status=0, pid=10)))
     assert standin.wait_for(lambda st: sum(b["status"] == "applied" for _, b in st.acks) == 2)
     applied = [(cid, b["rank"]) for cid, b in standin.state.acks if b["status"] == "applied"]
     assert applied == [(31, 3), (32, 3)]
@@ -353,7 +353,7 @@ def test_command_waits_for_a_client_then_fails(
     # Both fetched from the service (and held by the agent) before the late client connects.
     assert wait_until(lambda: commands_received() >= received + 2, timeout=30)
     late = _connect(running)
-    late.sendall(wire.encode(wire.Hello(comm_id=42, pid=9, abi_version=1, rank=1)))
+    late.sendall(wire_codec.encode(wire.Hello(comm_id=42, pid=9, abi_version=1, rank=1)))
     (msg,) = _recv_messages(late, 1)
     assert (
         isinstance(msg, wire.Command) and msg.command_id == 5 and msg.kind == wire.CommandKind.ABORT
@@ -394,8 +394,8 @@ def test_balance_goes_with_its_weights_to_abi2_and_as_a_rebalance_to_abi1(
 ) -> None:
     new = _connect(running)
     old = _connect(running)
-    new.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=0)))
-    old.sendall(wire.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=1)))
+    new.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=0)))
+    old.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=1)))
     hub = running.agent.hub
     assert hub is not None
     assert wait_until(lambda: sum(c.hello for c in hub.clients) == 2)
@@ -431,7 +431,7 @@ def test_nvl_transit_reaches_abi2_and_fails_where_only_abi1_listens(
     running: AgentThread, standin: StandInService
 ) -> None:
     s = _connect(running)
-    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=4)))
+    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=4)))
     hub = running.agent.hub
     assert hub is not None
     assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
@@ -453,7 +453,7 @@ def test_nvl_transit_reaches_abi2_and_fails_where_only_abi1_listens(
     ]
     s.close()
     old = _connect(running)
-    old.sendall(wire.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=4)))
+    old.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=4)))
     assert wait_until(lambda: [c.abi_version for c in hub.clients if c.hello] == [1])
     standin.add_command({"command_id": 52, **transit})
     assert standin.wait_for(
@@ -494,9 +494,9 @@ def test_a_checkpoint_request_carries_its_iteration_byte_for_byte() -> None:
          "disabled_channels": [], "iteration": 2**40 + 5}
     )  # fmt: skip
     assert frame is not None
-    payload = wire.encode(frame)[wire.HEADER_SIZE :]
+    payload = wire_codec.encode(frame)[wire.HEADER_SIZE :]
     assert payload == struct.pack("<QQQQIIQ", 7, 0, 0, 0, 5, 3, 2**40 + 5)
-    assert wire.decode_frame(wire.encode(frame)) == frame
+    assert wire_codec.decode_frame(wire_codec.encode(frame)) == frame
 
 
 def test_unknown_command_kind_is_acked_failed(
@@ -526,8 +526,8 @@ def test_an_answer_with_ops_done_is_relayed_with_it(
 ) -> None:
     # ack_command_at's frame (ACK_AT): the same answer, plus how far the rank was.
     s = _connect(running)
-    s.sendall(wire.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
-    s.sendall(wire.encode(wire.AckAt(command_id=17, status=-3, pid=10, ops_done=1234)))
+    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    s.sendall(wire_codec.encode(wire.AckAt(command_id=17, status=-3, pid=10, ops_done=1234)))
     assert standin.wait_for(lambda st: any(cid == 17 for cid, _ in st.acks))
     (ack,) = [b for cid, b in standin.state.acks if cid == 17]
     # TOO_LATE (-3) is its own status for the service, with the count the rank was at.
@@ -555,7 +555,7 @@ def test_nccl_profiler_frames_become_communicator_and_stall_events(
             rank=2, pid=99, func="AllReduce",
         ),
     ]  # fmt: skip
-    s.sendall(b"".join(wire.encode(f) for f in frames))
+    s.sendall(b"".join(wire_codec.encode(f) for f in frames))
     assert standin.wait_for(
         lambda st: {e["kind"] for e in st.events.values()} >= {"communicator", "stall", "progress"}
     )
@@ -579,7 +579,7 @@ def test_the_nccl_profiler_is_sent_no_commands(
 ) -> None:
     profiler = _connect(running)
     profiler.sendall(
-        wire.encode(
+        wire_codec.encode(
             wire.Hello(
                 comm_id=0, pid=12, abi_version=wire.HELLO_NCCL_PROFILER, rank=wire.RANK_UNKNOWN
             )

@@ -12,7 +12,7 @@ from typing import TypedDict
 
 import pytest
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from native_plugin.abi import PluginError, PluginLibraryNotFoundError, Stats, load_library
 from native_plugin.binding import AgreeAction, AgreeOutcome, CclCommand, Plugin, SwitchVote, agree
 from railover_testing.fake_agent import FakeAgent
@@ -205,7 +205,7 @@ def test_command_reaches_poll_and_ack_reaches_agent(plugin_lib: Path, agent: Fak
     with Plugin(socket_path=agent.path, **FAST) as plugin:
         wait_until(lambda: plugin.stats().connected == 1)
         assert plugin.poll_command() is None
-        agent.send(wire.encode(cmd))
+        agent.send(wire_codec.encode(cmd))
         got: list[wire.Command] = []
 
         def polled() -> bool:
@@ -250,19 +250,27 @@ def test_balance_and_transit_reach_poll_command_v2(plugin_lib: Path, agent: Fake
                        kind=wire.CommandKind.NVL_TRANSIT, epoch=4)  # fmt: skip
     with Plugin(socket_path=agent.path, **FAST) as plugin:
         wait_until(lambda: plugin.stats().connected == 1)
-        agent.send(wire.encode(balance) + wire.encode(wire.CommandWeights.of(50, weights, 0.125)))
+        agent.send(
+            wire_codec.encode(balance)
+            + wire_codec.encode(wire.CommandWeights.of(50, weights, 0.125))
+        )
         assert _poll_v2(plugin) == CclCommand(
             command_id=50, comm_id=7, ops_done=900, disabled_channels=0b1,
             kind=wire.CommandKind.BALANCE, epoch=4, split_ratio=0.125, weights=weights,
         )  # fmt: skip
-        agent.send(wire.encode(nvl) + wire.encode(wire.CommandTransit.of(51, {6: 1, 2: 3}, 40)))
+        agent.send(
+            wire_codec.encode(nvl) + wire_codec.encode(wire.CommandTransit.of(51, {6: 1, 2: 3}, 40))
+        )
         assert _poll_v2(plugin) == CclCommand(
             command_id=51, comm_id=7, ops_done=0, disabled_channels=0,
             kind=wire.CommandKind.NVL_TRANSIT, epoch=4, mb_per_channel=40,
             transit=((2, 3), (6, 1)),
         )  # fmt: skip
         # The ABI 1 call sees the balance as the DCR plan it carries.
-        agent.send(wire.encode(balance) + wire.encode(wire.CommandWeights.of(50, weights, 0.125)))
+        agent.send(
+            wire_codec.encode(balance)
+            + wire_codec.encode(wire.CommandWeights.of(50, weights, 0.125))
+        )
         got: list[wire.Command] = []
 
         def polled_v1() -> bool:
@@ -279,12 +287,12 @@ def test_balance_and_transit_reach_poll_command_v2(plugin_lib: Path, agent: Fake
 def test_bad_weights_are_answered_failed(plugin_lib: Path, agent: FakeAgent) -> None:
     cmd = wire.Command(command_id=60, comm_id=7, ops_done=900, disabled_channels=0,
                        kind=wire.CommandKind.BALANCE, epoch=1)  # fmt: skip
-    good = wire.encode(wire.CommandWeights.of(60, (0.5, 0.5), 0.0))
+    good = wire_codec.encode(wire.CommandWeights.of(60, (0.5, 0.5), 0.0))
     # NaN in weight 1, by hand: the encoder refuses to write one.
     nan = good[: 16 + 16 + 4] + struct.pack("<f", float("nan")) + good[16 + 16 + 8 :]
     with Plugin(socket_path=agent.path, **FAST) as plugin:
         wait_until(lambda: plugin.stats().connected == 1)
-        agent.send(wire.encode(cmd) + nan)
+        agent.send(wire_codec.encode(cmd) + nan)
         wait_until(lambda: len(agent.acks) == 1)
         assert agent.acks[0] == wire.Ack(
             command_id=60, status=wire.AckStatus.FAILED, pid=os.getpid()
@@ -300,7 +308,7 @@ def test_unknown_command_kind_is_refused_by_the_plugin(plugin_lib: Path, agent: 
         future = wire.Command(
             command_id=5, comm_id=1, ops_done=0, disabled_channels=0, kind=99, epoch=1
         )
-        agent.send(wire.encode(future))
+        agent.send(wire_codec.encode(future))
         wait_until(lambda: len(agent.acks) == 1)
         assert agent.acks[0].status == wire.AckStatus.UNSUPPORTED
         assert plugin.poll_command() is None

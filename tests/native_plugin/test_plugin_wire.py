@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)
@@ -53,24 +53,24 @@ MAX_FRAME = wire.HEADER_SIZE + wire.MAX_PAYLOAD
 
 @given(st.lists(MESSAGES, max_size=8), st.integers(1, 64))
 def test_round_trip_any_chunking(msgs: list[wire.Message], chunk: int) -> None:
-    stream = b"".join(wire.encode(m) for m in msgs)
-    decoder = wire.FrameDecoder()
+    stream = b"".join(wire_codec.encode(m) for m in msgs)
+    decoder = wire_codec.FrameDecoder()
     out: list[wire.Message] = []
     for i in range(0, len(stream), chunk):
         out += decoder.feed(stream[i : i + chunk])
     assert out == msgs
     assert decoder.buffered == 0
     for m in msgs:
-        assert wire.decode_frame(wire.encode(m)) == m
+        assert wire_codec.decode_frame(wire_codec.encode(m)) == m
 
 
 def test_known_bytes() -> None:
-    frame = wire.encode(wire.Ack(command_id=7, status=-3, pid=42))
+    frame = wire_codec.encode(wire.Ack(command_id=7, status=-3, pid=42))
     assert frame == (
         bytes.fromhex("524c5652010011001000000000000000") + struct.pack("<QiI", 7, -3, 42)
     )
     # Type 18: the same answer with the rank's ops_done after it, 24 bytes of payload.
-    frame = wire.encode(wire.AckAt(command_id=7, status=-3, pid=42, ops_done=1017))
+    frame = wire_codec.encode(wire.AckAt(command_id=7, status=-3, pid=42, ops_done=1017))
     assert frame == (
         bytes.fromhex("524c5652010012001800000000000000") + struct.pack("<QiIQ", 7, -3, 42, 1017)
     )
@@ -78,25 +78,25 @@ def test_known_bytes() -> None:
 
 def test_a_hello_naming_a_job_is_version_2_and_one_naming_none_is_version_1() -> None:
     named = wire.Hello(comm_id=9, pid=42, abi_version=3, rank=5, incarnation=2, job="llm-7")
-    frame = wire.encode(named)
+    frame = wire_codec.encode(named)
     head = struct.pack("<IHHII", wire.MAGIC, 2, int(wire.MsgType.HELLO), 24 + wire.JOB_LEN, 0)
     body = struct.pack("<QIIII", 9, 42, 3, 5, 2) + b"llm-7".ljust(wire.JOB_LEN, b"\0")
     assert frame == head + body
     # No job: byte for byte what a plugin before version 2 sends (incarnation was reserved).
     bare = wire.Hello(comm_id=9, pid=42, abi_version=1, rank=5)
     old = struct.pack("<IHHII", wire.MAGIC, 1, int(wire.MsgType.HELLO), 24, 0)
-    assert wire.encode(bare) == old + struct.pack("<QIIII", 9, 42, 1, 5, 0)
-    assert wire.FrameDecoder().feed(frame + wire.encode(bare)) == [named, bare]
+    assert wire_codec.encode(bare) == old + struct.pack("<QIIII", 9, 42, 1, 5, 0)
+    assert wire_codec.FrameDecoder().feed(frame + wire_codec.encode(bare)) == [named, bare]
     # A version-2 HELLO is 280 bytes, a version-1 one 24: either length at the other
     # version is refused.
     with pytest.raises(wire.WireError, match=r"does not match HELLO \(280 bytes at version 2"):
-        wire.decode_frame(struct.pack("<IHHII", wire.MAGIC, 2, 5, 24, 0) + bytes(24))
+        wire_codec.decode_frame(struct.pack("<IHHII", wire.MAGIC, 2, 5, 24, 0) + bytes(24))
     with pytest.raises(wire.WireError, match=r"does not match HELLO \(24 bytes at version 1"):
-        wire.decode_frame(head[:4] + b"\x01\x00" + head[6:] + body)
+        wire_codec.decode_frame(head[:4] + b"\x01\x00" + head[6:] + body)
     with pytest.raises(wire.WireError, match="at most 255 fit"):
-        wire.encode(wire.Hello(comm_id=0, pid=0, abi_version=3, rank=0, job="j" * 256))
+        wire_codec.encode(wire.Hello(comm_id=0, pid=0, abi_version=3, rank=0, job="j" * 256))
     longest = replace_job(named, "j" * 255)
-    assert wire.decode_frame(wire.encode(longest)) == longest
+    assert wire_codec.decode_frame(wire_codec.encode(longest)) == longest
 
 
 def replace_job(hello: wire.Hello, job: str) -> wire.Hello:
@@ -106,9 +106,9 @@ def replace_job(hello: wire.Hello, job: str) -> wire.Hello:
 def test_every_other_frame_is_version_1_and_is_read_at_version_2_too() -> None:
     """What a version-2 sender writes for an unchanged type, a version-1 receiver reads."""
     cmd = wire.Command(command_id=1, comm_id=2, ops_done=3, disabled_channels=4, kind=1, epoch=5)
-    frame = wire.encode(cmd)
+    frame = wire_codec.encode(cmd)
     assert struct.unpack_from("<H", frame, 4) == (1,)
-    assert wire.decode_frame(frame[:4] + b"\x02\x00" + frame[6:]) == cmd
+    assert wire_codec.decode_frame(frame[:4] + b"\x02\x00" + frame[6:]) == cmd
 
 
 def test_extension_frames_refuse_what_does_not_fit() -> None:
@@ -117,11 +117,11 @@ def test_extension_frames_refuse_what_does_not_fit() -> None:
     with pytest.raises(wire.WireError, match="at most 16"):
         wire.CommandTransit.of(1, dict.fromkeys(range(17), 0), 40)
     with pytest.raises(wire.WireError, match="finite binary32"):
-        wire.encode(wire.CommandWeights.of(1, [float("nan")], 0.0))
+        wire_codec.encode(wire.CommandWeights.of(1, [float("nan")], 0.0))
     with pytest.raises(wire.WireError, match="finite binary32"):
-        wire.encode(wire.CommandWeights.of(1, [1.0], float("inf")))
+        wire_codec.encode(wire.CommandWeights.of(1, [1.0], float("inf")))
     with pytest.raises(wire.WireError, match="not an integer"):
-        wire.encode(wire.CommandTransit.of(1, {0: -1}, 40))
+        wire_codec.encode(wire.CommandTransit.of(1, {0: -1}, 40))
 
 
 @pytest.mark.parametrize(
@@ -135,9 +135,9 @@ def test_extension_frames_refuse_what_does_not_fit() -> None:
     ],
 )
 def test_malformed_header_is_named(mutate: object, needle: str) -> None:
-    frame = wire.encode(wire.Ack(command_id=1, status=0, pid=1))
+    frame = wire_codec.encode(wire.Ack(command_id=1, status=0, pid=1))
     assert callable(mutate)
-    decoder = wire.FrameDecoder()
+    decoder = wire_codec.FrameDecoder()
     with pytest.raises(wire.WireError, match=needle):
         decoder.feed(mutate(frame))
     with pytest.raises(wire.WireError, match="already failed"):
@@ -147,7 +147,7 @@ def test_malformed_header_is_named(mutate: object, needle: str) -> None:
 def test_messages_before_a_bad_frame_are_kept_on_the_error() -> None:
     good = wire.Progress(comm_id=1, ops_done=2, timestamp_ns=3, rank=4, pid=5)
     with pytest.raises(wire.WireError) as info:
-        wire.FrameDecoder().feed(wire.encode(good) + b"\0" * 16)
+        wire_codec.FrameDecoder().feed(wire_codec.encode(good) + b"\0" * 16)
     assert info.value.decoded == [good]
 
 
@@ -162,18 +162,18 @@ def test_messages_before_a_bad_frame_are_kept_on_the_error() -> None:
 )
 def test_encode_rejects_values_that_do_not_fit(msg: wire.Message) -> None:
     with pytest.raises(wire.WireError):
-        wire.encode(msg)
+        wire_codec.encode(msg)
 
 
 def test_header_validated_before_payload_arrives() -> None:
     # A huge declared length is refused on the header alone, never awaited.
     header = struct.pack("<IHHII", wire.MAGIC, 1, 1, 2**32 - 1, 0)
     with pytest.raises(wire.WireError, match="exceeds"):
-        wire.FrameDecoder().feed(header)
+        wire_codec.FrameDecoder().feed(header)
 
 
 def _feed_all(chunks: list[bytes]) -> None:
-    decoder = wire.FrameDecoder()
+    decoder = wire_codec.FrameDecoder()
     for chunk in chunks:
         try:
             msgs = decoder.feed(chunk)
@@ -201,7 +201,7 @@ def test_fuzz_arbitrary_bytes(chunks: list[bytes]) -> None:
 def test_fuzz_mutated_valid_frames(
     msgs: list[wire.Message], flips: list[tuple[int, int]], cuts: list[int]
 ) -> None:
-    stream = bytearray(b"".join(wire.encode(m) for m in msgs))
+    stream = bytearray(b"".join(wire_codec.encode(m) for m in msgs))
     for pos, value in flips:
         stream[pos % len(stream)] = value
     chunks: list[bytes] = []

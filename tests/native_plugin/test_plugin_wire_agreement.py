@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from native_plugin import wire
+from native_plugin import wire, wire_codec
 from tests.deploy.tools import need_tool
 
 INCLUDE = Path(__file__).resolve().parents[2] / "native_plugin" / "include"
@@ -126,8 +126,8 @@ def test_every_message_type_has_a_layout_and_class() -> None:
 
 
 def test_largest_payload_constants() -> None:
-    assert (wire.LARGEST_REPORT_PAYLOAD, wire.LARGEST_COMMAND_PAYLOAD) == (160, 272)
-    assert wire.LARGEST_COMMAND_PAYLOAD <= wire.MAX_PAYLOAD
+    assert (wire_codec.LARGEST_REPORT_PAYLOAD, wire_codec.LARGEST_COMMAND_PAYLOAD) == (160, 272)
+    assert wire_codec.LARGEST_COMMAND_PAYLOAD <= wire.MAX_PAYLOAD
 
 
 # The extension frames filled in C, field by field, and printed as bytes: the Python
@@ -189,20 +189,20 @@ def test_extension_and_hello_frames_byte_for_byte(compiler: list[str], tmp_path:
     )
     printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     command, weights, transit, hello = (bytes.fromhex(line) for line in printed.split())
-    assert hello == wire.encode(
+    assert hello == wire_codec.encode(
         wire.Hello(comm_id=0xC0FFEE, pid=4242, abi_version=3, rank=wire.RANK_UNKNOWN,
                    incarnation=6, job="job-été")
     )  # fmt: skip
     assert len(hello) == 16 + 280
     ws = (0.0625, 0.125, 0.125, 0.125, 0.0625, 0.125, 0.125, 0.25)
-    assert command == wire.encode(
+    assert command == wire_codec.encode(
         wire.Command(command_id=41, comm_id=0xABCDEF0123456789, ops_done=1200,
                      disabled_channels=0x11, kind=wire.CommandKind.BALANCE, epoch=9)
     )  # fmt: skip
-    assert weights == wire.encode(wire.CommandWeights.of(41, ws, 0.125))
+    assert weights == wire_codec.encode(wire.CommandWeights.of(41, ws, 0.125))
     assert len(weights) == 16 + 272
-    assert transit == wire.encode(wire.CommandTransit.of(42, {11: 7, 3: 2}, 40))
+    assert transit == wire_codec.encode(wire.CommandTransit.of(42, {11: 7, 3: 2}, 40))
     assert len(transit) == 16 + 144
-    decoded = wire.decode_frame(weights)
+    decoded = wire_codec.decode_frame(weights)
     assert isinstance(decoded, wire.CommandWeights)
     assert (decoded.n_channels, decoded.split_ratio, decoded.used) == (8, 0.125, ws)
