@@ -120,6 +120,7 @@ TARGETS = (
             "tests/agent/test_agent_collectors.py",
             "tests/agent/test_counter_baseline.py",
             "tests/agent/test_collectors_strength.py",
+            "tests/agent/test_collector_names.py",
         ),
     ),
     Target(
