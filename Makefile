@@ -93,7 +93,7 @@ demo: venv-runtime plugin
 	$(BIN)/railover demo
 
 openapi: venv
-	$(BIN)/python -m scheduler_svc.openapi_dump openapi/openapi.json
+	$(BIN)/python -m scheduler_svc.api.openapi_dump openapi/openapi.json
 
 # Mutation testing, module by module, niced (not part of `make test`: slow). Results:
 # benchmarks/RESULTS.md, "Test strength". `make mutation TARGETS="signing spool"`; on a

@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from benchmarks import benchlib
-from scheduler_svc.client import RailoverClient
 from scheduler_svc.engine.decision import Policy
+from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.twin.cluster import ClusterSpec
 from scheduler_svc.twin.loop import Twin
 

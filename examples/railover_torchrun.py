@@ -47,8 +47,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from scheduler_svc.client import RailoverClient
-from scheduler_svc.schemas import JobIn
+from scheduler_svc.api.schemas.jobs import JobIn
+from scheduler_svc.fleet.client import RailoverClient
 
 log = logging.getLogger("railover.torchrun")
 

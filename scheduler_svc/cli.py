@@ -20,7 +20,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from scheduler_svc import __version__, console
+from scheduler_svc import __version__, errors
+from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.config import (
     Settings,
     describe_errors,
@@ -28,9 +29,8 @@ from scheduler_svc.config import (
     service_variable_warnings,
     sqlite_path,
 )
-from scheduler_svc.console import refuse
+from scheduler_svc.errors import refuse
 from scheduler_svc.planning import cli as planning_cli
-from scheduler_svc.schemas import Role
 from scheduler_svc.twin import cli as twin_cli
 
 app = typer.Typer(
@@ -68,7 +68,7 @@ def _main(
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    console.debug = debug
+    errors.debug = debug
 
 
 DbOpt = Annotated[
@@ -376,14 +376,14 @@ def config_command(
     markdown: Annotated[bool, typer.Option(help="Print the README's Markdown tables.")] = False,
 ) -> None:
     """List every setting of the service and the agent: variable, type, default, meaning."""
-    from scheduler_svc import settings_doc
+    from scheduler_svc import config
 
     if markdown:
-        typer.echo(settings_doc.markdown(), nl=False)
+        typer.echo(config.markdown(), nl=False)
         return
-    for program, cls in settings_doc.settings_classes():
+    for program, cls in config.settings_classes():
         typer.echo(f"{program} (variable  type  [default]):\n")
-        for doc in settings_doc.describe(cls):
+        for doc in config.describe(cls):
             typer.echo(f"{doc.variable}  {doc.type}  [{doc.default}]\n    {doc.meaning}")
         typer.echo("")
 
@@ -395,10 +395,10 @@ def main() -> None:
     try:
         app()
     except OperationalError as exc:  # raised from deep in any command that opens the store
-        if console.debug:
+        if errors.debug:
             raise
         first = str(exc.orig or exc).strip().splitlines()[0]
-        console.explain(
+        errors.explain(
             f"the store {_store_shown} cannot be reached or opened: {first}",
             "check that the database runs and that --db or RAILOVER_DB_URL names it "
             "(user, host, database)",

@@ -1,15 +1,21 @@
-"""Typed domain errors and the one body every error response has.
+"""Failures as people are told them: typed domain errors, the one body every error
+response has, and the two lines (problem, fix) a command ends with instead of a traceback.
 
 main.py renders every failure (these, request validation, JSON syntax errors,
 unknown routes and methods, unexpected exceptions) as `ErrorBody`, and every
 route lists its failures with that schema, so the document and the wire agree.
+The command line's expected failures (`refuse`, `explain`) print their problem and
+its fix on stderr, for `railover` and its planning commands alike.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+import sys
+import traceback
+from typing import Any, ClassVar, NoReturn
 
+import typer
 from pydantic import BaseModel, Field
 
 
@@ -110,3 +116,30 @@ def responses(*errors: type[RailoverError]) -> dict[int | str, dict[str, Any]]:
 VALIDATION: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorBody, "description": "A field is missing or invalid"}
 }
+
+
+# --- the command line's failures ---------------------------------------------
+
+# Set by `railover --debug`: failures explained in two lines show their traceback too.
+debug = False
+
+
+def refuse(problem: str, fix: str, program: str = "railover") -> NoReturn:
+    """Print the problem and its fix on stderr and exit 2 (with the traceback under --debug).
+
+    Raises `typer.Exit`, so it ends the command the same way from the console script
+    and from a test's `CliRunner`.
+    """
+    explain(problem, fix, program)
+    raise typer.Exit(2)
+
+
+def explain(problem: str, fix: str, program: str = "railover") -> None:
+    """The two lines; under --debug, the exception being handled (or the stack) first."""
+    if debug:
+        if sys.exc_info()[1] is not None:
+            traceback.print_exc()
+        else:
+            traceback.print_stack()
+    typer.echo(f"{program}: {problem}", err=True)
+    typer.echo(f"  fix: {fix}", err=True)

@@ -67,12 +67,12 @@ TARGETS = (
     ),
     Target(
         "deps",
-        ("scheduler_svc/deps.py",),
+        ("scheduler_svc/api/deps.py",),
         ("tests/scheduler_svc/test_deps.py",),
     ),
     Target(
         "notify",
-        ("scheduler_svc/notify.py",),
+        ("scheduler_svc/services/delivery.py",),
         # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's, the
         # SQLite watermark test_watermark.py's, the close at a stop test_stop_ends_polls.py's.
         (
@@ -87,11 +87,11 @@ TARGETS = (
         # The SQLite watermark and the close at a stop, by the tests written for them (the
         # notify target's whole list takes minutes a mutant: it starts many services).
         "watermark",
-        ("scheduler_svc/notify.py",),
+        ("scheduler_svc/services/delivery.py",),
         ("tests/scheduler_svc/test_watermark.py", "tests/scheduler_svc/test_stop_ends_polls.py"),
         only=(
-            "scheduler_svc.notify.xǁCommandWatermarkǁ*",
-            "scheduler_svc.notify.xǁCommandNotifierǁclos*",
+            "scheduler_svc.services.delivery.xǁCommandWatermarkǁ*",
+            "scheduler_svc.services.delivery.xǁCommandNotifierǁclos*",
         ),
     ),
     Target(

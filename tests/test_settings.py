@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings
 
 from agent.config import AgentSettings
 from agent.config import unknown_variables as agent_unknown
-from scheduler_svc import settings_doc
+from scheduler_svc import config
 from scheduler_svc.config import Settings, env_names, service_variable_warnings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,9 +29,9 @@ def test_every_setting_has_a_description(cls: type[BaseSettings]) -> None:
 
 def test_the_readme_table_is_generated_from_the_settings_classes() -> None:
     readme = (REPO / "README.md").read_text()
-    assert readme == settings_doc.splice(readme), (
+    assert readme == config.splice(readme), (
         "README.md's settings table is out of date: run "
-        "`.venv/bin/python -m scheduler_svc.settings_doc README.md`"
+        "`.venv/bin/python -m scheduler_svc.config README.md`"
     )
     for cls in CLASSES:
         for var in env_names(cls):
@@ -42,13 +42,13 @@ def test_a_new_field_appears_in_the_docs_without_further_edits() -> None:
     class Extra(Settings):
         fault_quiet_s: float = 3.0
 
-    rows = {d.variable: d for d in settings_doc.describe(Extra)}
+    rows = {d.variable: d for d in config.describe(Extra)}
     assert rows["RAILOVER_FAULT_QUIET_S"].default == "3"
     assert rows["RAILOVER_FAULT_QUIET_S"].type == "float"
 
 
 def test_types_and_defaults_read_as_a_person_writes_them() -> None:
-    rows = {d.variable: d for d in settings_doc.describe(Settings)}
+    rows = {d.variable: d for d in config.describe(Settings)}
     assert rows["RAILOVER_PORT"].type == "int ≥ 0, ≤ 65535"
     assert rows["RAILOVER_PORT"].default == "8080"
     assert rows["RAILOVER_DEFAULT_K"].type == "list of float"
@@ -56,7 +56,7 @@ def test_types_and_defaults_read_as_a_person_writes_them() -> None:
     assert rows["RAILOVER_NOTIFY_SECRET"].type == "secret"
     assert rows["RAILOVER_NOTIFY_SECRET"].default == "unset"
     assert rows["RAILOVER_K8S_NODE_POLICY"].type.startswith("one of condition, taint")
-    agent = {d.variable: d for d in settings_doc.describe(AgentSettings)}
+    agent = {d.variable: d for d in config.describe(AgentSettings)}
     # Never this machine's host name: the README must not change from machine to machine.
     assert agent["RAILOVER_AGENT_NODE_NAME"].default == "short host name"
     assert agent["RAILOVER_AGENT_SOCKET_MODE"].default == "0o660"
@@ -68,13 +68,13 @@ def test_railover_config_lists_every_variable(tmp_path: Path) -> None:
         [str(RAILOVER), "config"], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
     )
     for cls in CLASSES:
-        for doc in settings_doc.describe(cls):
+        for doc in config.describe(cls):
             assert f"{doc.variable}  {doc.type}  [{doc.default}]" in r.stdout
             assert doc.meaning in r.stdout
     md = subprocess.run(
         [str(RAILOVER), "config", "--markdown"], capture_output=True, text=True, env=env, check=True
     )
-    assert md.stdout == settings_doc.markdown()
+    assert md.stdout == config.markdown()
 
 
 @pytest.mark.parametrize("value", ["1.2,1.5", " 1.2 , 1.5 ", "[1.2, 1.5]"])

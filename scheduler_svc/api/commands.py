@@ -26,9 +26,19 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
+from scheduler_svc.api.deps import AgentAuth, NowDep, Principal, SessionDep, SettingsDep
 from scheduler_svc.api.jobs import command_out
+from scheduler_svc.api.schemas.commands import (
+    AckIn,
+    CommandList,
+    CommandOut,
+    StreamEnd,
+    StreamEndReason,
+    StreamReady,
+)
+from scheduler_svc.api.schemas.fields import Id64, Name
+from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.config import Settings
-from scheduler_svc.deps import AgentAuth, NowDep, Principal, SessionDep, SettingsDep
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -36,17 +46,6 @@ from scheduler_svc.errors import (
     Unauthorized,
     Unprocessable,
     responses,
-)
-from scheduler_svc.schemas import (
-    AckIn,
-    CommandList,
-    CommandOut,
-    Id64,
-    Name,
-    Role,
-    StreamEnd,
-    StreamEndReason,
-    StreamReady,
 )
 from scheduler_svc.services import acks, reach, registry
 from scheduler_svc.store.repositories import CommandRepo
@@ -56,7 +55,7 @@ log = logging.getLogger(__name__)
 router = routing.router(prefix="/v1", tags=["commands"])
 
 # A waiting poll looks at the store when it starts and when it is woken, never on a timer
-# (scheduler_svc/notify.py: the notifier and, on PostgreSQL, the listener wake it; its
+# (scheduler_svc/services/delivery.py: the notifier and, on PostgreSQL, the listener wake it; its
 # deadline is the backstop). Set, a poll also re-reads the store this often: the old
 # path, kept only so benchmarks/bench_idle_polls.py can measure it beside the new one.
 RECHECK_S: float | None = None

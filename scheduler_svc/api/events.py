@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, NowDep, PassesDep, SettingsDep, WritesDep
+from scheduler_svc.api.deps import AgentAuth, NowDep, PassesDep, SettingsDep, WritesDep
+from scheduler_svc.api.schemas.events import EventBatch, EventIn, EventsAccepted
+from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.errors import (
     VALIDATION,
     Forbidden,
@@ -23,7 +25,6 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import EventBatch, EventIn, EventsAccepted, Role
 from scheduler_svc.services import targets
 from scheduler_svc.services.events import IngestResult, ingest
 

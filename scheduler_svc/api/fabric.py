@@ -8,17 +8,16 @@ from typing import Annotated
 from fastapi import Query, Request
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
-from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
-from scheduler_svc.schemas import (
-    FabricState,
+from scheduler_svc.api.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.schemas.decisions import FabricState, MaintenanceFlagOut
+from scheduler_svc.api.schemas.fields import RowId
+from scheduler_svc.api.schemas.maintenance import (
     FlagIn,
-    MaintenanceFlagOut,
     MaintenanceIn,
     MaintenanceList,
     MaintenanceOut,
-    RowId,
 )
+from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.services import maintenance, operator
 
 router = routing.router(prefix="/v1", tags=["fabric"])

@@ -7,7 +7,9 @@ from typing import Annotated
 from fastapi import Query, Request
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, NowDep, SessionDep, SettingsDep
+from scheduler_svc.api.deps import FleetAuth, NowDep, SessionDep, SettingsDep
+from scheduler_svc.api.schemas.faults import FaultList, FaultResolveIn, FaultResolveOut
+from scheduler_svc.api.schemas.fields import Name, RowId
 from scheduler_svc.errors import (
     VALIDATION,
     Conflict,
@@ -16,7 +18,6 @@ from scheduler_svc.errors import (
     Unauthorized,
     responses,
 )
-from scheduler_svc.schemas import FaultList, FaultResolveIn, FaultResolveOut, Name, RowId
 from scheduler_svc.services import operator
 
 router = routing.router(prefix="/v1/faults", tags=["fabric"])

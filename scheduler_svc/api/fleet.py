@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import Query, Response
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, SessionDep
+from scheduler_svc.api.deps import FleetAuth, SessionDep
+from scheduler_svc.api.schemas.fields import JSON_INT_MAX, Id64, JobId
 from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.fleet import admin
 from scheduler_svc.fleet.repositories import AuditRepo, OutboxRepo, SubscriptionRepo
@@ -28,7 +29,6 @@ from scheduler_svc.fleet.schemas import (
     SubscriptionOut,
 )
 from scheduler_svc.fleet.types import EventType
-from scheduler_svc.schemas import JSON_INT_MAX, Id64, JobId
 
 router = routing.router(prefix="/v1", tags=["fleet"])
 AUTH = responses(Unauthorized, Forbidden)

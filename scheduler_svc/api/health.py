@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc import __version__
 from scheduler_svc.api import routing
-from scheduler_svc.deps import anonymous_open
-from scheduler_svc.schemas import Health
+from scheduler_svc.api.deps import anonymous_open
+from scheduler_svc.api.schemas.health import Health
 from scheduler_svc.services import status
 
 router = routing.router(tags=["health"])

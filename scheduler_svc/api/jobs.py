@@ -8,9 +8,34 @@ from typing import Annotated, Any
 from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
-from scheduler_svc import gcpause
 from scheduler_svc.api import routing
-from scheduler_svc.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.schemas.commands import CommandList, CommandOut
+from scheduler_svc.api.schemas.decisions import (
+    DecisionList,
+    DecisionOut,
+    IterationsIn,
+    IterationsOut,
+)
+from scheduler_svc.api.schemas.fields import RANK_MAX, JobId, Name
+from scheduler_svc.api.schemas.jobs import (
+    CclIn,
+    CheckpointIn,
+    CheckpointOut,
+    CommunicatorIn,
+    JobIn,
+    JobOut,
+    MirrorFailureIn,
+    MirrorFailureOut,
+    RankIn,
+)
+from scheduler_svc.api.schemas.paths import (
+    CommunicatorOut,
+    JobPathsOut,
+    JobProgressOut,
+    RankProgressOut,
+    StallOut,
+)
 from scheduler_svc.errors import (
     VALIDATION,
     Conflict,
@@ -21,32 +46,7 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
-from scheduler_svc.schemas import (
-    RANK_MAX,
-    CclIn,
-    CheckpointIn,
-    CheckpointOut,
-    CommandList,
-    CommandOut,
-    CommunicatorIn,
-    CommunicatorOut,
-    DecisionList,
-    DecisionOut,
-    IterationsIn,
-    IterationsOut,
-    JobId,
-    JobIn,
-    JobOut,
-    JobPathsOut,
-    JobProgressOut,
-    MirrorFailureIn,
-    MirrorFailureOut,
-    Name,
-    RankIn,
-    RankProgressOut,
-    StallOut,
-)
-from scheduler_svc.services import reconciler, registry
+from scheduler_svc.services import gcpause, reconciler, registry
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import AgentAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.deps import AgentAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.schemas.fields import Name
+from scheduler_svc.api.schemas.nodes import GpuIn, GpuPathOut, NodeIn, NodeOut, RnicIn
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
-from scheduler_svc.schemas import GpuIn, GpuPathOut, Name, NodeIn, NodeOut, RnicIn
 from scheduler_svc.services import registry
 from scheduler_svc.services.fabric import node_topology
 from scheduler_svc.store import models as m

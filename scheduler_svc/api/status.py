@@ -16,9 +16,10 @@ from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from scheduler_svc.api import routing
-from scheduler_svc.deps import Reader, SessionDep, get_principal
+from scheduler_svc.api.deps import Reader, SessionDep, get_principal
+from scheduler_svc.api.schemas.fields import RAIL_MAX, Label, Name
+from scheduler_svc.api.schemas.status import StatusHealth, StatusOut
 from scheduler_svc.errors import VALIDATION, Forbidden, Unauthorized, responses
-from scheduler_svc.schemas import RAIL_MAX, Label, Name, StatusHealth, StatusOut
 from scheduler_svc.services.status import NODE_PAGE, NODE_PAGE_MAX, StatusQuery, build_status
 from scheduler_svc.web.render import render_live, render_page
 

@@ -47,7 +47,7 @@ class NcclSpec:
 
     @classmethod
     def from_declaration(cls, ccl: Mapping[str, object]) -> NcclSpec:
-        """From a job's stored ``ccl`` declaration (schemas.CclIn as JSON)."""
+        """From a job's stored ``ccl`` declaration (api.schemas.jobs.CclIn as JSON)."""
         groups = ccl.get("merged_nics") or []
         assert isinstance(groups, list)
         return cls(

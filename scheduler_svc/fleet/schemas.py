@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
+from scheduler_svc.api.schemas.fields import JSON_INT_MAX, JobId, Strict, WebUrl, whole_number
 from scheduler_svc.fleet.types import EventType
-from scheduler_svc.schemas import JSON_INT_MAX, JobId, Strict, WebUrl, whole_number
 
 DeliveryState = Literal["pending", "delivered", "dead", "cancelled"]
 SubscriptionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^sub_[0-9a-f]{1,32}$")]

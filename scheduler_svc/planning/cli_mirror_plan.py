@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_svc.console import refuse
+from scheduler_svc.errors import refuse
 from scheduler_svc.planning import mirror
 from scheduler_svc.planning.cli_options import (
     Config,
@@ -152,7 +152,7 @@ def _job_layout(url: str, token: str | None, job_id: str) -> mirror.JobLayout:
     """The job's first DP ring and where each of its ranks leaves, as the service has it."""
     import httpx  # noqa: PLC0415  # only --job talks to the service
 
-    from scheduler_svc.client import RailoverClient, RailoverError  # noqa: PLC0415
+    from scheduler_svc.fleet.client import RailoverClient, RailoverError  # noqa: PLC0415
 
     fix = "check --job, --url (RAILOVER_URL) and --token (RAILOVER_TOKEN)"
     try:

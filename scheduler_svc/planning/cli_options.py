@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_svc.console import refuse
+from scheduler_svc.errors import refuse
 from scheduler_svc.planning.params import (
     DEFAULT_ITERATION_S,
     DEFAULT_TIMEOUT_S,

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scheduler_svc.console import refuse
+from scheduler_svc.errors import refuse
 from scheduler_svc.planning import simulate as sim
 from scheduler_svc.planning.cli_options import (
     DEFAULTS,

@@ -16,10 +16,10 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.api.schemas.commands import AckIn
 from scheduler_svc.config import Settings
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.errors import NotFound, Unprocessable
-from scheduler_svc.schemas import AckIn
 from scheduler_svc.services import commands, reach, reconciler, refusals
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import AckStatus, CommandKind, CommandState

@@ -14,7 +14,7 @@ import logging
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
-from scheduler_svc.schemas import EventIn, EventKind
+from scheduler_svc.api.schemas.events import EventIn, EventKind
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import CclRepo, CoordinationRepo, JobRepo
 

@@ -22,11 +22,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.api.schemas.events import EventIn, EventKind
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.fleet import EventType, emit
-from scheduler_svc.schemas import EventIn, EventKind
 from scheduler_svc.services import ccl, fabric
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (

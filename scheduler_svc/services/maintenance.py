@@ -14,18 +14,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from scheduler_svc.api.schemas.maintenance import (
+    MaintenanceIn,
+    MaintenanceList,
+    MaintenanceOut,
+    MaintenanceTarget,
+)
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.engine.fabric import MaintenancePhase
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.fleet import EventType, emit
-from scheduler_svc.schemas import (
-    MaintenanceIn,
-    MaintenanceList,
-    MaintenanceOut,
-    MaintenanceTarget,
-)
 from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import JobRepo, MaintenanceRepo, NodeRepo

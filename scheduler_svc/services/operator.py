@@ -10,17 +10,12 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from scheduler_svc.api.schemas.decisions import FabricState, MaintenanceFlagOut, SwitchFaultOut
+from scheduler_svc.api.schemas.faults import FaultList, FaultResolveOut
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
 from scheduler_svc.errors import Conflict, NotFound
 from scheduler_svc.fleet import EventType, emit
-from scheduler_svc.schemas import (
-    FabricState,
-    FaultList,
-    FaultResolveOut,
-    MaintenanceFlagOut,
-    SwitchFaultOut,
-)
 from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.services.events import announce_flag
 from scheduler_svc.services.status import fault_out

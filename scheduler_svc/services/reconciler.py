@@ -18,7 +18,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler_svc import gcpause, metrics
+from scheduler_svc import metrics
+from scheduler_svc.api.schemas.paths import JobPathsOut, RankPathOut
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import jobindex
 from scheduler_svc.engine import reconcile as engine
@@ -27,8 +28,7 @@ from scheduler_svc.engine.paths import NodePlan, NodeTopology
 from scheduler_svc.engine.reconcile import Desired, Mode
 from scheduler_svc.errors import NotFound
 from scheduler_svc.fleet import EventType, emit, emit_decision
-from scheduler_svc.schemas import JobPathsOut, RankPathOut
-from scheduler_svc.services import ccl, commands, fabric
+from scheduler_svc.services import ccl, commands, fabric, gcpause
 from scheduler_svc.store import models as m
 from scheduler_svc.store.repositories import (
     CoordinationRepo,

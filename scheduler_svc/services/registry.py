@@ -10,13 +10,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.api.schemas.jobs import CheckpointIn, JobIn, MirrorFailureIn
+from scheduler_svc.api.schemas.nodes import NodeIn
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.engine.reconcile import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.schemas import CheckpointIn, JobIn, MirrorFailureIn, NodeIn
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode

@@ -18,11 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
-from scheduler_svc.engine.decision import total_saved_gpu_s
-from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultHealth
-from scheduler_svc.schemas import (
+from scheduler_svc.api.schemas.faults import FaultOut
+from scheduler_svc.api.schemas.status import (
     DecisionBriefOut,
-    FaultOut,
     JobStatusOut,
     NodeStatusOut,
     RailCellOut,
@@ -31,6 +29,8 @@ from scheduler_svc.schemas import (
     StatusOut,
     SwitchSummaryOut,
 )
+from scheduler_svc.engine.decision import total_saved_gpu_s
+from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultHealth
 from scheduler_svc.store import models as m
 from scheduler_svc.store.models import JobMode
 from scheduler_svc.store.repositories import (

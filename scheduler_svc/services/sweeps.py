@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
-from scheduler_svc.notify import CommandNotifier
 from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler
+from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo
 from scheduler_svc.store.uow import Clock, pending_nodes, unit_of_work
 

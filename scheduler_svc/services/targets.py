@@ -18,8 +18,8 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
+from scheduler_svc.api.schemas.events import EventIn, EventKind
 from scheduler_svc.errors import Forbidden, Unprocessable
-from scheduler_svc.schemas import EventIn, EventKind
 from scheduler_svc.store import models as m
 
 # ibv_event_type values that say something about a port or the whole device.

@@ -237,7 +237,7 @@ class Job(Base):
     measured_k: Mapped[float | None]
     repair_estimate_s: Mapped[float | None]
     failed_over_at: Mapped[datetime | None]
-    # The CCL the job runs, when it declared one (schemas.CclIn as JSON), e.g.
+    # The CCL the job runs, when it declared one (api.schemas.jobs.CclIn as JSON), e.g.
     # stock NCCL with port failover: the planner then models NCCL's own failover.
     ccl: Mapped[dict[str, Any] | None]
     restart_decided_at: Mapped[datetime | None]

@@ -5,7 +5,7 @@ CLI all end a transaction through `commit`. What must only happen once the
 change is durable (waking the long-polls of nodes that got commands) is queued
 on the session with `after_commit` or `notify_nodes` and runs right after it.
 On PostgreSQL the nodes are also NOTIFYed inside the transaction, so the other
-replicas' long-polls wake when it commits (scheduler_svc/notify.py).
+replicas' long-polls wake when it commits (scheduler_svc/services/delivery.py).
 The clock is passed in the same way: services take `now` from their caller,
 and callers take it from a `Clock`.
 """

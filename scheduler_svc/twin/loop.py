@@ -35,12 +35,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from scheduler_svc.client import RailoverClient
+from scheduler_svc.api.schemas.commands import CommandOut
+from scheduler_svc.api.schemas.jobs import JobIn
 from scheduler_svc.config import Settings
 from scheduler_svc.engine.decision import Policy
+from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.main import create_app
 from scheduler_svc.planning.params import JobModel
-from scheduler_svc.schemas import CommandOut, JobIn
 from scheduler_svc.twin.cluster import (
     GPUS,
     RAILS,

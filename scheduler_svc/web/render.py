@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from scheduler_svc.schemas import StatusOut
+from scheduler_svc.api.schemas.status import StatusOut
 from scheduler_svc.services.status import FIRST_PAGE, NODE_PAGE, StatusQuery
 
 # Columns of the cost cell, in the order a person compares them.

@@ -17,7 +17,7 @@ from agent.sysfs import normalise_pci
 from agent.topology import PciTree, discover
 from railover_testing.sysfs_faults import set_port_state
 from railover_testing.sysfs_node import FixtureNode, build_cluster, rail_node
-from scheduler_svc import schemas
+from scheduler_svc.api.schemas.nodes import NodeIn
 from scheduler_svc.engine import paths
 
 
@@ -110,7 +110,7 @@ def test_shape_b_two_gpus_per_rnic(node_b: FixtureNode) -> None:
 
 def test_payload_is_what_the_service_accepts(node_a: FixtureNode, rail_map_a: Path) -> None:
     t = discover(node_a.root, load_rail_map(rail_map_a), use_nvml=False)
-    body = schemas.NodeIn.model_validate(t.payload())
+    body = NodeIn.model_validate(t.payload())
     assert len(body.rnics) == 10
     storage = [r for r in body.rnics if r.switch is None]
     assert sorted(r.name for r in storage) == ["mlx5_8", "mlx5_9"]

@@ -10,8 +10,8 @@ from agent.railmap import load_rail_map
 from agent.topology import Topology, discover
 from railover_testing.sysfs_faults import set_port_state
 from railover_testing.sysfs_node import FixtureNode, shape_c, write_rail_map
+from scheduler_svc.api.schemas.nodes import NodeIn
 from scheduler_svc.engine import paths
-from scheduler_svc.schemas import NodeIn
 
 
 def discovered(tmp_path: Path) -> tuple[FixtureNode, Topology]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from railover_testing.local import local_service
-from scheduler_svc.client import RailoverClient, RailoverError
+from scheduler_svc.api.schemas.jobs import JobIn
 from scheduler_svc.config import Settings
-from scheduler_svc.schemas import JobIn
+from scheduler_svc.fleet.client import RailoverClient, RailoverError
 from tests.fleet.helpers import fault
 from tests.scheduler_svc.helpers import CHECKPOINT, job_body, register_nodes
 

@@ -27,7 +27,7 @@ from scheduler_svc import metrics
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
-from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.services.delivery import CommandNotifier
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 from tests.scheduler_svc.test_ack_node_scope import tokens  # noqa: F401
 from tests.scheduler_svc.test_listen import NO_RECHECK_S, WOKEN_WITHIN_S, looks  # noqa: F401

@@ -17,12 +17,12 @@ from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy import Engine
 from starlette.requests import Request
 
-from scheduler_svc import deps
+from scheduler_svc.api import deps
+from scheduler_svc.api.deps import Principal, get_principal, get_session, get_settings, require
+from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.config import Settings
-from scheduler_svc.deps import Principal, get_principal, get_session, get_settings, require
 from scheduler_svc.errors import Forbidden, Unauthorized
-from scheduler_svc.notify import CommandNotifier
-from scheduler_svc.schemas import Role
+from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
 

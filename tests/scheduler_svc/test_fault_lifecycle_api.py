@@ -383,7 +383,7 @@ def test_a_report_whose_pass_never_ran_is_reconciled_once_its_grace_is_over(
     only after the report's own pass would have ended (no second pass per report)."""
     from sqlalchemy import select
 
-    from scheduler_svc.schemas import EventIn
+    from scheduler_svc.api.schemas.events import EventIn
     from scheduler_svc.services.events import REPORT_PASS_GRACE, ingest
     from scheduler_svc.services.sweeps import sweep_once
     from scheduler_svc.store import models as m

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler_svc import gcpause
+from scheduler_svc.services import gcpause
 
 
 @pytest.fixture(autouse=True)

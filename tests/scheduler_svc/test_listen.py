@@ -25,7 +25,7 @@ from railover_testing.waiting import wait_until
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
-from scheduler_svc.notify import (
+from scheduler_svc.services.delivery import (
     LISTENER_APPLICATION_NAME,
     CommandListener,
     CommandNotifier,
@@ -318,7 +318,7 @@ def test_a_commit_while_nobody_listens_is_not_missed(
 def test_stop_ends_the_listeners_wait_at_once(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`stop` NOTIFYs the listener's own channel: with a wait longer than stop's 10 s join,
     only that notification can end the thread in time. Others' polls are not woken."""
-    monkeypatch.setattr("scheduler_svc.notify.LISTEN_WAIT_S", 600.0)
+    monkeypatch.setattr("scheduler_svc.services.delivery.LISTEN_WAIT_S", 600.0)
     woken: list[str] = []
 
     class Recording(CommandNotifier):

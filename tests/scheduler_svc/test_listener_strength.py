@@ -22,8 +22,12 @@ import pytest
 from sqlalchemy import make_url
 
 from railover_testing.waiting import wait_until
-from scheduler_svc import notify
-from scheduler_svc.notify import LISTENER_APPLICATION_NAME, CommandListener, CommandNotifier
+from scheduler_svc.services import delivery
+from scheduler_svc.services.delivery import (
+    LISTENER_APPLICATION_NAME,
+    CommandListener,
+    CommandNotifier,
+)
 from scheduler_svc.store.db import (
     COMMANDS_CHANNEL,
     make_engine,
@@ -94,7 +98,7 @@ def backoffs(caplog: pytest.LogCaptureFixture) -> list[tuple[str, float]]:
     """Each reconnect the listener logged: why ("lost" or "failed") and its wait."""
     out: list[tuple[str, float]] = []
     for r in list(caplog.records):
-        if r.name != notify.__name__:
+        if r.name != delivery.__name__:
             continue
         if r.msg.startswith("command listener lost PostgreSQL ("):
             out.append(("lost", float(r.args[1])))  # type: ignore[index,arg-type]
@@ -149,7 +153,7 @@ def test_a_new_notifier_is_not_listening() -> None:
 def test_the_store_url_keeps_its_password_for_libpq() -> None:
     """The listener connects with it: a URL with the password masked would be refused."""
     url = "postgresql+psycopg://railover:s3cret@db.example:6432/railover?sslmode=require"
-    assert notify.libpq_url(url) == (
+    assert delivery.libpq_url(url) == (
         "postgresql://railover:s3cret@db.example:6432/railover?sslmode=require"
     )
 
@@ -169,7 +173,7 @@ class Scripted:
         self.log: list[str] = []
 
     def notifies(self, timeout: float) -> Iterator[Note]:
-        assert timeout == notify.LISTEN_WAIT_S
+        assert timeout == delivery.LISTEN_WAIT_S
         self.log.append("wait")
         return iter(self.rounds.pop(0))
 
@@ -183,8 +187,8 @@ def test_the_wait_pings_after_ping_s_of_idle_waits_and_not_while_woken(
     """Waits of 1 s and a ping after 3 s idle: three quiet waits, a ping, and again; a
     wake-up starts the count again; the stop channel ends it. Each wake-up's nodes reach
     the notifier."""
-    monkeypatch.setattr(notify, "LISTEN_WAIT_S", 1.0)
-    monkeypatch.setattr(notify, "LISTEN_PING_S", 3.0)
+    monkeypatch.setattr(delivery, "LISTEN_WAIT_S", 1.0)
+    monkeypatch.setattr(delivery, "LISTEN_PING_S", 3.0)
     n = Recording()
     listener = CommandListener(refused_url(), n)
     conn = Scripted(
@@ -241,7 +245,7 @@ def test_its_connection_autocommits_and_notices_a_vanished_peer(pg_url: str) -> 
         assert conn.autocommit is True
         assert conn.execute("SHOW application_name").fetchone() == (LISTENER_APPLICATION_NAME,)
     assert {k: params.get(k) for k in ("connect_timeout", "keepalives")} == {
-        "connect_timeout": str(notify.CONNECT_TIMEOUT_S),
+        "connect_timeout": str(delivery.CONNECT_TIMEOUT_S),
         "keepalives": "1",
     }
     assert {k: params.get(k) for k in ("keepalives_idle", "keepalives_interval")} == {
@@ -296,7 +300,7 @@ def test_the_backoff_starts_again_after_each_listen(
 ) -> None:
     """Lost, then two refused reconnects (0.1, 0.2, 0.4 s), then listening: the next loss
     waits 0.1 s again, not 0.8."""
-    caplog.set_level(logging.WARNING, logger=notify.__name__)
+    caplog.set_level(logging.WARNING, logger=delivery.__name__)
     refusals = {"left": 0}
     real = CommandListener._connect
 
@@ -334,8 +338,8 @@ def test_reconnects_double_their_wait_up_to_the_cap(
 ) -> None:
     """Two unexpected errors, then a store that refuses: each wait doubles, to the cap, in
     both branches; and each failure says the listener is not listening."""
-    caplog.set_level(logging.WARNING, logger=notify.__name__)
-    monkeypatch.setattr(notify, "RECONNECT_MAX_S", 0.8)
+    caplog.set_level(logging.WARNING, logger=delivery.__name__)
+    monkeypatch.setattr(delivery, "RECONNECT_MAX_S", 0.8)
     errors = {"left": 2}
     real = CommandListener._connect
 
@@ -371,13 +375,13 @@ def test_reconnects_double_their_wait_up_to_the_cap(
 @pytest.mark.postgres
 def test_an_idle_listener_pings_its_store(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle for LISTEN_PING_S, the listener runs a query: a half-open connection errors then."""
-    monkeypatch.setattr(notify, "LISTEN_WAIT_S", 0.05)
-    monkeypatch.setattr(notify, "LISTEN_PING_S", 0.2)
+    monkeypatch.setattr(delivery, "LISTEN_WAIT_S", 0.05)
+    monkeypatch.setattr(delivery, "LISTEN_PING_S", 0.2)
     listener = CommandListener(pg_url, CommandNotifier())
     listener.start()
 
     def last_query() -> str | None:
-        with psycopg.connect(notify.libpq_url(pg_url), autocommit=True) as c:
+        with psycopg.connect(delivery.libpq_url(pg_url), autocommit=True) as c:
             row = c.execute(
                 "SELECT query FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
                 (make_url(pg_url).database, LISTENER_APPLICATION_NAME),
@@ -396,7 +400,7 @@ def test_stop_returns_while_the_store_takes_connections_but_never_answers(
 ) -> None:
     """A socket that accepts and then says nothing (a hung store): the listener's connect
     and stop's NOTIFY each give up after their connect timeout, so stop ends the thread."""
-    monkeypatch.setattr(notify, "CONNECT_TIMEOUT_S", 2)  # libpq's least
+    monkeypatch.setattr(delivery, "CONNECT_TIMEOUT_S", 2)  # libpq's least
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)

@@ -25,7 +25,7 @@ from railover_testing.waiting import wait_until
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
-from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.services.delivery import CommandNotifier
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 # Far above every bound below: a poll that is not woken waits this long.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scheduler_svc.api.openapi_dump import render
 from scheduler_svc.main import create_app
-from scheduler_svc.openapi_dump import render
 
 DOC = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 

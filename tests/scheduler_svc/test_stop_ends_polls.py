@@ -21,7 +21,7 @@ import uvicorn
 from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.main import PollEndingServer, create_app
-from scheduler_svc.notify import CommandNotifier
+from scheduler_svc.services.delivery import CommandNotifier
 from tests.scheduler_svc.helpers import register_nodes
 from tests.scheduler_svc.test_listen import (  # noqa: F401
     NO_RECHECK_S,

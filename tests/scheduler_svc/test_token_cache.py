@@ -17,13 +17,13 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, update
 
 from railover_testing.local import served_app
-from scheduler_svc import token_cache
+from scheduler_svc.api import token_cache
+from scheduler_svc.api.token_cache import TokenCache, watch_token_writes
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.repositories import TokenRepo
-from scheduler_svc.token_cache import TokenCache, watch_token_writes
 
 
 class Clock:

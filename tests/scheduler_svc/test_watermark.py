@@ -1,4 +1,4 @@
-"""SQLite's command watermark (notify.CommandWatermark): commands written by anyone wake
+"""SQLite's command watermark (delivery.CommandWatermark): commands written by anyone wake
 their nodes' polls, so renewals may skip their looks on SQLite as on PostgreSQL.
 
 The unit tests step the watermark's reads by hand against a real SQLite store and
@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.waiting import wait_until
-from scheduler_svc import notify
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
-from scheduler_svc.notify import CommandNotifier, CommandWatermark
+from scheduler_svc.services import delivery
+from scheduler_svc.services.delivery import CommandNotifier, CommandWatermark
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from tests.scheduler_svc.helpers import job_body, register_nodes
@@ -196,14 +196,14 @@ def test_the_first_failure_is_logged_with_its_retry_and_a_stop_before_start_is_f
     failures = [r.getMessage() for r in caplog.records if "watermark" in r.getMessage()]
     assert failures == [
         "command watermark: reading the store failed; every poll looks, and the "
-        f"watermark reads again in {notify.WATERMARK_RETRY_S:.0f} s"
+        f"watermark reads again in {delivery.WATERMARK_RETRY_S:.0f} s"
     ]
 
 
 def test_after_a_failed_read_the_thread_retries_on_the_retry_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(notify, "WATERMARK_RETRY_S", 0.01)
+    monkeypatch.setattr(delivery, "WATERMARK_RETRY_S", 0.01)
     tries: list[int] = []
 
     def broken() -> Session:
@@ -224,7 +224,7 @@ def test_while_reads_succeed_the_thread_reads_on_its_interval_named_and_daemonic
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, reads = sessions
-    monkeypatch.setattr(notify, "WATERMARK_RETRY_S", 3600.0)  # out of reach
+    monkeypatch.setattr(delivery, "WATERMARK_RETRY_S", 3600.0)  # out of reach
     mark = CommandWatermark(reads, Recording(), interval_s=0.01)
     mark.start()
     try:

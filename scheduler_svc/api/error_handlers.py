@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from scheduler_svc.api.schemas.events import EventKind
 from scheduler_svc.errors import ErrorBody, FieldProblem, RailoverError
-from scheduler_svc.schemas import EventKind
 
 log = logging.getLogger("railover")
 

@@ -11,14 +11,14 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from scheduler_svc.api.schemas.tokens import Role
+from scheduler_svc.api.token_cache import TokenCache
 from scheduler_svc.config import Settings, is_loopback
 from scheduler_svc.errors import Forbidden, Unauthorized
-from scheduler_svc.schemas import Role
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.repositories import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
-from scheduler_svc.token_cache import TokenCache
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -151,7 +151,7 @@ _NO_CACHE: TokenCache[Principal] = TokenCache(0.0)
 
 
 def token_cache(request: Request) -> TokenCache[Principal]:
-    """The app's cache of token look-ups (scheduler_svc/token_cache.py)."""
+    """The app's cache of token look-ups (scheduler_svc/api/token_cache.py)."""
     cache: TokenCache[Principal] = getattr(request.app.state, "token_cache", _NO_CACHE)
     return cache
 

@@ -1,6 +1,6 @@
 """Typed client for training launchers: register the job, report progress, learn decisions.
 
-    from scheduler_svc.client import RailoverClient
+    from scheduler_svc.fleet.client import RailoverClient
 
     with RailoverClient("http://railover:8080", token=os.environ["RAILOVER_TOKEN"]) as rv:
         rv.register_job(JobIn(...), replace=True)
@@ -29,24 +29,25 @@ from typing import Any, Self, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from scheduler_svc.fleet.schemas import SubscriptionCreated, SubscriptionIn
-from scheduler_svc.schemas import (
-    CheckpointIn,
-    CheckpointOut,
-    CommandList,
-    CommandOut,
+from scheduler_svc.api.schemas.commands import CommandList, CommandOut
+from scheduler_svc.api.schemas.decisions import (
     DecisionList,
     DecisionOut,
-    EventsAccepted,
     IterationsIn,
     IterationsOut,
+)
+from scheduler_svc.api.schemas.events import EventsAccepted
+from scheduler_svc.api.schemas.jobs import (
+    CheckpointIn,
+    CheckpointOut,
     JobIn,
     JobOut,
-    JobPathsOut,
     MirrorFailureIn,
     MirrorFailureOut,
-    NodeOut,
 )
+from scheduler_svc.api.schemas.nodes import NodeOut
+from scheduler_svc.api.schemas.paths import JobPathsOut
+from scheduler_svc.fleet.schemas import SubscriptionCreated, SubscriptionIn
 
 T = TypeVar("T", bound=BaseModel)
 
