@@ -89,8 +89,9 @@ image-test: venv image
 		$(BIN)/pytest -q tests/image
 
 # Light: the runtime dependencies only (no torch, playwright or test tools).
+# The demo is built from the test support (railover_testing/), so it runs from the checkout.
 demo: venv-runtime plugin
-	$(BIN)/railover demo
+	$(BIN)/python -m railover_testing.demo
 
 openapi: venv
 	$(BIN)/python -m scheduler_svc.api.openapi_dump openapi/openapi.json

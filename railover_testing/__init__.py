@@ -9,7 +9,7 @@
   ``cluster_shapes``: node registrations of common GPU servers, with no sysfs tree
   (both now names for scheduler_svc.twin.inprocess and .hardware, which the fleet twin
   ships with the product);
-- ``demo``: the script `railover demo` plays.
+- ``demo``: the script `make demo` plays.
 
 It lives at the top of a source checkout and is left out of the wheel
 (``[tool.setuptools.packages.find]`` in pyproject.toml).

@@ -1,4 +1,4 @@
-"""`railover demo`: the whole control plane on one machine, playing a script of faults.
+"""`make demo`: the whole control plane on one machine, playing a script of faults.
 
 Everything is real except the hardware: the service on SQLite, four node
 agents reading generated sysfs trees (8 GPUs, 8 RNICs on 8 rails each), and
@@ -14,11 +14,17 @@ arise, by flipping port state files the agents watch:
    noticed) and rebalances job A's channels at one op count;
 4. a planned switch maintenance: job A's ranks on it move before the window
    opens, and fail back at one op count after it (and the damping period).
+
+It runs from a source checkout (`make demo`, or `.venv/bin/python -m railover_testing.demo
+[--keep-running]` from the repository root): it is built from the test support, which the
+wheel does not ship, so the product's `railover` has no `demo` command.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +41,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from native_plugin.binding import library_path
 from native_plugin.wire import CommandKind
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service
@@ -43,6 +50,7 @@ from railover_testing.sysfs_faults import set_port_state
 from railover_testing.sysfs_node import FixtureNode, build_cluster
 from scheduler_svc.config import Settings
 from scheduler_svc.engine.decision import total_saved_gpu_s
+from scheduler_svc.errors import explain
 from scheduler_svc.web.render import gpu_hours
 
 NODES = ("n0", "n1", "n2", "n3")
@@ -449,3 +457,29 @@ def run_demo(keep_running: bool = False, console: Console | None = None) -> int:
             except KeyboardInterrupt:
                 pass
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make demo`: check the plugin is built, then play the script."""
+    parser = argparse.ArgumentParser(
+        prog="python -m railover_testing.demo",
+        description="Start the service on SQLite, inject faults into a small cluster and show "
+        "the decisions.",
+    )
+    parser.add_argument(
+        "--keep-running", action="store_true", help="Leave the service up afterwards"
+    )
+    args = parser.parse_args(argv)
+    # Said before a cluster is built, not as a traceback from the first simulated rank.
+    if not library_path().is_file():
+        explain(
+            f"the native plugin library {library_path()} is not built",
+            "make -C native_plugin (or `make demo`, which builds it)",
+            program="make demo",
+        )
+        return 2
+    return run_demo(keep_running=args.keep_running)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,7 @@ built here exercises exactly the code that runs on a real machine: the real
 hierarchy, ``class/infiniband/<dev>`` and ``class/net/<if>`` symlinks into it,
 ``bus/pci/devices/*`` symlinks, and ``devices/system/node/node*/cpulist``.
 
-Used by the agent's tests and by ``railover demo`` (which builds one tree per
+Used by the agent's tests and by ``make demo`` (which builds one tree per
 simulated node). What the files hold is in ``sysfs_kernel_values``; changing them
 under a running agent (a port going down, a counter rising, a PCIe link training
 down) is ``sysfs_faults``.

@@ -1,4 +1,4 @@
-"""`railover`: run the service, manage tokens, play the demo, plan with the tools.
+"""`railover`: run the service, manage tokens, plan with the tools.
 
 Expected failures (a bad setting or store URL, a store that cannot be reached, a port
 in use, an output path that cannot be written) end in one or two lines on stderr,
@@ -12,9 +12,7 @@ import errno
 import logging
 import socket
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -336,39 +334,6 @@ def db_upgrade(db: DbOpt = None) -> None:
 
     upgrade(_settings(db).sqlalchemy_url)
     typer.echo("store is at the newest schema")
-
-
-@app.command()
-def demo(
-    keep_running: Annotated[bool, typer.Option(help="Leave the service up afterwards")] = False,
-) -> None:
-    """Start the service on SQLite, inject faults into a small cluster and show the decisions."""
-    from native_plugin.abi import library_path
-
-    run_demo = _load_demo()
-    # Said before a cluster is built, not as a traceback from the first simulated rank.
-    if not library_path().is_file():
-        refuse(
-            f"the native plugin library {library_path()} is not built",
-            "make -C native_plugin (or `make demo`, which builds it)",
-        )
-    raise typer.Exit(run_demo(keep_running=keep_running))
-
-
-def _load_demo() -> Callable[..., int]:
-    """The demo lives in `railover_testing/` beside the packages of a source checkout."""
-    try:
-        from railover_testing.demo import run_demo
-    except ModuleNotFoundError:
-        checkout = Path(__file__).resolve().parents[1]
-        if not (checkout / "railover_testing" / "demo.py").is_file():
-            refuse(
-                "railover demo runs from a source checkout, not from an installed wheel",
-                "clone the repository and run `make demo`",
-            )
-        sys.path.insert(0, str(checkout))
-        from railover_testing.demo import run_demo
-    return run_demo
 
 
 @app.command("config")

@@ -19,6 +19,7 @@ import pytest
 BIN = Path(sys.executable).parent
 RAILOVER = BIN / "railover"
 AGENT = BIN / "railover-agent"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -220,8 +221,24 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 
 
 def test_demo_without_the_plugin_built(tmp_path: Path) -> None:
-    r = run(RAILOVER, "demo", tmp=tmp_path, RAILOVER_PLUGIN_LIB=str(tmp_path / "missing.so"))
+    """`make demo`'s command, run from the checkout as the Makefile runs it."""
+    r = subprocess.run(
+        [str(BIN / "python"), "-m", "railover_testing.demo"],
+        cwd=REPO,
+        env=_env(tmp_path, RAILOVER_PLUGIN_LIB=str(tmp_path / "missing.so")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     refused(r, "missing.so", "is not built", "make -C native_plugin")
+
+
+def test_the_product_cli_has_no_demo(tmp_path: Path) -> None:
+    """The demo is built from the test support, which the wheel does not ship."""
+    r = run(RAILOVER, "demo", tmp=tmp_path)
+    assert r.returncode == 2
+    assert "No such command 'demo'" in r.stderr
 
 
 def test_agent_bad_log_level(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`railover demo` plays its whole script and names every decision in its summary."""
+"""`make demo` plays its whole script and names every decision in its summary."""
 
 from __future__ import annotations
 

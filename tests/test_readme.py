@@ -126,7 +126,7 @@ def test_make_demo_installs_the_runtime_only(tmp_path: Path) -> None:
     assert installs, plan
     assert all("[" not in line for line in installs), installs  # no extra at all
     assert any(line.rstrip().endswith("-e .") for line in installs), installs
-    assert plan.rstrip().endswith(f"{venv}/bin/railover demo")
+    assert plan.rstrip().endswith(f"{venv}/bin/python -m railover_testing.demo")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     runtime = " ".join(project["dependencies"]).lower()
     for heavy in ("torch", "playwright", "pytest", "mypy", "hypothesis", "matplotlib"):

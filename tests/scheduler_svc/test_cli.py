@@ -110,7 +110,6 @@ def test_version_is_the_package_version_everywhere(tmp_path: Path) -> None:
         ["railover", "serve", "--help"],
         ["railover", "token", "create", "--help"],
         ["railover", "db", "upgrade", "--help"],
-        ["railover", "demo", "--help"],
         ["railover", "config", "--help"],
         ["railover", "simulate", "--help"],
         ["railover", "analytic", "--help"],
