@@ -85,7 +85,7 @@ def get_settings(request: Request) -> Settings:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
-_bearer = HTTPBearer(auto_error=False, description="Token from `railover token create`")
+bearer_scheme = HTTPBearer(auto_error=False, description="Token from `railover token create`")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ class Principal:
 
 def get_principal(
     request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
     if creds is not None:
         if creds.scheme.lower() != "bearer":

@@ -9,14 +9,9 @@ from fastapi import Query, Request
 
 from scheduler_svc.api import routing
 from scheduler_svc.api.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
-from scheduler_svc.api.schemas.decisions import FabricState, MaintenanceFlagOut
+from scheduler_svc.api.schemas.fabric import FabricState, FlagIn, MaintenanceFlagOut
 from scheduler_svc.api.schemas.fields import RowId
-from scheduler_svc.api.schemas.maintenance import (
-    FlagIn,
-    MaintenanceIn,
-    MaintenanceList,
-    MaintenanceOut,
-)
+from scheduler_svc.api.schemas.maintenance import MaintenanceIn, MaintenanceList, MaintenanceOut
 from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.services import maintenance, operator
 

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler_svc.api.schemas.decisions import FabricState, MaintenanceFlagOut, SwitchFaultOut
+from scheduler_svc.api.schemas.fabric import FabricState, MaintenanceFlagOut, SwitchFaultOut
 from scheduler_svc.api.schemas.faults import FaultList, FaultResolveOut
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health

@@ -187,8 +187,8 @@ def test_anonymous_loopback_is_a_fleet_principal(app: SimpleNamespace) -> None:
 
 def test_missing_header_is_left_to_get_principal(app: SimpleNamespace) -> None:
     """The bearer scheme never answers by itself: get_principal words every refusal."""
-    assert asyncio.run(deps._bearer(request(app))) is None
-    assert deps._bearer.model.description == "Token from `railover token create`"
+    assert asyncio.run(deps.bearer_scheme(request(app))) is None
+    assert deps.bearer_scheme.model.description == "Token from `railover token create`"
 
 
 def test_require_names_the_roles_it_needs() -> None:

@@ -1,4 +1,5 @@
-"""Commands to agents, their streams and acknowledgements (/v1/commands)."""
+"""Commands to agents, their streams and acknowledgements (/v1/nodes/{node}/commands,
+/v1/commands/{id}/acks)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Decisions and the inputs they saw: iterations, fabric state, what-if evaluation
-(/v1/jobs/{id}/decisions, /v1/evaluate)."""
+"""Decisions and the inputs they saw, iteration times, and what-if evaluation
+(/v1/jobs/{id}/decisions, /v1/jobs/{id}/iterations, /v1/evaluate)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pydantic import (
     model_validator,
 )
 
-from scheduler_svc.api.schemas.faults import FaultOut
 from scheduler_svc.api.schemas.fields import (
     DAY_S,
     Interval,
@@ -51,32 +50,6 @@ class IterationsOut(BaseModel):
         description="A normal checkpoint newer than this iteration is wanted (FlowCheck "
         "could not rebuild it); null when none is",
     )
-
-
-class SwitchFaultOut(BaseModel):
-    id: int
-    switch: str
-    nodes: list[str]
-    reason: str
-    opened_at: datetime
-    cleared_at: datetime | None
-
-
-class MaintenanceFlagOut(BaseModel):
-    id: int
-    node: str
-    device: str
-    port: int
-    reason: str
-    flagged_at: datetime
-    cleared_at: datetime | None
-    source: Literal["flapping", "operator"] = "flapping"
-
-
-class FabricState(BaseModel):
-    faults: list[FaultOut]
-    switch_faults: list[SwitchFaultOut]
-    maintenance_flags: list[MaintenanceFlagOut]
 
 
 class DecisionInputsOut(BaseModel):

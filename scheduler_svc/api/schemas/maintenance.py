@@ -1,4 +1,4 @@
-"""Planned maintenance windows and maintenance flags on ports (/v1/maintenance, /v1/flags)."""
+"""Planned maintenance windows of a switch, a node, an RNIC or a port (/v1/maintenance)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,6 @@ from pydantic import (
 )
 
 from scheduler_svc.api.schemas.fields import DAY_S, DeviceName, Label, Name, Strict, UtcTime
-
-
-class FlagIn(Strict):
-    node: Name
-    device: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
-    port: Annotated[int, Field(ge=1, le=255)] = 1
-    reason: Annotated[str, Field(min_length=1, max_length=500)]
 
 
 class MaintenanceTarget(Strict):

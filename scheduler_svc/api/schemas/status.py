@@ -10,7 +10,6 @@ from pydantic import (
     Field,
 )
 
-from scheduler_svc.api.schemas.decisions import FabricState
 from scheduler_svc.api.schemas.faults import FaultOut
 from scheduler_svc.store.models import JobMode
 
@@ -106,6 +105,3 @@ class StatusOut(BaseModel):
     )
     commands_unacknowledged: dict[str, int]
     oldest_unacknowledged_at: datetime | None
-
-
-FabricState.model_rebuild()
