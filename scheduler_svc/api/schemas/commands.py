@@ -6,11 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-    model_validator,
-)
+from pydantic import BaseModel, Field, model_validator
 
 from scheduler_svc.api.schemas.fields import Count, Name, RankNo, Strict, Text
 from scheduler_svc.store.models import AckStatus, CommandKind, CommandState

@@ -5,12 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    Field,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from scheduler_svc.api.schemas.fields import (
     JSON_INT_MAX,

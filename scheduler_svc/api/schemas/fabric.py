@@ -6,10 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-)
+from pydantic import BaseModel, Field
 
 from scheduler_svc.api.schemas.faults import FaultOut
 from scheduler_svc.api.schemas.fields import Name, Strict

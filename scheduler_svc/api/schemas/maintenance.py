@@ -5,11 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-    model_validator,
-)
+from pydantic import BaseModel, Field, model_validator
 
 from scheduler_svc.api.schemas.fields import DAY_S, DeviceName, Label, Name, Strict, UtcTime
 

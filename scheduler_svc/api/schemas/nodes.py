@@ -5,13 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    Field,
-    StrictBool,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
 
 from scheduler_svc.api.schemas.fields import (
     RAIL_MAX,

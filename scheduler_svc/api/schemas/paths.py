@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import (
-    BaseModel,
-    Field,
-)
+from pydantic import BaseModel, Field
 
 
 class RankPathOut(BaseModel):

@@ -5,10 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-)
+from pydantic import BaseModel, Field
 
 from scheduler_svc.api.schemas.faults import FaultOut
 from scheduler_svc.store.models import JobMode
