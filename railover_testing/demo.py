@@ -41,7 +41,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from native_plugin.binding import library_path
+from native_plugin.abi import library_path
 from native_plugin.wire import CommandKind
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import local_service

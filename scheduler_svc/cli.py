@@ -120,7 +120,7 @@ def serve(
 
     from scheduler_svc.main import PollEndingServer, create_app
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
-    from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.tokens import TokenRepo
 
     settings = _settings(db, host=host, port=port)
     # Bound (not yet listening) before the store is touched: a port in use is said first.
@@ -222,7 +222,7 @@ def token_create(
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
-    from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.tokens import TokenRepo
     from scheduler_svc.store.uow import unit_of_work
 
     if role == Role.AGENT and not node:
@@ -272,7 +272,7 @@ def token_bootstrap(db: DbOpt = None) -> None:
         take_bootstrap_lock,
         upgrade,
     )
-    from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.tokens import TokenRepo
 
     settings = _settings(db)
     upgrade(settings.sqlalchemy_url)
@@ -298,7 +298,7 @@ def token_bootstrap(db: DbOpt = None) -> None:
 def token_list(db: DbOpt = None) -> None:
     """List tokens (ids and roles, never secrets)."""
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
-    from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.tokens import TokenRepo
 
     settings = _settings(db)
     upgrade(settings.sqlalchemy_url)
@@ -314,7 +314,7 @@ def token_list(db: DbOpt = None) -> None:
 def token_revoke(token_id: str, db: DbOpt = None) -> None:
     """Revoke a token by id; it stops working at once."""
     from scheduler_svc.store.db import make_engine, make_sessionmaker
-    from scheduler_svc.store.repositories import TokenRepo
+    from scheduler_svc.store.tokens import TokenRepo
     from scheduler_svc.store.uow import unit_of_work
 
     engine = make_engine(_settings(db).sqlalchemy_url)

@@ -43,7 +43,7 @@ from scheduler_svc.store.db import (
     upgrade,
 )
 from scheduler_svc.store.groupcommit import GroupCommit
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from scheduler_svc.store.uow import Clock, system_clock
 
 log = logging.getLogger("railover")

@@ -101,11 +101,11 @@ TARGETS = (
     ),
     Target(
         "store-idempotency",
-        ("scheduler_svc/store/repositories.py",),
+        ("scheduler_svc/store/idempotency.py", "scheduler_svc/store/faults.py"),
         ("tests/store/test_idempotency.py",),
         only=(
-            "scheduler_svc.store.repositories.x__insert_unless_taken__mutmut_*",
-            "scheduler_svc.store.repositories.xǁEventRepoǁinsert_new__mutmut_*",
+            "scheduler_svc.store.idempotency.x_insert_unless_taken__mutmut_*",
+            "scheduler_svc.store.faults.xǁEventRepoǁinsert_new__mutmut_*",
         ),
     ),
     Target(

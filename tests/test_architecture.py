@@ -86,7 +86,6 @@ KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = {
     ),
     ("tests/engine/test_reconcile_notes.py", "scheduler_svc.engine.reconcile", "_note"),
     ("tests/engine/test_reconcile_notes.py", "scheduler_svc.engine.reconcile", "_plan"),
-    ("tests/store/test_idempotency.py", "scheduler_svc.store.repositories", "_insert_unless_taken"),
 }
 
 

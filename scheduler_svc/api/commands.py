@@ -48,7 +48,7 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.services import acks, reach, registry
-from scheduler_svc.store.repositories import CommandRepo
+from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.uow import Clock, Notify, unit_of_work
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from scheduler_svc.config import Settings, is_loopback
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.store.groupcommit import GroupCommit
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
 
 

@@ -48,12 +48,10 @@ from scheduler_svc.errors import (
 )
 from scheduler_svc.services import gcpause, reconciler, registry
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import JobMode
-from scheduler_svc.store.repositories import (
-    CclRepo,
-    CoordinationRepo,
-    JobRepo,
-)
+from scheduler_svc.store.ccl import CclRepo
+from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.types import JobMode
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
 

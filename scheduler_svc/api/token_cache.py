@@ -31,7 +31,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import hash_secret
+from scheduler_svc.store.tokens import hash_secret
 
 T = TypeVar("T")
 

@@ -22,8 +22,16 @@ from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.errors import NotFound, Unprocessable
 from scheduler_svc.services import commands, reach, reconciler, refusals
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import AckStatus, CommandKind, CommandState
-from scheduler_svc.store.repositories import CommandRepo, FaultRepo, JobRepo
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.types import (
+    SETTLED,
+    UNREACHABLE_DEVICE,
+    AckStatus,
+    CommandKind,
+    CommandState,
+)
 from scheduler_svc.store.uow import notify_nodes
 
 
@@ -38,21 +46,8 @@ def ack_command(
 ) -> m.Command:
     """Record the ack; `agent` names the node's agent when it is the one answering."""
     repo = CommandRepo(session)
-    cmd = repo.get(command_id)
-    if cmd is None:
-        raise NotFound(f"command {command_id} does not exist")
-    if cmd.node != body.node:
-        raise Unprocessable(
-            f"node: command {command_id} was sent to {cmd.node!r}, not {body.node!r}"
-        )
+    cmd = _addressed_command(repo, command_id, body)
     answering = body.answering()
-    if cmd.ranks:
-        strangers = [r for r in answering if r is not None and r not in cmd.ranks]
-        if strangers:
-            field = "ranks" if body.ranks is not None else "rank"
-            raise Unprocessable(
-                f"{field}: rank {strangers[0]} is not addressed by command {command_id}"
-            )
     status = AckStatus(body.status)
     if agent is not None:
         # Heard from before anything else is locked (its jobs, in the one sorted order),
@@ -80,15 +75,50 @@ def ack_command(
         for rank in answering
     )
     metrics.COMMAND_ACKS.labels(status=status.value).inc(len(answering))
-    if CommandState(cmd.state) in m.SETTLED:
-        return cmd
+    if CommandState(cmd.state) not in SETTLED:
+        _settle(session, repo, cmd, job, body, now=now, settings=settings)
+    return cmd
+
+
+def _addressed_command(repo: CommandRepo, command_id: int, body: AckIn) -> m.Command:
+    """The command the ack is for, if it was sent to the answering node and its ranks."""
+    cmd = repo.get(command_id)
+    if cmd is None:
+        raise NotFound(f"command {command_id} does not exist")
+    if cmd.node != body.node:
+        raise Unprocessable(
+            f"node: command {command_id} was sent to {cmd.node!r}, not {body.node!r}"
+        )
+    if cmd.ranks:
+        strangers = [r for r in body.answering() if r is not None and r not in cmd.ranks]
+        if strangers:
+            field = "ranks" if body.ranks is not None else "rank"
+            raise Unprocessable(
+                f"{field}: rank {strangers[0]} is not addressed by command {command_id}"
+            )
+    return cmd
+
+
+def _settle(
+    session: Session,
+    repo: CommandRepo,
+    cmd: m.Command,
+    job: m.Job | None,
+    body: AckIn,
+    *,
+    now: datetime,
+    settings: Settings,
+) -> None:
+    """Move a command not yet settled on by what its ranks answered (`job` is locked for a
+    refusal, and only then)."""
+    status = AckStatus(body.status)
     if status == AckStatus.TOO_LATE:
         commands.transition(session, cmd, CommandState.FAILED, now)
         if job is not None:
             commands.retrigger(
                 session, job, cmd, passed_ops=body.ops_done or 0, now=now, settings=settings
             )
-        return cmd
+        return
     if status == AckStatus.FAILED:
         commands.transition(session, cmd, CommandState.FAILED, now)
         detail = body.detail or "no detail"
@@ -97,16 +127,15 @@ def ack_command(
             refusals.refused(session, job, cmd, why, now=now, settings=settings)
         elif job is not None and cmd.kind not in NOT_A_MOVE:
             cannot_move(session, cmd, why, now, settings)
-        return cmd
+        return
     if status == AckStatus.APPLIED:
-        applied = {a.rank for a in repo.acks(command_id) if a.status == AckStatus.APPLIED}
+        applied = {a.rank for a in repo.acks(cmd.command_id) if a.status == AckStatus.APPLIED}
         if None in applied or set(cmd.ranks) <= applied:
             commands.transition(session, cmd, CommandState.APPLIED, now)
         else:
             commands.transition(session, cmd, CommandState.DELIVERED, now)
-        return cmd
+        return
     commands.transition(session, cmd, CommandState.DELIVERED, now)
-    return cmd
 
 
 # Kinds whose failure says nothing about whether the ranks' traffic can move.
@@ -128,7 +157,7 @@ def cannot_move(
     fault = FaultRepo(session).open_if_new(
         m.Fault(
             node=cmd.node,
-            device=m.UNREACHABLE_DEVICE,
+            device=UNREACHABLE_DEVICE,
             port=WHOLE_DEVICE,
             kind=FaultKind.UNREACHABLE.value,
             opened_at=now,

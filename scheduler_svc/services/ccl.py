@@ -16,7 +16,9 @@ from sqlalchemy.orm import Session
 from scheduler_svc import metrics
 from scheduler_svc.api.schemas.events import EventIn, EventKind
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CclRepo, CoordinationRepo, JobRepo
+from scheduler_svc.store.ccl import CclRepo
+from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.jobs import JobRepo
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ weights) and fail-backs at one switch point per communicator, aborts to every no
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -22,14 +22,16 @@ from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.reconcile import Intent, IntentKind
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import CommandKind, CommandState
-from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo
+from scheduler_svc.store import types as store_types
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.types import CommandKind, CommandState
 from scheduler_svc.store.uow import notify_nodes
 
 log = logging.getLogger(__name__)
 
-SWITCH_KINDS = tuple(k.value for k in m.SWITCH_KINDS)
-WAITING = tuple(s.value for s in m.WAITING)
+SWITCH_KINDS = tuple(k.value for k in store_types.SWITCH_KINDS)
+WAITING = tuple(s.value for s in store_types.WAITING)
 ALL_STATES = tuple(s.value for s in CommandState)
 ALL_KINDS = tuple(k.value for k in CommandKind)
 _ALLOWED: dict[CommandState, tuple[CommandState, ...]] = {
@@ -77,11 +79,7 @@ def issue(
     """
     made: list[m.Command] = []
     if any(i.kind == IntentKind.ABORT for i in intents):
-        # A restart overrides every move still on its way.
-        for cmd in CoordinationRepo(session).job_commands(
-            job.job_id, [k.value for k in CommandKind if k != CommandKind.ABORT], WAITING
-        ):
-            transition(session, cmd, CommandState.SUPERSEDED, now)
+        _supersede_moves(session, job, now)
     for intent in intents:
         if intent.kind == IntentKind.FAILBACK and intent.returning:
             _withdraw_moves(session, job, set(intent.returning), now, settings)
@@ -102,42 +100,72 @@ def issue(
                 settings=settings,
             )
             continue
-        transit = dict(intent.transit)
-        if intent.kind == IntentKind.CHECKPOINT_NOW:
-            # One request stands: a newer failed iteration replaces the older ask.
-            withdraw(session, job, CommandKind.CHECKPOINT_NOW, now)
-        by_node: dict[str, list[int]] = {}
-        for r in intent.ranks:
-            if r in rank_nodes:
-                by_node.setdefault(rank_nodes[r], []).append(r)
-        if not by_node:
-            continue
-        epoch = next_epoch(session, job, intent.comm_id)
-        rows = [
-            m.Command(
-                node=node,
-                job_id=job.job_id,
-                decision_id=decision_id,
-                kind=intent.kind.value,
-                epoch=epoch,
-                comm_id=intent.comm_id,
-                ranks=sorted(ranks),
-                disabled_channels=[],
-                # NVL_TRANSIT: each node is told its own ranks' transit GPUs.
-                transit=[[r, transit[r]] for r in sorted(ranks) if r in transit],
-                transit_mb_per_channel=transit_mb(settings) if transit else None,
-                created_at=now,
-                ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
-                iteration=intent.iteration,
-                incarnation=job.incarnation,
-            )
-            for node, ranks in sorted(by_node.items())
-        ]
-        CommandRepo(session).add_all(rows)
-        notify_nodes(session, by_node)
-        metrics.COMMANDS_ISSUED.labels(kind=intent.kind.value).inc(len(rows))
-        made += rows
+        made += _issue_to_nodes(
+            session, job, intent, rank_nodes, decision_id=decision_id, now=now, settings=settings
+        )
     return made
+
+
+def _supersede_moves(session: Session, job: m.Job, now: datetime) -> None:
+    """A restart overrides every move still on its way."""
+    for cmd in CommandRepo(session).job_commands(
+        job.job_id, [k.value for k in CommandKind if k != CommandKind.ABORT], WAITING
+    ):
+        transition(session, cmd, CommandState.SUPERSEDED, now)
+
+
+def _issue_to_nodes(
+    session: Session,
+    job: m.Job,
+    intent: Intent,
+    rank_nodes: Mapping[int, str],
+    *,
+    decision_id: str | None,
+    now: datetime,
+    settings: Settings,
+) -> list[m.Command]:
+    """An intent no switch point coordinates: one row per node of its ranks, of a new epoch."""
+    transit = dict(intent.transit)
+    if intent.kind == IntentKind.CHECKPOINT_NOW:
+        # One request stands: a newer failed iteration replaces the older ask.
+        withdraw(session, job, CommandKind.CHECKPOINT_NOW, now)
+    by_node = _ranks_by_node(intent.ranks, rank_nodes)
+    if not by_node:
+        return []
+    epoch = next_epoch(session, job, intent.comm_id)
+    rows = [
+        m.Command(
+            node=node,
+            job_id=job.job_id,
+            decision_id=decision_id,
+            kind=intent.kind.value,
+            epoch=epoch,
+            comm_id=intent.comm_id,
+            ranks=sorted(ranks),
+            disabled_channels=[],
+            # NVL_TRANSIT: each node is told its own ranks' transit GPUs.
+            transit=[[r, transit[r]] for r in sorted(ranks) if r in transit],
+            transit_mb_per_channel=transit_mb(settings) if transit else None,
+            created_at=now,
+            ack_deadline_at=now + timedelta(seconds=settings.command_ack_timeout_s),
+            iteration=intent.iteration,
+            incarnation=job.incarnation,
+        )
+        for node, ranks in sorted(by_node.items())
+    ]
+    CommandRepo(session).add_all(rows)
+    notify_nodes(session, by_node)
+    metrics.COMMANDS_ISSUED.labels(kind=intent.kind.value).inc(len(rows))
+    return rows
+
+
+def _ranks_by_node(ranks: Iterable[int], rank_nodes: Mapping[int, str]) -> dict[str, list[int]]:
+    """The ranks placed on each node (a rank no longer placed is left out)."""
+    by_node: dict[str, list[int]] = {}
+    for r in ranks:
+        if r in rank_nodes:
+            by_node.setdefault(rank_nodes[r], []).append(r)
+    return by_node
 
 
 def _withdraw_moves(
@@ -146,9 +174,7 @@ def _withdraw_moves(
     """A FAILOVER still on its way to ranks that now return is withdrawn: sent (or sent
     again, unanswered) after the fail-back, it would move them onto a backup that may be
     dead by now. One that moves other ranks too goes on for those alone."""
-    for cmd in CoordinationRepo(session).job_commands(
-        job.job_id, [CommandKind.FAILOVER.value], WAITING
-    ):
+    for cmd in CommandRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER.value], WAITING):
         if not returning & set(cmd.ranks):
             continue
         staying = [r for r in cmd.ranks if r not in returning]
@@ -164,7 +190,7 @@ def left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int
     overtaken fail-back keeps it nowhere else)."""
     newest: dict[int, m.Command] = {}
     every = [s.value for s in CommandState]
-    for c in CoordinationRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
+    for c in CommandRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
         if c.incarnation == job.incarnation:
             newest.update((r, c) for r in c.ranks if r in ranks)
     gone = (CommandState.SUPERSEDED, CommandState.FAILED)
@@ -178,7 +204,7 @@ def transit_mb(settings: Settings) -> int:
 
 def withdraw(session: Session, job: m.Job, kind: CommandKind, now: datetime) -> int:
     """Supersede the job's commands of `kind` still on their way; how many there were."""
-    waiting = CoordinationRepo(session).job_commands(job.job_id, [kind.value], WAITING)
+    waiting = CommandRepo(session).job_commands(job.job_id, [kind.value], WAITING)
     return sum(transition(session, c, CommandState.SUPERSEDED, now) for c in waiting)
 
 
@@ -206,35 +232,13 @@ def switch_point(
     reported too late for): the new trigger counts from it even when the stored
     progress, a poll or two old, is still below it.
     """
-    repo = CoordinationRepo(session)
     epoch = next_epoch(session, job, comm_id)
     members = set(ranks)
-    progress = [p for p in repo.progress(job.job_id, comm_id) if p.rank in members]
-    rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
-    rate = rates[-1] if rates else None
-    # A progress sample is an agent poll and a POST old by now: the ranks have
-    # run on at their rate since, so count from where they are projected to be.
-    projected = [
-        p.ops_done + int((rate or 0.0) * max(0.0, (now - p.at).total_seconds())) for p in progress
-    ]
-    latency = repo.delivery_latency_s() or settings.delivery_latency_default_s
-    point = coord.switch_point(
-        max_ops_done=max([passed_ops, *projected]),
-        op_rate_per_s=rate,
-        delivery_latency_s=latency,
-        min_offset=settings.switch_min_offset_ops,
-        safety=settings.switch_safety,
+    point = _projected_switch_point(
+        session, job, comm_id, members, passed_ops=passed_ops, now=now, settings=settings
     )
-    for old in repo.comm_commands(job.job_id, comm_id, SWITCH_KINDS, WAITING):
-        # What this switch point covers: a registered communicator's switch points all
-        # name every member; a job without one is told its fail-backs rank by rank, and
-        # one rank's leaves another's standing.
-        if members.issuperset(old.ranks):
-            transition(session, old, CommandState.SUPERSEDED, now)
-    by_node: dict[str, list[int]] = {}
-    for r in ranks:
-        if r in rank_nodes:
-            by_node.setdefault(rank_nodes[r], []).append(r)
+    _supersede_covered(session, job, comm_id, members, now=now)
+    by_node = _ranks_by_node(ranks, rank_nodes)
     cmds = [
         m.Command(
             node=node,
@@ -260,14 +264,57 @@ def switch_point(
     metrics.COMMANDS_ISSUED.labels(kind=kind.value).inc(len(cmds))
     log.info(
         "%s for job %s comm %d at ops_done %d (epoch %d; %s)",
-        kind.value,
-        job.job_id,
-        comm_id,
-        point.ops_done,
-        epoch,
-        point.reason,
+        *(kind.value, job.job_id, comm_id, point.ops_done, epoch, point.reason),
     )
     return cmds
+
+
+def _supersede_covered(
+    session: Session,
+    job: m.Job,
+    comm_id: int,
+    members: set[int],
+    *,
+    now: datetime,
+) -> None:
+    """Supersede the communicator's switch points on their way that the new one covers."""
+    for old in CommandRepo(session).comm_commands(job.job_id, comm_id, SWITCH_KINDS, WAITING):
+        # What this switch point covers: a registered communicator's switch points all
+        # name every member; a job without one is told its fail-backs rank by rank, and
+        # one rank's leaves another's standing.
+        if members.issuperset(old.ranks):
+            transition(session, old, CommandState.SUPERSEDED, now)
+
+
+def _projected_switch_point(
+    session: Session,
+    job: m.Job,
+    comm_id: int,
+    members: Set[int],
+    *,
+    passed_ops: int,
+    now: datetime,
+    settings: Settings,
+) -> coord.SwitchPoint:
+    """The op count the members switch at, from their progress and the delivery latency."""
+    progress = [
+        p for p in CoordinationRepo(session).progress(job.job_id, comm_id) if p.rank in members
+    ]
+    rates = sorted(p.rate_ops_per_s for p in progress if p.rate_ops_per_s)
+    rate = rates[-1] if rates else None
+    # A progress sample is an agent poll and a POST old by now: the ranks have
+    # run on at their rate since, so count from where they are projected to be.
+    projected = [
+        p.ops_done + int((rate or 0.0) * max(0.0, (now - p.at).total_seconds())) for p in progress
+    ]
+    latency = CommandRepo(session).delivery_latency_s() or settings.delivery_latency_default_s
+    return coord.switch_point(
+        max_ops_done=max([passed_ops, *projected]),
+        op_rate_per_s=rate,
+        delivery_latency_s=latency,
+        min_offset=settings.switch_min_offset_ops,
+        safety=settings.switch_safety,
+    )
 
 
 @dataclass(frozen=True)
@@ -293,7 +340,7 @@ def overtake_returns(
     count: each node's row stands alone, and one node applying its own says nothing of
     another's.
     """
-    repo = CoordinationRepo(session)
+    repo = CommandRepo(session)
     rows = repo.job_commands(job.job_id, [CommandKind.FAILBACK.value], ALL_STATES)
     groups: dict[tuple[int, int, str], list[m.Command]] = {}
     for c in rows:
@@ -343,7 +390,7 @@ def next_epoch(session: Session, job: m.Job, comm_id: int) -> int:
 
 def max_epoch(session: Session, job_id: str, comm_id: int, kinds: Sequence[str] = ALL_KINDS) -> int:
     """The highest epoch the communicator's commands of `kinds` have had."""
-    cmds = CoordinationRepo(session).comm_commands(job_id, comm_id, kinds, ALL_STATES)
+    cmds = CommandRepo(session).comm_commands(job_id, comm_id, kinds, ALL_STATES)
     return max((c.epoch for c in cmds), default=0)
 
 
@@ -366,7 +413,7 @@ def retrigger(
     # The newest switch point only: a failover since (a newer epoch) does not replace it.
     if cmd.epoch != max_epoch(session, job.job_id, cmd.comm_id, SWITCH_KINDS):
         return []
-    siblings = CoordinationRepo(session).comm_commands(
+    siblings = CommandRepo(session).comm_commands(
         job.job_id, cmd.comm_id, [cmd.kind], [s.value for s in CommandState]
     )
     same = [c for c in siblings if c.epoch == cmd.epoch]

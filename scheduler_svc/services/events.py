@@ -29,16 +29,11 @@ from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.services import ccl, fabric
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import (
-    ACTIVE,
-    DOWN,
-    CoordinationRepo,
-    EventRepo,
-    FaultRepo,
-    JobRepo,
-    NodeRepo,
-    ProgressSample,
-)
+from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
+from scheduler_svc.store.faults import EventRepo, FaultRepo
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
+from scheduler_svc.store.nodes import ACTIVE, DOWN, NodeRepo
 
 # ibv_wc_status values that mean the path itself is gone (the RNIC gave up
 # retransmitting), as opposed to WR_FLUSH_ERR (5) and friends, which follow
@@ -135,7 +130,7 @@ def ingest(
         touched |= {f"@{sw}" for sw in fabric.clear_switches(session, closed, now)}
         nodes = {n for n in touched if not n.startswith("@")}
         for sw in (n[1:] for n in touched if n.startswith("@")):
-            nodes |= {n for n, _, _ in CoordinationRepo(session).ports_on_switch(sw)}
+            nodes |= {n for n, _, _ in NodeRepo(session).ports_on_switch(sw)}
         result.jobs = JobRepo(session).job_ids_on_nodes(nodes)
         JobRepo(session).mark_due(result.jobs, now + REPORT_PASS_GRACE)
     return result
@@ -144,7 +139,6 @@ def ingest(
 def _record(session: Session, e: EventIn, result: IngestResult, settings: Settings) -> set[str]:
     """Record one event's evidence; the nodes (and "@switch"es) whose jobs it touches."""
     faults = FaultRepo(session)
-    coord_repo = CoordinationRepo(session)
     device = e.device or ""
     kind = _fault_kind(e)
     if kind is not None:
@@ -165,7 +159,7 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
                 last_error_at=e.observed_at,
                 first_event_id=e.event_id,
                 detail={"wc_status": e.wc_status} if e.wc_status is not None else {},
-                switch=coord_repo.switch_of(e.node, device, port),
+                switch=NodeRepo(session).switch_of(e.node, device, port),
             )
         )
         if fault is None:
@@ -219,7 +213,7 @@ def record_progress(session: Session, events: list[EventIn]) -> int:
         job_id = jobs_by_comm.get(e.comm_id) if e.comm_id is not None else None
         if job_id is None:
             # No communicator registered: the rank number on this node names the job.
-            candidates = repo.job_of_rank_on_node(e.node, e.rank)
+            candidates = JobRepo(session).job_of_rank_on_node(e.node, e.rank)
             if e.job_id is not None:
                 candidates = [j for j in candidates if j == e.job_id]
             if len(candidates) != 1:
@@ -229,7 +223,7 @@ def record_progress(session: Session, events: list[EventIn]) -> int:
             placed.append((job_id, e))
     if not placed:
         return 0
-    current = repo.incarnations(j for j, _ in placed)
+    current = JobRepo(session).incarnations(j for j, _ in placed)
     samples = [
         ProgressSample(job_id, e.comm_id or 0, e.rank or 0, e.ops_done or 0, e.observed_at)
         for job_id, e in placed
@@ -249,9 +243,10 @@ def flag_if_flapping(
     session: Session, fault: m.Fault, settings: Settings
 ) -> m.MaintenanceFlag | None:
     """A port that went down too often in the window is quarantined until an operator clears it."""
-    repo = CoordinationRepo(session)
     since = fault.opened_at - timedelta(seconds=settings.flap_window_s)
-    transitions = repo.port_transitions(fault.node, fault.device, fault.port or 1, since)
+    transitions = EventRepo(session).port_transitions(
+        fault.node, fault.device, fault.port or 1, since
+    )
     health = coord.port_health(
         transitions,
         fault.opened_at,
@@ -261,7 +256,7 @@ def flag_if_flapping(
     )
     if health.state != coord.PortState.FLAPPING:
         return None
-    flag = repo.flag(
+    flag = MaintenanceRepo(session).flag(
         m.MaintenanceFlag(
             node=fault.node,
             device=fault.device,
@@ -291,7 +286,7 @@ def infer_switch(session: Session, fault: m.Fault, settings: Settings) -> m.Swit
     """Open a switch fault when this fault completes a correlated set on its switch."""
     if fault.switch is None:
         return None
-    repo = CoordinationRepo(session)
+    repo = FaultRepo(session)
     repo.lock_switch(fault.switch)  # the fault is in: count with the others' committed
     since = fault.opened_at - timedelta(seconds=settings.correlation_window_s)
     recent = [
@@ -321,7 +316,7 @@ def infer_switch(session: Session, fault: m.Fault, settings: Settings) -> m.Swit
                 "nodes": list(sw.nodes),
                 "links": [
                     {"node": n, "device": d, "port": p}
-                    for n, d, p in repo.ports_on_switch(sw.switch)
+                    for n, d, p in NodeRepo(session).ports_on_switch(sw.switch)
                 ],
                 "reason": sw.reason,
             },

@@ -15,13 +15,9 @@ from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.reconcile import FabricView
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import (
-    ACTIVE,
-    CoordinationRepo,
-    FaultRepo,
-    MaintenanceRepo,
-    NodeRepo,
-)
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
+from scheduler_svc.store.nodes import ACTIVE, NodeRepo
 
 LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
 
@@ -178,18 +174,17 @@ def evidence(
     wanted = None if nodes is None else set(nodes)
     many = wanted is not None and len(wanted) > MANY_NODES
     faults = list(FaultRepo(session).unresolved(None if many else wanted))
-    repo = CoordinationRepo(session)
     if many and wanted is not None:
         faults = [f for f in faults if f.node in wanted]
-    states = repo.port_states({f.node for f in faults})
+    states = NodeRepo(session).port_states({f.node for f in faults})
     flags = [
         health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
-        for q in repo.open_flags()
+        for q in MaintenanceRepo(session).open_flags()
         if wanted is None or q.node in wanted
     ]
     switches = [
         health.SwitchEvidence(s.id, s.switch, s.opened_at, s.reason)
-        for s in repo.open_switch_faults()
+        for s in FaultRepo(session).open_switch_faults()
     ]
     windows = MaintenanceRepo(session).in_force(None if many else wanted)
     if many and wanted is not None:
@@ -233,7 +228,7 @@ def clear_switches(session: Session, closed: Iterable[m.Fault], now: datetime) -
     Each port fault clears by its own damped rule, so the switch clears only once the
     last port under it has been up for the damping period, never on the first port up.
     """
-    repo = CoordinationRepo(session)
+    repo = FaultRepo(session)
     cleared = []
     for switch in sorted({f.switch for f in closed if f.switch is not None}):
         if not repo.switch_has_open_faults(switch) and repo.clear_switch_fault(switch, now):
@@ -244,7 +239,7 @@ def clear_switches(session: Session, closed: Iterable[m.Fault], now: datetime) -
 def nodes_touched(session: Session, faults: Iterable[m.Fault], switches: Iterable[str]) -> set[str]:
     """The nodes whose jobs closed faults and cleared switches touch."""
     nodes = {f.node for f in faults}
-    repo = CoordinationRepo(session)
+    repo = NodeRepo(session)
     for switch in switches:
         nodes |= {n for n, _, _ in repo.ports_on_switch(switch)}
     return nodes

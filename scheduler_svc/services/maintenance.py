@@ -28,7 +28,9 @@ from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import JobRepo, MaintenanceRepo, NodeRepo
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
+from scheduler_svc.store.nodes import NodeRepo
 
 # How far ahead a window may be planned.
 HORIZON = timedelta(days=365)
@@ -38,7 +40,7 @@ STARTED = (MaintenancePhase.ACTIVE, *ENDED)
 
 def _check_target(session: Session, t: MaintenanceTarget) -> None:
     """The target names registered parts, or a 422 naming the field that does not."""
-    repo = MaintenanceRepo(session)
+    repo = NodeRepo(session)
     if t.switch is not None:
         if not repo.switch_known(t.switch):
             raise Unprocessable(f"target.switch: no registered RNIC is on switch {t.switch!r}")
@@ -58,7 +60,7 @@ def _check_target(session: Session, t: MaintenanceTarget) -> None:
 
 def target_nodes(session: Session, row: m.MaintenanceWindow) -> list[str]:
     if row.switch is not None:
-        return MaintenanceRepo(session).nodes_on_switch(row.switch)
+        return NodeRepo(session).nodes_on_switch(row.switch)
     return [row.node] if row.node is not None else []
 
 

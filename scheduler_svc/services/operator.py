@@ -20,7 +20,9 @@ from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.services.events import announce_flag
 from scheduler_svc.services.status import fault_out
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import CoordinationRepo, FaultRepo, JobRepo
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
 
 
 def resolve_fault(
@@ -59,7 +61,7 @@ def flag_port(
     settings: Settings,
 ) -> m.MaintenanceFlag:
     """Quarantine a port: no traffic on it until the flag is cleared."""
-    row = CoordinationRepo(session).flag(
+    row = MaintenanceRepo(session).flag(
         m.MaintenanceFlag(
             node=node,
             device=device,
@@ -80,7 +82,7 @@ def clear_flag(
     session: Session, flag_id: int, now: datetime, settings: Settings
 ) -> m.MaintenanceFlag:
     """The port was repaired: lift its quarantine; its jobs fail back if it is healthy."""
-    row = CoordinationRepo(session).clear_flag(flag_id, now)
+    row = MaintenanceRepo(session).clear_flag(flag_id, now)
     if row is None:
         raise NotFound(f"no open maintenance flag {flag_id}")
     # Kubernetes and Slurm take Railover's marks off the node (fleet.actions).
@@ -141,14 +143,14 @@ def resolve(
 
 
 def fabric_state(session: Session, *, include_cleared: bool) -> FabricState:
-    repo = CoordinationRepo(session)
     return FabricState(
         faults=[fault_out(f) for f in FaultRepo(session).all(open_only=not include_cleared)],
         switch_faults=[
             SwitchFaultOut.model_validate(s, from_attributes=True)
-            for s in repo.open_switch_faults()
+            for s in FaultRepo(session).open_switch_faults()
         ],
         maintenance_flags=[
-            MaintenanceFlagOut.model_validate(f, from_attributes=True) for f in repo.open_flags()
+            MaintenanceFlagOut.model_validate(f, from_attributes=True)
+            for f in MaintenanceRepo(session).open_flags()
         ],
     )

@@ -33,7 +33,8 @@ from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.services import reconciler
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import FaultRepo, JobRepo
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.jobs import JobRepo
 
 log = logging.getLogger(__name__)
 

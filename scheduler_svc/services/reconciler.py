@@ -30,12 +30,10 @@ from scheduler_svc.errors import NotFound
 from scheduler_svc.fleet import EventType, emit, emit_decision
 from scheduler_svc.services import ccl, commands, fabric, gcpause
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import (
-    CoordinationRepo,
-    DecisionRepo,
-    JobRepo,
-    NodeRepo,
-)
+from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.jobs import DecisionRepo, JobRepo
+from scheduler_svc.store.nodes import NodeRepo
+from scheduler_svc.store.types import CommandKind
 
 log = logging.getLogger(__name__)
 
@@ -303,23 +301,8 @@ def reconcile_job(
     row = None
     if out.decision is not None:
         row = record_decision(session, job, out.decision, now)
-    was = Mode(job.mode)
     desired = out.desired
-    if was == Mode.RESTARTING and job.restart_decided_at is None:
-        # The next incarnation started: its processes have been told nothing yet, and it
-        # runs from the start (a restart decided for it now aborts it, not the last one).
-        job.commanded = Desired().to_json()
-        job.failed_over_at = None
-        job.measured_k = None
-        was = Mode.NORMAL
-    if desired.mode == Mode.FAILED_OVER and was != Mode.FAILED_OVER:
-        job.failed_over_at = now
-    elif desired.mode == Mode.RESTARTING and was != Mode.RESTARTING:
-        job.restart_decided_at = now
-    elif desired.mode == Mode.NORMAL and was == Mode.FAILED_OVER:
-        job.failed_over_at, job.measured_k = None, None
-        CoordinationRepo(session).clear_samples(job.job_id, degraded=True)
-    job.mode = desired.mode.value
+    _enter_mode(session, job, desired.mode, now)
     commanded = Desired.from_json(job.commanded)
     index = out.conn.index
     intents = engine.command_diff(commanded, desired, state, index)
@@ -333,7 +316,7 @@ def reconcile_job(
         job.commanded = replace(commanded, checkpoint_after=asked).to_json()
     elif desired.checkpoint_after is None and commanded.checkpoint_after is not None:
         # A checkpoint newer than the failed iteration came: nothing left to ask for.
-        commands.withdraw(session, job, m.CommandKind.CHECKPOINT_NOW, now)
+        commands.withdraw(session, job, CommandKind.CHECKPOINT_NOW, now)
         job.commanded = replace(commanded, checkpoint_after=None).to_json()
     if state.nccl is not None:
         intents = []  # stock NCCL reads no commands: its own failover does the moving
@@ -361,6 +344,27 @@ def reconcile_job(
     if job.reconcile_due_at != due:
         job.reconcile_due_at = due
     return row
+
+
+def _enter_mode(session: Session, job: m.Job, mode: Mode, now: datetime) -> None:
+    """Move the locked job into the pass's mode, stamping when it failed over or was
+    decided to restart, and forgetting what its ended incarnation was told."""
+    was = Mode(job.mode)
+    if was == Mode.RESTARTING and job.restart_decided_at is None:
+        # The next incarnation started: its processes have been told nothing yet, and it
+        # runs from the start (a restart decided for it now aborts it, not the last one).
+        job.commanded = Desired().to_json()
+        job.failed_over_at = None
+        job.measured_k = None
+        was = Mode.NORMAL
+    if mode == Mode.FAILED_OVER and was != Mode.FAILED_OVER:
+        job.failed_over_at = now
+    elif mode == Mode.RESTARTING and was != Mode.RESTARTING:
+        job.restart_decided_at = now
+    elif mode == Mode.NORMAL and was == Mode.FAILED_OVER:
+        job.failed_over_at, job.measured_k = None, None
+        CoordinationRepo(session).clear_samples(job.job_id, degraded=True)
+    job.mode = mode.value
 
 
 def _overtake_returns(

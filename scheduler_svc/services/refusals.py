@@ -40,8 +40,8 @@ from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.engine.reconcile import Desired, HeldBack
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import CommandKind, CommandState
-from scheduler_svc.store.repositories import CoordinationRepo
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.types import CommandKind, CommandState
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _withdraw(
     """Withdraw the commands of `cmd`'s kind still on their way to its communicator (of
     its epoch alone, when `same_epoch`); the ranks they addressed."""
     ranks: set[int] = set()
-    for other in CoordinationRepo(session).comm_commands(
+    for other in CommandRepo(session).comm_commands(
         job.job_id, cmd.comm_id, [cmd.kind], commands.WAITING
     ):
         if same_epoch and other.epoch != cmd.epoch:
@@ -115,7 +115,7 @@ def _failback(
     every = [s.value for s in CommandState]
     siblings = [
         c
-        for c in CoordinationRepo(session).comm_commands(job.job_id, cmd.comm_id, kinds, every)
+        for c in CommandRepo(session).comm_commands(job.job_id, cmd.comm_id, kinds, every)
         if c.epoch == cmd.epoch
     ]
     for other in siblings:

@@ -20,16 +20,12 @@ from scheduler_svc.engine.reconcile import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import JobMode
-from scheduler_svc.store.repositories import (
-    CommandRepo,
-    CoordinationRepo,
-    DecisionRepo,
-    FaultRepo,
-    JobRepo,
-    NodeLook,
-    NodeRepo,
-)
+from scheduler_svc.store.commands import CommandRepo, NodeLook
+from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.jobs import DecisionRepo, JobRepo
+from scheduler_svc.store.nodes import NodeRepo
+from scheduler_svc.store.types import CommandKind, CommandState, JobMode
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +46,29 @@ def register_node(
     gpus = [g.model_dump() for g in body.gpus]
     rnics = [r.model_dump() for r in body.rnics]
     node, changed = repo.replace_topology(name, gpus, rnics, now)
-    faults = FaultRepo(session)
-    touched = False
     new_gpus = {g["index"] for g in gpus}
     new_rnics = {(r["name"], r["port"]) for r in rnics}
+    touched = _close_returned(session, name, new_gpus, new_rnics, now=now)
+    if changed and before is not None:
+        touched |= _gpus_lost(session, name, old_gpus, new_gpus, now=now)
+        touched |= _rnics_lost(session, name, old_rnics, new_rnics, now=now)
+    if touched or changed:
+        reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
+    return node
+
+
+def _close_returned(
+    session: Session,
+    name: str,
+    new_gpus: set[int],
+    new_rnics: set[tuple[str, int]],
+    *,
+    now: datetime,
+) -> bool:
+    """Close the node's losses whose part is registered again, and its unreachability (its
+    agent is back); whether any closed."""
+    faults = FaultRepo(session)
+    touched = False
     for f in faults.unresolved([name]):
         back = (f.kind == FaultKind.GPU_LOST and f.port in new_gpus) or (
             f.kind == FaultKind.RNIC_LOST and any(d == f.device for d, _ in new_rnics)
@@ -62,57 +77,76 @@ def register_node(
             # Registered again (or its agent is back): the loss is over.
             faults.close(f, now, "registered again", None)
             touched = True
-    if changed and before is not None:
-        for index, g in sorted(old_gpus.items()):
-            if index not in new_gpus:
-                touched |= _lost(
-                    session,
-                    name,
-                    f"gpu{index}",
-                    index,
-                    kind=FaultKind.GPU_LOST,
-                    now=now,
-                    detail={
-                        "was": {
-                            "index": g.index,
-                            "pci": g.pci,
-                            "numa": g.numa,
-                            "pcie_switch": g.pcie_switch,
-                            "root_complex": g.root_complex,
-                            "nvlink": g.nvlink,
-                        }
-                    },
-                )
-        gone: dict[str, list[dict[str, Any]]] = {}
-        for (dev, _port), r in sorted(old_rnics.items()):
-            if not any(d == dev for d, _ in new_rnics):
-                gone.setdefault(dev, []).append(
-                    {
-                        "name": r.name,
-                        "port": r.port,
-                        "pci": r.pci,
-                        "numa": r.numa,
-                        "pcie_switch": r.pcie_switch,
-                        "root_complex": r.root_complex,
-                        "rate_gbps": r.rate_gbps,
-                        "switch": r.switch,
-                        "rail": r.rail,
-                        "state": "DOWN",
-                    }
-                )
-        for dev, ports in gone.items():
+    return touched
+
+
+def _gpus_lost(
+    session: Session, name: str, old_gpus: dict[int, m.Gpu], new_gpus: set[int], *, now: datetime
+) -> bool:
+    """A fault for each GPU the node had and registers no more; whether any opened."""
+    touched = False
+    for index, g in sorted(old_gpus.items()):
+        if index not in new_gpus:
             touched |= _lost(
                 session,
                 name,
-                dev,
-                WHOLE_DEVICE,
-                kind=FaultKind.RNIC_LOST,
+                f"gpu{index}",
+                index,
+                kind=FaultKind.GPU_LOST,
                 now=now,
-                detail={"ports": ports},
+                detail={
+                    "was": {
+                        "index": g.index,
+                        "pci": g.pci,
+                        "numa": g.numa,
+                        "pcie_switch": g.pcie_switch,
+                        "root_complex": g.root_complex,
+                        "nvlink": g.nvlink,
+                    }
+                },
             )
-    if touched or changed:
-        reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
-    return node
+    return touched
+
+
+def _rnics_lost(
+    session: Session,
+    name: str,
+    old_rnics: dict[tuple[str, int], m.Rnic],
+    new_rnics: set[tuple[str, int]],
+    *,
+    now: datetime,
+) -> bool:
+    """A fault for each RNIC the node had and registers no more (with every port it had);
+    whether any opened."""
+    touched = False
+    gone: dict[str, list[dict[str, Any]]] = {}
+    for (dev, _port), r in sorted(old_rnics.items()):
+        if not any(d == dev for d, _ in new_rnics):
+            gone.setdefault(dev, []).append(
+                {
+                    "name": r.name,
+                    "port": r.port,
+                    "pci": r.pci,
+                    "numa": r.numa,
+                    "pcie_switch": r.pcie_switch,
+                    "root_complex": r.root_complex,
+                    "rate_gbps": r.rate_gbps,
+                    "switch": r.switch,
+                    "rail": r.rail,
+                    "state": "DOWN",
+                }
+            )
+    for dev, ports in gone.items():
+        touched |= _lost(
+            session,
+            name,
+            dev,
+            WHOLE_DEVICE,
+            kind=FaultKind.RNIC_LOST,
+            now=now,
+            detail={"ports": ports},
+        )
+    return touched
 
 
 def _lost(
@@ -321,10 +355,10 @@ def start_incarnation(session: Session, job: m.Job, incarnation: int, now: datet
     """A restarting job runs again as `incarnation`: what is still on its way to the ended
     one (its ABORTs above all) is withdrawn, so none reaches the new processes, and the
     ended one's op counts are forgotten."""
-    for cmd in CoordinationRepo(session).job_commands(
-        job.job_id, [k.value for k in m.CommandKind], commands.WAITING
+    for cmd in CommandRepo(session).job_commands(
+        job.job_id, [k.value for k in CommandKind], commands.WAITING
     ):
-        commands.transition(session, cmd, m.CommandState.SUPERSEDED, now)
+        commands.transition(session, cmd, CommandState.SUPERSEDED, now)
     job.incarnation = incarnation
     job.incarnation_started_at = now
     # The new processes count their collectives from their own start: the ended

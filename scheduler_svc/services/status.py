@@ -32,13 +32,10 @@ from scheduler_svc.api.schemas.status import (
 from scheduler_svc.engine.decision import total_saved_gpu_s
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultHealth
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import JobMode
-from scheduler_svc.store.repositories import (
-    CommandRepo,
-    DecisionRepo,
-    FaultRepo,
-    JobRepo,
-)
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.jobs import DecisionRepo, JobRepo
+from scheduler_svc.store.types import JobMode
 
 # Far above any real number of open faults; the bound keeps one scrape cheap if it ever is not.
 MAX_OPEN_FAULTS = 10_000

@@ -19,7 +19,8 @@ from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler
 from scheduler_svc.services.delivery import CommandNotifier
-from scheduler_svc.store.repositories import CommandRepo, CoordinationRepo, JobRepo
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.jobs import JobRepo
 from scheduler_svc.store.uow import Clock, pending_nodes, unit_of_work
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def sweep_once(
     (PostgreSQL) short. Returns the nodes that got commands.
     """
     with reads() as session:
-        overdue = [c.command_id for c in CoordinationRepo(session).overdue_commands(now)]
+        overdue = [c.command_id for c in CommandRepo(session).overdue_commands(now)]
         due = fabric.has_cleared(session, now, settings)
         retry = JobRepo(session).due_for_reconcile(now)
         windows = maintenance.due(session, now)
@@ -78,7 +79,7 @@ def retry_overdue_command(
     if job_id is None or JobRepo(session).lock(job_id) is None:
         return
     # Claimed again under its lock: another replica may have handled it meanwhile.
-    for cmd in CoordinationRepo(session).overdue_commands(now, command_id=command_id):
+    for cmd in CommandRepo(session).overdue_commands(now, command_id=command_id):
         if commands.retry_or_fail(session, cmd, now, settings):
             acks.cannot_move(
                 session,

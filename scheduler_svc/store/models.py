@@ -1,17 +1,18 @@
-"""SQLAlchemy models. Alembic migrations in store/migrations create exactly these tables."""
+"""SQLAlchemy models. Alembic migrations in store/migrations create exactly these tables.
+
+The values their columns take (job modes, fault kinds, command kinds and states, ack
+statuses) and the column types (UInt64, UtcDateTime) are in store/types.py.
+"""
 
 from __future__ import annotations
 
-import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    DateTime,
-    Dialect,
     Float,
     ForeignKey,
     Index,
@@ -19,103 +20,13 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
-from scheduler_svc.engine.reconcile import Mode as JobMode
-
-__all__ = [
-    "UNREACHABLE_DEVICE",
-    "WHOLE_DEVICE_PORT",
-    "AckStatus",
-    "CommandKind",
-    "CommandState",
-    "FaultKind",
-    "JobMode",
-]
-
-
-class CommandKind(enum.StrEnum):
-    FAILOVER = "failover"
-    REBALANCE = "rebalance"
-    FAILBACK = "failback"
-    ABORT = "abort"
-    # FlowCheck: take a normal checkpoint at the next iteration (not a path change).
-    CHECKPOINT_NOW = "checkpoint_now"
-    BALANCE = "balance"  # R²CCL balance: channel weights and allreduce split
-    NVL_TRANSIT = "nvl_transit"  # ranks send through a peer GPU over NVLink
-
-
-# Kinds whose commands carry a switch point all ranks of a communicator apply together.
-SWITCH_KINDS = (CommandKind.REBALANCE, CommandKind.FAILBACK, CommandKind.BALANCE)
-
-
-class CommandState(enum.StrEnum):
-    ISSUED = "issued"
-    DELIVERED = "delivered"
-    APPLIED = "applied"
-    SUPERSEDED = "superseded"
-    FAILED = "failed"
-
-
-# Still waiting for the ranks: what a poll returns and a deadline watches.
-WAITING = (CommandState.ISSUED, CommandState.DELIVERED)
-# Settled: nothing moves a command out of these.
-SETTLED = (CommandState.APPLIED, CommandState.SUPERSEDED, CommandState.FAILED)
-
-
-class AckStatus(enum.StrEnum):
-    DELIVERED = "delivered"
-    APPLIED = "applied"
-    FAILED = "failed"
-    # The rank was already past the switch point (at `ops_done`): nothing applied.
-    TOO_LATE = "too_late"
-
-
-class UInt64(TypeDecorator[int]):
-    """An unsigned 64-bit number (a CCL communicator id) in a signed 64-bit column.
-
-    Stored as its two's-complement bit pattern, so every value the wire allows
-    fits both SQLite's INTEGER and PostgreSQL's BIGINT, and equality still works.
-    """
-
-    impl = BigInteger
-    cache_ok = True
-
-    def process_bind_param(self, value: int | None, dialect: Dialect) -> int | None:
-        if value is None:
-            return None
-        return value - 2**64 if value >= 2**63 else value
-
-    def process_result_value(self, value: int | None, dialect: Dialect) -> int | None:
-        if value is None:
-            return None
-        return value + 2**64 if value < 0 else value
-
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone of its own)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store; pass an aware UTC time")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
+from scheduler_svc.engine.fabric import WHOLE_DEVICE
+from scheduler_svc.store.types import BIG_ID, UInt64, UtcDateTime
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -303,12 +214,6 @@ class Event(Base):
     fault_id: Mapped[int | None]
 
 
-# Fault.port of a fault that takes the whole RNIC (device fatal) rather than one port.
-WHOLE_DEVICE_PORT = WHOLE_DEVICE
-# Fault.device of an UNREACHABLE fault: every RNIC of the node (its port is WHOLE_DEVICE).
-UNREACHABLE_DEVICE = "*"
-
-
 class Fault(Base):
     """A broken component. At most one open fault per (node, device, port)."""
 
@@ -434,8 +339,6 @@ class CommandAck(Base):
 
 # --- Fleet notification (issue 6): subscriptions, outbox, deliveries, audit ---
 
-_BIG_ID = BigInteger().with_variant(Integer, "sqlite")
-
 
 class Subscription(Base):
     """A fleet-wide webhook: events matching its filters go to its URL, signed with its secret."""
@@ -459,7 +362,7 @@ class OutboxEvent(Base):
     __tablename__ = "outbox_events"
     __table_args__ = (Index("ix_outbox_events_job", "job_id", "id"),)
 
-    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     event_id: Mapped[str] = mapped_column(String(36), unique=True)
     type: Mapped[str] = mapped_column(String(96))
     subject: Mapped[str] = mapped_column(String(253))
@@ -477,9 +380,9 @@ class Delivery(Base):
         Index("ix_deliveries_lane", "lane", "state", "id"),
     )
 
-    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     outbox_id: Mapped[int] = mapped_column(
-        _BIG_ID, ForeignKey("outbox_events.id", ondelete="CASCADE"), index=True
+        BIG_ID, ForeignKey("outbox_events.id", ondelete="CASCADE"), index=True
     )
     # "sub:<subscription_id>" or "job:<job_id>" (the job's own notify_url).
     target: Mapped[str] = mapped_column(String(160))
@@ -503,7 +406,7 @@ class AuditEntry(Base):
     __tablename__ = "audit_log"
     __table_args__ = (Index("ix_audit_log_at", "at"),)
 
-    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     at: Mapped[datetime]
     token_id: Mapped[str | None] = mapped_column(String(32))
     role: Mapped[str | None] = mapped_column(String(16))

@@ -1,7 +1,8 @@
 """The unit of work: one transaction, committed in one place, then its after-commit hooks.
 
-Requests (deps.get_session and api/routing.py), the coordinator's sweeps and the
-CLI all end a transaction through `commit`. What must only happen once the
+Repositories (store/nodes.py, jobs.py, faults.py, commands.py, ...) flush at most and
+never commit. Requests (deps.get_session and api/routing.py), the coordinator's sweeps and
+the CLI all end a transaction through `commit`. What must only happen once the
 change is durable (waking the long-polls of nodes that got commands) is queued
 on the session with `after_commit` or `notify_nodes` and runs right after it.
 On PostgreSQL the nodes are also NOTIFYed inside the transaction, so the other

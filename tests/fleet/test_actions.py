@@ -41,7 +41,7 @@ from scheduler_svc.fleet.slurm import render
 from scheduler_svc.fleet.webhooks import DeliveryFailed
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import CoordinationRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
 from tests.fleet.conftest import SMP, K8sStandIn
 from tests.fleet.helpers import fast, fault, two_jobs
 
@@ -326,7 +326,7 @@ def test_clearing_a_maintenance_flag_repairs_the_node(
         two_jobs(http)
         sessions = make_sessionmaker(make_engine(db))
         with sessions(info={CONFIG_KEY: FleetTargets(k8s=True, slurm=True)}) as s, s.begin():
-            row = CoordinationRepo(s).flag(
+            row = MaintenanceRepo(s).flag(
                 m.MaintenanceFlag(
                     node="n3", device="mlx5_1", port=1, flagged_at=NOW, reason="flapped 5x"
                 )

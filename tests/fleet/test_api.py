@@ -9,7 +9,7 @@ import httpx
 from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import local_service
 from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from tests.fleet.helpers import fast
 
 

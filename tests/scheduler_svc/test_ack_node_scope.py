@@ -12,7 +12,7 @@ from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from tests.scheduler_svc.helpers import event, job_body
 
 

@@ -21,7 +21,7 @@ from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from tests.deploy.tools import tool_missing
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 

@@ -24,7 +24,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized
 from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import JobRepo
+from scheduler_svc.store.jobs import JobRepo
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 

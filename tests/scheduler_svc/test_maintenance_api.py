@@ -18,7 +18,7 @@ from railover_testing.local import ManualClock
 from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from tests.scheduler_svc.helpers import register_nodes, service_factory
 from tests.scheduler_svc.test_fault_lifecycle_api import (
     T0,

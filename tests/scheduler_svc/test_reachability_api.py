@@ -21,8 +21,9 @@ from scheduler_svc import metrics
 from scheduler_svc.api import commands as commands_api
 from scheduler_svc.config import Settings
 from scheduler_svc.store import uow
+from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import CommandRepo, TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
 from tests.scheduler_svc.sequences import ev, post
 from tests.scheduler_svc.test_command_stream import stream

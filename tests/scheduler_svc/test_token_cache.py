@@ -23,7 +23,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 
 
 class Clock:

@@ -10,14 +10,10 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.engine.fabric import FaultKind
 from scheduler_svc.store import models as m
-from scheduler_svc.store.repositories import (
-    CoordinationRepo,
-    DecisionRepo,
-    EventRepo,
-    FaultRepo,
-    JobRepo,
-    _insert_unless_taken,
-)
+from scheduler_svc.store.faults import EventRepo, FaultRepo
+from scheduler_svc.store.idempotency import insert_unless_taken
+from scheduler_svc.store.jobs import DecisionRepo, JobRepo
+from scheduler_svc.store.maintenance import MaintenanceRepo
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -42,7 +38,7 @@ def count(session: Session, model: type[m.Base]) -> int:
 
 def test_a_new_row_is_inserted_and_returned(session: Session) -> None:
     row = fault()
-    assert _insert_unless_taken(session, row) is row
+    assert insert_unless_taken(session, row) is row
     assert row.id is not None  # flushed: the database gave it its id
     assert session.scalars(select(m.Fault)).all() == [row]
 
@@ -129,32 +125,32 @@ def test_one_decision_per_job_and_trigger(session: Session) -> None:
 
 
 def test_one_open_switch_fault_and_one_open_flag_per_component(session: Session) -> None:
-    coord = CoordinationRepo(session)
+    faults, flags = FaultRepo(session), MaintenanceRepo(session)
 
     def sw() -> m.SwitchFault:
         return m.SwitchFault(switch="leaf1", opened_at=NOW, nodes=["n0", "n1"], reason="r")
 
-    assert coord.open_switch_fault(sw()) is not None
-    assert coord.open_switch_fault(sw()) is None
-    assert coord.clear_switch_fault("leaf1", NOW) is not None
-    assert coord.clear_switch_fault("leaf1", NOW) is None
-    assert coord.open_switch_fault(sw()) is not None
-    assert len(coord.open_switch_faults()) == 1
+    assert faults.open_switch_fault(sw()) is not None
+    assert faults.open_switch_fault(sw()) is None
+    assert faults.clear_switch_fault("leaf1", NOW) is not None
+    assert faults.clear_switch_fault("leaf1", NOW) is None
+    assert faults.open_switch_fault(sw()) is not None
+    assert len(faults.open_switch_faults()) == 1
 
     def flag() -> m.MaintenanceFlag:
         return m.MaintenanceFlag(node="n0", device="mlx5_0", port=1, flagged_at=NOW, reason="r")
 
     def flagged() -> list[tuple[str, str, int]]:
-        return [(f.node, f.device, f.port) for f in coord.open_flags()]
+        return [(f.node, f.device, f.port) for f in flags.open_flags()]
 
-    first = coord.flag(flag())
+    first = flags.flag(flag())
     assert first is not None
-    assert coord.flag(flag()) is None
+    assert flags.flag(flag()) is None
     assert flagged() == [("n0", "mlx5_0", 1)]
-    assert coord.clear_flag(first.id, NOW) is first
-    assert coord.clear_flag(first.id, NOW) is None  # already cleared
+    assert flags.clear_flag(first.id, NOW) is first
+    assert flags.clear_flag(first.id, NOW) is None  # already cleared
     assert flagged() == []
-    assert coord.flag(flag()) is not None
+    assert flags.flag(flag()) is not None
     assert flagged() == [("n0", "mlx5_0", 1)]
 
 

@@ -11,17 +11,12 @@ from railover_testing.cluster_shapes import dual_port_node, hgx_node
 from scheduler_svc.services.commands import transition
 from scheduler_svc.services.targets import registered_ports
 from scheduler_svc.store import models as m
-from scheduler_svc.store.models import WAITING, CommandState
-from scheduler_svc.store.repositories import (
-    TOKEN_PREFIX,
-    CommandRepo,
-    CoordinationRepo,
-    JobRepo,
-    NodeRepo,
-    ProgressSample,
-    TokenRepo,
-    hash_secret,
-)
+from scheduler_svc.store.commands import CommandRepo
+from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
+from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.nodes import NodeRepo
+from scheduler_svc.store.tokens import TOKEN_PREFIX, TokenRepo, hash_secret
+from scheduler_svc.store.types import WAITING, CommandState
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -97,12 +92,12 @@ def test_a_port_report_older_than_its_level_changes_nothing(session: Session) ->
     assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later)
     # An up observed before the down arrives after it: history, the port stays down.
     assert not repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", NOW)
-    levels = CoordinationRepo(session).port_states(["n0"])
+    levels = NodeRepo(session).port_states(["n0"])
     assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later)
     # Observed at the same time, the later report stands; a newer one always does.
     assert repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", later)
     assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later + timedelta(seconds=1))
-    levels = CoordinationRepo(session).port_states(["n0"])
+    levels = NodeRepo(session).port_states(["n0"])
     assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later + timedelta(seconds=1))
     assert levels[("n0", "mlx5_0", 2)] == ("ACTIVE", None)  # never reported: as registered
 
@@ -215,7 +210,7 @@ def test_commands_pending_superseded_and_unacknowledged(session: Session) -> Non
     assert not repo.has_pending("n9", include_delivered=True)
     assert repo.unacknowledged() == ({"issued": 2, "delivered": 1}, NOW)
     # Superseding: the job's waiting commands of the kinds asked for, each moved on.
-    waiting = CoordinationRepo(session).job_commands(
+    waiting = CommandRepo(session).job_commands(
         "j1", ["rebalance", "abort"], [s.value for s in WAITING]
     )
     assert [c.kind for c in waiting] == ["rebalance", "abort"]

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
-from scheduler_svc.store.repositories import TokenRepo
+from scheduler_svc.store.tokens import TokenRepo
 from scheduler_svc.web.render import duration
 from tests.scheduler_svc.helpers import event, register_nodes
 from tests.web.scenario import failed_over_cluster

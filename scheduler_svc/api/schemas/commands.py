@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from scheduler_svc.api.schemas.fields import Count, Name, RankNo, Strict, Text
-from scheduler_svc.store.models import AckStatus, CommandKind, CommandState
+from scheduler_svc.store.types import AckStatus, CommandKind, CommandState
 
 
 class CommandOut(BaseModel):

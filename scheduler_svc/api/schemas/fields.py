@@ -31,7 +31,7 @@ def whole_number(value: Any) -> Any:
 
 
 # Every integer fits the store's signed 64-bit columns (comm ids, unsigned 64-bit on
-# the wire, are mapped onto them by store.models.UInt64). Counts and ids stop at 2^53 - 1,
+# the wire, are mapped onto them by store.types.UInt64). Counts and ids stop at 2^53 - 1,
 # the largest integer every JSON parser (and a float-typed JSON Schema bound) keeps exact.
 INT64_MAX = 2**63 - 1
 JSON_INT_MAX = 2**53 - 1

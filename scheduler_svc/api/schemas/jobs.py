@@ -37,7 +37,7 @@ from scheduler_svc.api.schemas.fields import (
     WebUrl,
     whole_number,
 )
-from scheduler_svc.store.models import JobMode
+from scheduler_svc.store.types import JobMode
 
 
 class RankIn(Strict):

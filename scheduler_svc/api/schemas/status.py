@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from scheduler_svc.api.schemas.faults import FaultOut
-from scheduler_svc.store.models import JobMode
+from scheduler_svc.store.types import JobMode
 
 
 class RailCellOut(BaseModel):

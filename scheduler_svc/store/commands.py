@@ -1,0 +1,144 @@
+"""Commands for the nodes' CCL processes and the acknowledgements of their ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler_svc.store import models as m
+from scheduler_svc.store.faults import open_unreachable_query
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLook:
+    pending: bool  # commands wait for the node
+    unreachable: bool  # an UNREACHABLE fault on the node is open
+
+
+class CommandRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def add_all(self, commands: list[m.Command]) -> None:
+        self.s.add_all(commands)
+        self.s.flush()
+
+    def get(self, command_id: int) -> m.Command | None:
+        return self.s.get(m.Command, command_id)
+
+    def job_of(self, command_id: int) -> str | None:
+        """The job a command is for (a plain read: nothing is locked or loaded)."""
+        return self.s.scalar(select(m.Command.job_id).where(m.Command.command_id == command_id))
+
+    def pending_for_node(self, node: str, include_delivered: bool = True) -> Sequence[m.Command]:
+        """Commands for the node not acknowledged yet (issued, and delivered if asked)."""
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
+        return self.s.scalars(
+            select(m.Command)
+            .where(m.Command.node == node, m.Command.state.in_(states))
+            .order_by(m.Command.command_id)
+        ).all()
+
+    def for_job(self, job_id: str) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command).where(m.Command.job_id == job_id).order_by(m.Command.command_id)
+        ).all()
+
+    def has_pending(self, node: str, include_delivered: bool) -> bool:
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
+        return (
+            self.s.scalar(
+                select(m.Command.command_id)
+                .where(m.Command.node == node, m.Command.state.in_(states))
+                .limit(1)
+            )
+            is not None
+        )
+
+    def look(self, node: str, include_delivered: bool) -> NodeLook:
+        """What a poll of the node looks for, in one round trip: commands to hand it (as
+        `has_pending`), and whether the node is held unreachable (FaultRepo.open_unreachable)."""
+        states = ["issued", "delivered"] if include_delivered else ["issued"]
+        pending = select(m.Command.command_id).where(
+            m.Command.node == node, m.Command.state.in_(states)
+        )
+        row = self.s.execute(select(pending.exists(), open_unreachable_query(node).exists())).one()
+        return NodeLook(pending=bool(row[0]), unreachable=bool(row[1]))
+
+    def add_acks(self, acks: Iterable[m.CommandAck]) -> None:
+        self.s.add_all(acks)
+        self.s.flush()
+
+    def acks(self, command_id: int) -> Sequence[m.CommandAck]:
+        return self.s.scalars(
+            select(m.CommandAck).where(m.CommandAck.command_id == command_id)
+        ).all()
+
+    def unacknowledged(self) -> tuple[dict[str, int], datetime | None]:
+        """Commands still waiting for an ack (issued, delivered) per state, and the oldest one."""
+        waiting = m.Command.state.in_(["issued", "delivered"])
+        counts = self.s.execute(
+            select(m.Command.state, func.count()).where(waiting).group_by(m.Command.state)
+        )
+        oldest = self.s.scalar(select(func.min(m.Command.created_at)).where(waiting))
+        return dict(counts.tuples().all()), oldest
+
+    def overdue_commands(
+        self, now: datetime, limit: int = 200, command_id: int | None = None
+    ) -> Sequence[m.Command]:
+        q = (
+            select(m.Command)
+            .where(
+                m.Command.state.in_(["issued", "delivered"]),
+                m.Command.ack_deadline_at.is_not(None),
+                m.Command.ack_deadline_at < now,
+            )
+            .order_by(m.Command.command_id)
+            .limit(limit)
+        )
+        if command_id is not None:
+            q = q.where(m.Command.command_id == command_id)
+        if self.s.get_bind().dialect.name == "postgresql":
+            # Several replicas sweep at once; each takes rows the others are not handling.
+            q = q.with_for_update(skip_locked=True)
+        return self.s.scalars(q).all()
+
+    def job_commands(
+        self, job_id: str, kinds: Sequence[str], states: Sequence[str]
+    ) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command)
+            .where(
+                m.Command.job_id == job_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
+            )
+            .order_by(m.Command.command_id)
+        ).all()
+
+    def comm_commands(
+        self, job_id: str, comm_id: int, kinds: Sequence[str], states: Sequence[str]
+    ) -> Sequence[m.Command]:
+        return self.s.scalars(
+            select(m.Command).where(
+                m.Command.job_id == job_id,
+                m.Command.comm_id == comm_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
+            )
+        ).all()
+
+    def delivery_latency_s(self, limit: int = 100) -> float | None:
+        """Median time from issuing a command to its delivery, over recent deliveries."""
+        rows = self.s.execute(
+            select(m.Command.created_at, m.Command.delivered_at)
+            .where(m.Command.delivered_at.is_not(None))
+            .order_by(m.Command.command_id.desc())
+            .limit(limit)
+        ).tuples()
+        lat = sorted((d - c).total_seconds() for c, d in rows if d is not None)
+        return lat[len(lat) // 2] if lat else None

@@ -1,0 +1,203 @@
+"""Agent reports (events), the faults they open, clear and resolve, and the switch
+failures inferred from faults correlated across nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from scheduler_svc.store import models as m
+from scheduler_svc.store.idempotency import insert_unless_taken
+from scheduler_svc.store.types import UNREACHABLE_DEVICE, WHOLE_DEVICE_PORT, FaultKind
+
+
+class EventRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def insert_new(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Insert events whose id is unseen; returns the ids actually inserted.
+
+        ON CONFLICT DO NOTHING makes a replayed batch, or the same batch sent to
+        two replicas at once, a no-op for the events already stored.
+        """
+        if not rows:
+            return set()
+        dialect = self.s.get_bind().dialect.name
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        stmt = (
+            insert(m.Event)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["event_id"])
+            .returning(m.Event.event_id)
+        )
+        return set(self.s.scalars(stmt).all())
+
+    def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
+        self.s.execute(
+            update(m.Event).where(m.Event.event_id.in_(list(event_ids))).values(fault_id=fault_id)
+        )
+
+    def count(self, node: str | None = None) -> int:
+        q = select(func.count()).select_from(m.Event)
+        if node is not None:
+            q = q.where(m.Event.node == node)
+        return self.s.scalar(q) or 0
+
+    def port_transitions(
+        self, node: str, device: str, port: int, since: datetime
+    ) -> list[tuple[datetime, bool]]:
+        """(time, up) of a port's down and up reports since `since`, oldest first."""
+        rows = self.s.execute(
+            select(m.Event.observed_at, m.Event.kind)
+            .where(
+                m.Event.node == node,
+                m.Event.device == device,
+                m.Event.kind.in_(["port_down", "port_up"]),
+                m.Event.observed_at >= since,
+                (m.Event.port == port) | m.Event.port.is_(None),
+            )
+            .order_by(m.Event.observed_at)
+        )
+        return [(at, kind == "port_up") for at, kind in rows.tuples()]
+
+
+def open_unreachable_query(node: str) -> Select[tuple[m.Fault]]:
+    return select(m.Fault).where(
+        m.Fault.node == node,
+        m.Fault.device == UNREACHABLE_DEVICE,
+        m.Fault.port == WHOLE_DEVICE_PORT,
+        m.Fault.cleared_at.is_(None),
+        m.Fault.kind == FaultKind.UNREACHABLE.value,
+    )
+
+
+class FaultRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def get(self, fault_id: int) -> m.Fault | None:
+        return self.s.get(m.Fault, fault_id)
+
+    def open_if_new(self, fault: m.Fault) -> m.Fault | None:
+        """Open a fault unless one is already open on that component (then None)."""
+        return insert_unless_taken(self.s, fault)
+
+    def open_on_component(self, node: str, device: str, port: int) -> m.Fault | None:
+        return self.s.scalar(
+            select(m.Fault).where(
+                m.Fault.node == node,
+                m.Fault.device == device,
+                m.Fault.port == port,
+                m.Fault.cleared_at.is_(None),
+            )
+        )
+
+    def clear(
+        self, node: str, device: str, port: int, now: datetime, kinds: Sequence[str]
+    ) -> list[m.Fault]:
+        """The port is up again: faults of `kinds` on it (or its whole RNIC) start clearing."""
+        rows = self.s.scalars(
+            select(m.Fault).where(
+                m.Fault.node == node,
+                m.Fault.device == device,
+                m.Fault.port.in_([port, 0]),
+                m.Fault.kind.in_(list(kinds)),
+                m.Fault.cleared_at.is_(None),
+            )
+        ).all()
+        for f in rows:
+            f.cleared_at = now
+        self.s.flush()
+        return list(rows)
+
+    def open_unreachable(self, node: str) -> Sequence[m.Fault]:
+        """The node's UNREACHABLE fault, if open (the open-component index finds it)."""
+        return self.s.scalars(open_unreachable_query(node)).all()
+
+    def unresolved(self, nodes: Iterable[str] | None = None) -> Sequence[m.Fault]:
+        """Faults that are still evidence: not closed by their clearing rule or an operator."""
+        q = select(m.Fault).where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
+        if nodes is not None:
+            q = q.where(m.Fault.node.in_(list(nodes)))
+        return self.s.scalars(q).all()
+
+    def listing(
+        self, *, open_only: bool, node: str | None, nodes: Iterable[str] | None, limit: int
+    ) -> Sequence[m.Fault]:
+        q = select(m.Fault).order_by(m.Fault.id.desc()).limit(limit)
+        if open_only:
+            q = q.where(m.Fault.resolved_at.is_(None))
+        if node is not None:
+            q = q.where(m.Fault.node == node)
+        if nodes is not None:
+            q = q.where(m.Fault.node.in_(list(nodes)))
+        return self.s.scalars(q).all()
+
+    def all(self, open_only: bool = True, limit: int = 500) -> Sequence[m.Fault]:
+        return self.listing(open_only=open_only, node=None, nodes=None, limit=limit)
+
+    def close(self, fault: m.Fault, now: datetime, reason: str, by: str | None) -> None:
+        fault.resolved_at = now
+        fault.resolved_reason = reason
+        fault.resolved_by = by
+        if fault.cleared_at is None:
+            fault.cleared_at = now
+
+    def open_switch_faults(self) -> Sequence[m.SwitchFault]:
+        return self.s.scalars(
+            select(m.SwitchFault)
+            .where(m.SwitchFault.cleared_at.is_(None))
+            .order_by(m.SwitchFault.id)
+        ).all()
+
+    def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
+        return insert_unless_taken(self.s, row)
+
+    def switch_has_open_faults(self, switch: str) -> bool:
+        """Whether some fault on a port cabled to `switch` is still evidence."""
+        found = self.s.scalar(
+            select(m.Fault.id)
+            .where(m.Fault.switch == switch, m.Fault.resolved_at.is_(None))
+            .limit(1)
+        )
+        return found is not None
+
+    def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
+        row = self.s.scalar(
+            select(m.SwitchFault).where(
+                m.SwitchFault.switch == switch, m.SwitchFault.cleared_at.is_(None)
+            )
+        )
+        if row is not None:
+            row.cleared_at = now
+        return row
+
+    def lock_switch(self, switch: str) -> None:
+        """Serialise the correlation of one switch's faults until this transaction ends.
+
+        Reports from the nodes under a failing switch arrive together. Each inserts
+        its fault and then counts the switch's open faults; on PostgreSQL (READ
+        COMMITTED) two of them could each miss the other's uncommitted fault, and
+        the switch failure would never be inferred. With a transaction advisory
+        lock per switch, taken after the insert and before the count, the last
+        to take it sees every fault committed before it. SQLite has one writer
+        already.
+        """
+        if self.s.get_bind().dialect.name == "postgresql":
+            self.s.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"railover switch {switch}"},
+            )
+
+    def recent_switch_faults(self, switch: str, since: datetime) -> Sequence[m.Fault]:
+        return self.s.scalars(
+            select(m.Fault).where(
+                m.Fault.switch == switch, m.Fault.opened_at >= since, m.Fault.cleared_at.is_(None)
+            )
+        ).all()

@@ -1,0 +1,180 @@
+"""Registered nodes: their GPUs and RNICs (the topology), the observed level of each port,
+and the fabric switch each port is cabled to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from scheduler_svc.store import models as m
+
+
+class NodeRepo:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def get(self, name: str) -> m.Node | None:
+        return self.s.get(m.Node, name)
+
+    def get_many(self, names: Iterable[str]) -> dict[str, m.Node]:
+        rows = self.s.scalars(select(m.Node).where(m.Node.name.in_(list(names)))).all()
+        return {n.name: n for n in rows}
+
+    def gpu_indexes(self, names: Iterable[str]) -> dict[str, set[int]]:
+        """Each registered node's GPU indexes (a node with none maps to an empty set), as
+        plain rows: a 65,536-rank job names 8,192 nodes."""
+        wanted = list(names)
+        out: dict[str, set[int]] = {
+            n: set() for n in self.s.scalars(select(m.Node.name).where(m.Node.name.in_(wanted)))
+        }
+        rows = self.s.execute(select(m.Gpu.node, m.Gpu.index).where(m.Gpu.node.in_(wanted)))
+        for node, index in rows:
+            out[node].add(index)
+        return out
+
+    def all(self) -> Sequence[m.Node]:
+        return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
+
+    def fleet_stamp(self) -> tuple[int, int, int, datetime | None]:
+        """Nodes, the sum and highest of their topology versions, and the newest registration:
+        one aggregate row that changes when any node registers anew or changes topology.
+        A cached job index is checked node by node (`versions`) only when it changed."""
+        row = self.s.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(m.Node.topology_version), 0),
+                func.coalesce(func.max(m.Node.topology_version), 0),
+                func.max(m.Node.registered_at),
+            )
+        ).one()
+        return int(row[0]), int(row[1]), int(row[2]), row[3]
+
+    def versions(self, names: Iterable[str]) -> dict[str, tuple[int, datetime]]:
+        """(topology version, registration time) per node: a cheap read that tells whether
+        cached plans still hold. The time tells a node re-created in a fresh store (whose
+        versions start again at 1) from the one a cache saw before."""
+        rows = self.s.execute(
+            select(m.Node.name, m.Node.topology_version, m.Node.registered_at).where(
+                m.Node.name.in_(list(names))
+            )
+        )
+        return {name: (version, at) for name, version, at in rows.tuples()}
+
+    def replace_topology(
+        self,
+        name: str,
+        gpus: list[dict[str, Any]],
+        rnics: list[dict[str, Any]],
+        now: datetime,
+    ) -> tuple[m.Node, bool]:
+        """Create or replace a node's topology; returns (node, changed)."""
+        node = self.get(name)
+        if node is None:
+            node = m.Node(name=name, registered_at=now, updated_at=now, topology_version=1)
+            node.gpus = [m.Gpu(node=name, **g) for g in gpus]
+            node.rnics = [m.Rnic(node=name, **r) for r in rnics]
+            self.s.add(node)
+            self.s.flush()
+            return node, True
+        changed = _shape(node.gpus, GPU_FIELDS) != _shape(gpus, GPU_FIELDS) or _shape(
+            node.rnics, RNIC_FIELDS
+        ) != _shape(rnics, RNIC_FIELDS)
+        node.updated_at = now
+        if changed:
+            node.gpus.clear()
+            node.rnics.clear()
+            self.s.flush()  # delete the old rows before their unique keys come back
+            node.gpus.extend(m.Gpu(node=name, **g) for g in gpus)
+            node.rnics.extend(m.Rnic(node=name, **r) for r in rnics)
+            node.topology_version += 1
+        self.s.flush()
+        return node, changed
+
+    def observe_port(
+        self, node: str, device: str, port: int | None, state: str, at: datetime
+    ) -> bool:
+        """Record a port's state observed at `at` (every port of the RNIC when `port` is
+        None or 0), unless a newer observation is known: the port's level.
+
+        Returns whether it became the level of some port. Of two reports observed at the
+        same time, the later one stands (an agent sends a port's reports in order).
+        """
+        stmt = update(m.Rnic).where(m.Rnic.node == node, m.Rnic.name == device)
+        if port:
+            stmt = stmt.where(m.Rnic.port == port)
+        stmt = stmt.where(m.Rnic.observed_at.is_(None) | (m.Rnic.observed_at <= at))
+        result = self.s.execute(stmt.values(state=state, observed_at=at))
+        return bool(getattr(result, "rowcount", 0))
+
+    def port_states(
+        self, nodes: Iterable[str]
+    ) -> dict[tuple[str, str, int], tuple[str, datetime | None]]:
+        """Each port's level: its newest observed state and when it was observed."""
+        rows = self.s.execute(
+            select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state, m.Rnic.observed_at).where(
+                m.Rnic.node.in_(list(nodes))
+            )
+        )
+        return {(n, d, p): (st, at) for n, d, p, st, at in rows.tuples()}
+
+    def switch_of(self, node: str, device: str, port: int) -> str | None:
+        q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)
+        if port:
+            q = q.where(m.Rnic.port == port)
+        return self.s.scalar(q.limit(1))
+
+    def ports_on_switch(self, switch: str) -> list[tuple[str, str, int]]:
+        rows = self.s.execute(
+            select(m.Rnic.node, m.Rnic.name, m.Rnic.port).where(m.Rnic.switch == switch)
+        )
+        return list(rows.tuples().all())
+
+    def fabric_ports(self, node: str) -> list[tuple[str, int]]:
+        rows = self.s.execute(
+            select(m.Rnic.name, m.Rnic.port).where(m.Rnic.node == node, m.Rnic.switch.is_not(None))
+        )
+        return list(rows.tuples().all())
+
+    def switch_known(self, switch: str) -> bool:
+        return (
+            self.s.scalar(select(m.Rnic.node).where(m.Rnic.switch == switch).limit(1)) is not None
+        )
+
+    def nodes_on_switch(self, switch: str) -> list[str]:
+        return sorted(
+            self.s.scalars(select(m.Rnic.node).where(m.Rnic.switch == switch).distinct()).all()
+        )
+
+
+# The port states a report can set (sysfs also says INIT, ARMED, ...: not ACTIVE either).
+DOWN = "DOWN"
+ACTIVE = "ACTIVE"
+
+GPU_FIELDS = ("index", "pci", "numa", "pcie_switch", "root_complex", "nvlink")
+RNIC_FIELDS = (
+    "name",
+    "port",
+    "pci",
+    "numa",
+    "pcie_switch",
+    "root_complex",
+    "rate_gbps",
+    "link_layer",
+    "netdev",
+    "switch",
+    "rail",
+    "state",
+)
+
+
+def _shape(rows: Iterable[Any], fields: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows (models or dicts) as comparable tuples, to tell a real topology change."""
+
+    def get(row: Any, f: str) -> Any:
+        return row.get(f) if isinstance(row, dict) else getattr(row, f)
+
+    return sorted(tuple(str(get(r, f)) for f in fields) for r in rows)
