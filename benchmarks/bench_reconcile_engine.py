@@ -17,8 +17,10 @@ from datetime import UTC, datetime, timedelta
 
 from benchmarks import benchlib
 from scheduler_svc.engine.fabric import Unhealthy
+from scheduler_svc.engine.job_routes import index_for
 from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
-from scheduler_svc.engine.reconcile import FabricView, JobState, Mode, Options, index_for, reconcile
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import FabricView, JobState, Mode, Options
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,7 +11,7 @@ other survivor is a test to write.
     python scripts/mutation.py                 # every target, in order
     python scripts/mutation.py signing notify  # some of them
     python scripts/mutation.py engine --workers 2  # two mutants at a time
-    python scripts/mutation.py engine --only 'scheduler_svc.engine.reconcile.x__failback__mutmut_*'
+    python scripts/mutation.py engine --only 'scheduler_svc.engine.outcomes.x_failback__mutmut_*'
                                                # one function's mutants alone, results files kept
 
 Prints killed/survived per target and writes the table under "Test strength"
@@ -129,7 +129,13 @@ TARGETS = (
         # and what a restart was decided for (a leaf with its ports as one failure, the
         # windows announced at the restart).
         "sequences",
-        ("scheduler_svc/engine/fabric.py", "scheduler_svc/engine/reconcile.py"),
+        (
+            "scheduler_svc/engine/fabric.py",
+            "scheduler_svc/engine/reconcile.py",
+            "scheduler_svc/engine/outcomes.py",
+            "scheduler_svc/engine/job_routes.py",
+            "scheduler_svc/engine/evidence.py",
+        ),
         (
             "tests/engine",
             "tests/scheduler_svc/test_engine_reconcile.py",
@@ -137,12 +143,14 @@ TARGETS = (
         only=(
             "scheduler_svc.engine.fabric.x_fault_health__mutmut_*",
             "scheduler_svc.engine.reconcile.x__held__mutmut_*",
-            "scheduler_svc.engine.reconcile.x__at_checkpoint__mutmut_*",
-            "scheduler_svc.engine.reconcile.x_backups_of__mutmut_*",
-            "scheduler_svc.engine.reconcile.x__primary_ok__mutmut_*",
-            "scheduler_svc.engine.reconcile.x__isolated_by__mutmut_*",
-            "scheduler_svc.engine.reconcile.x__one_failure__mutmut_*",
-            "scheduler_svc.engine.reconcile.x__known__mutmut_*",
+            "scheduler_svc.engine.outcomes.x_at_checkpoint__mutmut_*",
+            "scheduler_svc.engine.outcomes.x__repair_left__mutmut_*",
+            "scheduler_svc.engine.outcomes.x__restart_at__mutmut_*",
+            "scheduler_svc.engine.job_routes.x_backups_of__mutmut_*",
+            "scheduler_svc.engine.job_routes.x_primary_ok__mutmut_*",
+            "scheduler_svc.engine.evidence.x_isolated_by__mutmut_*",
+            "scheduler_svc.engine.evidence.x_one_failure__mutmut_*",
+            "scheduler_svc.engine.evidence.x_known__mutmut_*",
         ),
     ),
     Target(

@@ -6,7 +6,7 @@ from scheduler_svc.api import routing
 from scheduler_svc.api.deps import Reader, SettingsDep
 from scheduler_svc.api.schemas.decisions import DecisionInputsOut, EvaluateIn, EvaluateOut
 from scheduler_svc.engine.decision import DecisionInputs, decide, ib_timeout_s
-from scheduler_svc.engine.reconcile import inputs_record
+from scheduler_svc.engine.records import inputs_record
 from scheduler_svc.engine.slowdown import estimate_k
 from scheduler_svc.errors import VALIDATION, Unauthorized, responses
 

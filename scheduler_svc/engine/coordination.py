@@ -93,78 +93,23 @@ def plan_mitigation(
     if rails_per_node < 1 or not 0 <= failed_rails <= rails_per_node:
         raise ValueError("need 1 <= rails_per_node and 0 <= failed_rails <= rails_per_node")
     s = comm_share
-    options: list[Option] = []
-
-    sbond_factor = backup_load / (cross_rc_throughput if backup_crosses_root_complex else 1.0)
-    options.append(
-        Option(
-            Mitigation.SBOND,
-            True,
-            1 + s * (sbond_factor - 1),
-            f"the busiest backup RNIC carries {backup_load} rails' traffic"
-            + (", across root complexes" if backup_crosses_root_complex else ""),
-            {"load": backup_load},
-        )
-    )
-
-    surviving = rails_per_node - failed_rails
-    channels_on_failed = sum(1 for c in range(channels) if c % rails_per_node < failed_rails)
-    if rails_per_node >= 2 and surviving >= 1 and channels - channels_on_failed >= 1:
-        factor = channels / (channels - channels_on_failed)
-        options.append(
-            Option(
-                Mitigation.DCR,
-                True,
-                1 + s * (factor - 1),
-                f"disable {channels_on_failed} of {channels} channels; the rest use disjoint RNICs",
-                {"disabled_channels": channels_on_failed},
-            )
-        )
-    else:
-        options.append(
-            Option(
-                Mitigation.DCR,
-                False,
-                None,
-                "channels do not use disjoint RNICs (the communicator has one rail per node)",
-            )
-        )
-
-    nvl_mb = nvl_mb_per_channel * channels * max(1, nvl_ranks_per_gpu)
-    if nvl_available and nvl_mb <= nvl_cap_mb:
-        options.append(
-            Option(
-                Mitigation.NVL,
-                True,
-                1 + s * (backup_load - 1),
-                f"transit over NVLink to a peer GPU's RNIC ({nvl_mb:.0f} MB of GPU memory)",
-                {"gpu_memory_mb": nvl_mb},
-            )
-        )
-    else:
-        why = (
-            "no peer GPU with NVLink and a healthy RNIC"
-            if not nvl_available
-            else f"needs {nvl_mb:.0f} MB of GPU memory, over the {nvl_cap_mb:.0f} MB cap"
-        )
-        options.append(Option(Mitigation.NVL, False, None, why))
-
-    if rails_per_node >= 2 and surviving >= 1:
-        f = surviving / rails_per_node
-        h = allreduce_handoff(f, nodes)
-        options.append(
-            Option(
-                Mitigation.BALANCE,
-                True,
-                1 + s * ((1 - h) / f - 1),
-                f"weights by bandwidth left ({f:.0%} on the degraded node), "
-                f"which hands off {h:.1%} of each allreduce",
-                {"bandwidth_left": f, "allreduce_handoff": h},
-            )
-        )
-    else:
-        options.append(Option(Mitigation.BALANCE, False, None, "no surviving rail to balance onto"))
-
+    options = [
+        _sbond(
+            s,
+            backup_load=backup_load,
+            crosses=backup_crosses_root_complex,
+            cross_rc_throughput=cross_rc_throughput,
+        ),
+        _dcr(s, rails_per_node=rails_per_node, failed_rails=failed_rails, channels=channels),
+        _nvl(
+            s,
+            backup_load=backup_load,
+            nvl_mb=nvl_mb_per_channel * channels * max(1, nvl_ranks_per_gpu),
+            available=nvl_available,
+            cap_mb=nvl_cap_mb,
+        ),
+        _balance(s, rails_per_node=rails_per_node, failed_rails=failed_rails, nodes=nodes),
+    ]
     usable = [o for o in options if o.applicable and o.k is not None]
     chosen = min(usable, key=lambda o: (o.k, list(Mitigation).index(o.mitigation)))
     others = ", ".join(f"{o.mitigation.value} k={o.k:.3f}" for o in usable if o is not chosen)
@@ -172,6 +117,71 @@ def plan_mitigation(
         f"; beats {others}" if others else ""
     )
     return MitigationPlan(chosen, tuple(options), reason)
+
+
+def _sbond(s: float, *, backup_load: int, crosses: bool, cross_rc_throughput: float) -> Option:
+    sbond_factor = backup_load / (cross_rc_throughput if crosses else 1.0)
+    return Option(
+        Mitigation.SBOND,
+        True,
+        1 + s * (sbond_factor - 1),
+        f"the busiest backup RNIC carries {backup_load} rails' traffic"
+        + (", across root complexes" if crosses else ""),
+        {"load": backup_load},
+    )
+
+
+def _dcr(s: float, *, rails_per_node: int, failed_rails: int, channels: int) -> Option:
+    surviving = rails_per_node - failed_rails
+    channels_on_failed = sum(1 for c in range(channels) if c % rails_per_node < failed_rails)
+    if rails_per_node >= 2 and surviving >= 1 and channels - channels_on_failed >= 1:
+        factor = channels / (channels - channels_on_failed)
+        return Option(
+            Mitigation.DCR,
+            True,
+            1 + s * (factor - 1),
+            f"disable {channels_on_failed} of {channels} channels; the rest use disjoint RNICs",
+            {"disabled_channels": channels_on_failed},
+        )
+    return Option(
+        Mitigation.DCR,
+        False,
+        None,
+        "channels do not use disjoint RNICs (the communicator has one rail per node)",
+    )
+
+
+def _nvl(s: float, *, backup_load: int, nvl_mb: float, available: bool, cap_mb: float) -> Option:
+    if available and nvl_mb <= cap_mb:
+        return Option(
+            Mitigation.NVL,
+            True,
+            1 + s * (backup_load - 1),
+            f"transit over NVLink to a peer GPU's RNIC ({nvl_mb:.0f} MB of GPU memory)",
+            {"gpu_memory_mb": nvl_mb},
+        )
+    why = (
+        "no peer GPU with NVLink and a healthy RNIC"
+        if not available
+        else f"needs {nvl_mb:.0f} MB of GPU memory, over the {cap_mb:.0f} MB cap"
+    )
+    return Option(Mitigation.NVL, False, None, why)
+
+
+def _balance(s: float, *, rails_per_node: int, failed_rails: int, nodes: int) -> Option:
+    surviving = rails_per_node - failed_rails
+    if rails_per_node >= 2 and surviving >= 1:
+        f = surviving / rails_per_node
+        h = allreduce_handoff(f, nodes)
+        return Option(
+            Mitigation.BALANCE,
+            True,
+            1 + s * ((1 - h) / f - 1),
+            f"weights by bandwidth left ({f:.0%} on the degraded node), "
+            f"which hands off {h:.1%} of each allreduce",
+            {"bandwidth_left": f, "allreduce_handoff": h},
+        )
+    return Option(Mitigation.BALANCE, False, None, "no surviving rail to balance onto")
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,30 +222,12 @@ def decide(inp: DecisionInputs) -> Decision:
             "capped at the interval (a checkpoint is overdue)"
         )
     threshold = failover_threshold_s(interval, inp.detect_s, inp.k)
-    restart_wait = 0.0 if inp.spare_nodes else inp.node_replace_s
-    restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
-    scaled: float | None = None
-    if inp.allow_scaling and inp.new_dp_size is not None:
-        scaled = restart_scaled_cost_s(
-            interval,
-            inp.detect_s,
-            inp.reload_s,
-            inp.timeout_s,
-            inp.dp_size,
-            new_dp_size=inp.new_dp_size,
-        )
-    failover: float | None = None
-    if inp.path_available:
-        failover = failover_cost_s(interval, elapsed, inp.reload_s, inp.timeout_s, inp.k)
-    # "none" only costs nothing when the fault healed by itself (a flap the
-    # retransmissions rode out); otherwise the collective hangs forever.
-    none: float | None = interval - elapsed if inp.healed or not inp.affected else None
-
+    options = _Costs.of(inp, elapsed)
     costs: dict[str, float | None] = {
-        Action.FAILOVER.value: failover,
-        Action.RESTART.value: restart,
-        Action.RESTART_SCALED.value: scaled,
-        Action.NONE.value: none,
+        Action.FAILOVER.value: options.failover,
+        Action.RESTART.value: options.restart,
+        Action.RESTART_SCALED.value: options.scaled,
+        Action.NONE.value: options.none,
     }
     # The scaled restart runs on the replicas that are left.
     gpu_share = {
@@ -257,8 +239,58 @@ def decide(inp: DecisionInputs) -> Decision:
         name: None if cost is None else cost * inp.gpus * gpu_share.get(name, 1.0)
         for name, cost in costs.items()
     }
+    action, reason = _cheapest(inp, options, elapsed=elapsed, threshold=threshold)
+    return Decision(
+        action=action,
+        reason=reason,
+        threshold_s=threshold,
+        costs_s=costs,
+        costs_gpu_s=costs_gpu,
+        inputs=inp,
+        notes=tuple(notes),
+    )
 
-    if none is not None:
+
+@dataclass(frozen=True, slots=True)
+class _Costs:
+    """Each option's cost in seconds of the job's time; None: not an option."""
+
+    failover: float | None
+    restart: float
+    scaled: float | None
+    none: float | None
+
+    @classmethod
+    def of(cls, inp: DecisionInputs, elapsed: float) -> _Costs:
+        interval = inp.checkpoint_interval_s
+        restart_wait = 0.0 if inp.spare_nodes else inp.node_replace_s
+        restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
+        scaled: float | None = None
+        if inp.allow_scaling and inp.new_dp_size is not None:
+            scaled = restart_scaled_cost_s(
+                interval,
+                inp.detect_s,
+                inp.reload_s,
+                inp.timeout_s,
+                inp.dp_size,
+                new_dp_size=inp.new_dp_size,
+            )
+        failover: float | None = None
+        if inp.path_available:
+            failover = failover_cost_s(interval, elapsed, inp.reload_s, inp.timeout_s, inp.k)
+        # "none" only costs nothing when the fault healed by itself (a flap the
+        # retransmissions rode out); otherwise the collective hangs forever.
+        none: float | None = interval - elapsed if inp.healed or not inp.affected else None
+        return cls(failover, restart, scaled, none)
+
+
+def _cheapest(
+    inp: DecisionInputs, costs: _Costs, *, elapsed: float, threshold: float
+) -> tuple[Action, str]:
+    """The action and its reason: nothing to do, no path left, a planned window, or the
+    cheaper of failing over and restarting."""
+    failover, restart, scaled = costs.failover, costs.restart, costs.scaled
+    if costs.none is not None:
         action = Action.NONE
         reason = (
             "the fault healed before the job needed to move; nothing to do"
@@ -296,15 +328,7 @@ def decide(inp: DecisionInputs) -> Decision:
                 f"{restart_action.value} costs {_fmt(best_restart)}, "
                 f"failing over {_fmt(failover)}"
             )
-    return Decision(
-        action=action,
-        reason=reason,
-        threshold_s=threshold,
-        costs_s=costs,
-        costs_gpu_s=costs_gpu,
-        inputs=inp,
-        notes=tuple(notes),
-    )
+    return action, reason
 
 
 def _cheapest_restart(restart: float, scaled: float | None) -> tuple[Action, float]:

@@ -299,32 +299,63 @@ class FabricHealth:
 
 def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHealth:
     """What is out of service at `now`, and which faults have cleared."""
-    rnics: set[tuple[str, str]] = set()
-    links: set[tuple[str, str, int]] = set()
-    gpus: set[tuple[str, int]] = set()
-    switches: set[str] = set()
-    unhealthy: list[Unhealthy] = []
-    scheduled: list[Unhealthy] = []
-    cleared: list[FaultHealth] = []
-    healths: dict[int, FaultHealth] = {}
-    next_change: datetime | None = None
+    out = _OutOfService()
     for f in evidence.faults:
-        h = fault_health(f, now, rules)
-        healths[f.id] = h
+        out.fault(f, fault_health(f, now, rules))
+    for s in evidence.switches:
+        out.switches.add(s.switch)
+        out.unhealthy.append(
+            Unhealthy(f"switch:{s.id}", s.switch, "switch", s.opened_at, s.reason, switch=s.switch)
+        )
+    for q in evidence.quarantines:
+        out.quarantine(q)
+    for w in evidence.maintenance:
+        out.window(w, now, rules)
+    return FabricHealth(
+        failed=FailedSet(
+            rnics=frozenset(out.rnics),
+            links=frozenset(out.links),
+            switches=frozenset(out.switches),
+            gpus=frozenset(out.gpus),
+        ),
+        unhealthy=tuple(sorted(out.unhealthy, key=lambda u: (u.since, u.key))),
+        scheduled=tuple(out.scheduled),
+        cleared=tuple(out.cleared),
+        next_change_at=out.next_change,
+        healths=out.healths,
+    )
+
+
+@dataclass(slots=True)
+class _OutOfService:
+    """What `assess` gathers, one piece of evidence at a time."""
+
+    rnics: set[tuple[str, str]] = field(default_factory=set)
+    links: set[tuple[str, str, int]] = field(default_factory=set)
+    gpus: set[tuple[str, int]] = field(default_factory=set)
+    switches: set[str] = field(default_factory=set)
+    unhealthy: list[Unhealthy] = field(default_factory=list)
+    scheduled: list[Unhealthy] = field(default_factory=list)
+    cleared: list[FaultHealth] = field(default_factory=list)
+    healths: dict[int, FaultHealth] = field(default_factory=dict)
+    next_change: datetime | None = None
+
+    def fault(self, f: FaultEvidence, h: FaultHealth) -> None:
+        self.healths[f.id] = h
         if h.health == Health.HEALTHY:
-            cleared.append(h)
-            continue
-        if h.clears_at is not None and (next_change is None or h.clears_at < next_change):
-            next_change = h.clears_at
+            self.cleared.append(h)
+            return
+        if h.clears_at is not None and (self.next_change is None or h.clears_at < self.next_change):
+            self.next_change = h.clears_at
         if f.kind == FaultKind.GPU_LOST:
-            gpus.add((f.node, f.port))
+            self.gpus.add((f.node, f.port))
         elif f.kind == FaultKind.UNREACHABLE:
-            rnics.add((f.node, "*"))
+            self.rnics.add((f.node, "*"))
         elif f.port == WHOLE_DEVICE:
-            rnics.add((f.node, f.device))
+            self.rnics.add((f.node, f.device))
         else:
-            links.add((f.node, f.device, f.port))
-        unhealthy.append(
+            self.links.add((f.node, f.device, f.port))
+        self.unhealthy.append(
             Unhealthy(
                 f"fault:{f.id}",
                 f.label,
@@ -338,14 +369,10 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
                 h.clears_at if h.health == Health.RECOVERING else None,
             )
         )
-    for s in evidence.switches:
-        switches.add(s.switch)
-        unhealthy.append(
-            Unhealthy(f"switch:{s.id}", s.switch, "switch", s.opened_at, s.reason, switch=s.switch)
-        )
-    for q in evidence.quarantines:
-        links.add((q.node, q.device, q.port))
-        unhealthy.append(
+
+    def quarantine(self, q: Quarantine) -> None:
+        self.links.add((q.node, q.device, q.port))
+        self.unhealthy.append(
             Unhealthy(
                 f"flag:{q.id}",
                 f"{q.node}/{q.device}/{q.port}",
@@ -357,43 +384,31 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
                 q.port,
             )
         )
-    for w in evidence.maintenance:
+
+    def window(self, w: Maintenance, now: datetime, rules: ClearingRules) -> None:
         phase = w.phase(now, rules.damping_s)
         change = w.next_change(now, rules.damping_s)
-        if change is not None and (next_change is None or change < next_change):
-            next_change = change
+        if change is not None and (self.next_change is None or change < self.next_change):
+            self.next_change = change
         if phase == MaintenancePhase.SCHEDULED:
-            scheduled.append(_window(w, f"planned maintenance {w.id} ({w.reason}) scheduled"))
+            self.scheduled.append(_window(w, f"planned maintenance {w.id} ({w.reason}) scheduled"))
         if phase not in OUT_OF_SERVICE:
-            continue
+            return
         if w.switch is not None:
-            switches.add(w.switch)
+            self.switches.add(w.switch)
         elif w.node is not None and w.device is None:
-            rnics.add((w.node, "*"))
+            self.rnics.add((w.node, "*"))
         elif w.node is not None and w.device is not None:
             if w.port == WHOLE_DEVICE:
-                rnics.add((w.node, w.device))
+                self.rnics.add((w.node, w.device))
             else:
-                links.add((w.node, w.device, w.port))
+                self.links.add((w.node, w.device, w.port))
         window = f"{w.starts_at.isoformat(timespec='seconds')} to "
         window += w.ends_at.isoformat(timespec="seconds")
         reason = f"planned maintenance {w.id} ({w.reason}) from {window}"
         if phase == MaintenancePhase.ENDED:
             reason = f"planned maintenance {w.id} ({w.reason}) over, damping {rules.damping_s:g} s"
-        unhealthy.append(_window(w, reason))
-    return FabricHealth(
-        failed=FailedSet(
-            rnics=frozenset(rnics),
-            links=frozenset(links),
-            switches=frozenset(switches),
-            gpus=frozenset(gpus),
-        ),
-        unhealthy=tuple(sorted(unhealthy, key=lambda u: (u.since, u.key))),
-        scheduled=tuple(scheduled),
-        cleared=tuple(cleared),
-        next_change_at=next_change,
-        healths=healths,
-    )
+        self.unhealthy.append(_window(w, reason))
 
 
 def _window(w: Maintenance, reason: str) -> Unhealthy:

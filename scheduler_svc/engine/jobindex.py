@@ -5,7 +5,7 @@ find the ranks it can touch: ranks by node, by (node, device), by fabric switch
 and by GPU; per rail and per (rail, node) the count of ranks in each endpoint
 class; each communicator's members. `connectivity` then routes again only the
 ranks a failed part can touch, adjusts the counts, and returns exactly what
-`paths.connectivity(paths.route_ranks(...))` returns for the whole job: the same
+`routes.connectivity(routes.route_ranks(...))` returns for the whole job: the same
 routes, pairs, isolated and failed-over ranks and examples.
 
 Pure, like the rest of the engine: an index is a function of the job's ranks, its
@@ -17,102 +17,26 @@ versions as the s-Bond plans, so every replica agrees on it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_svc.engine.paths import (
-    _BACKUP,
-    _BOTH,
-    _NONE,
+from scheduler_svc.engine.paths import FailedSet, NodePlan, NodeTopology
+from scheduler_svc.engine.routes import (
+    BACKUP,
+    BOTH,
+    NONE,
+    CommIndex,
     Connectivity,
-    FailedSet,
-    NodePlan,
-    NodeTopology,
+    JobIndex,
+    Positions,
     RankRoute,
-    _class,
-    _pairs,
+    endpoint_class,
+    pair_counts,
     pair_survives,
     route_ranks,
+    specs_of,
     talks_over_fabric,
 )
-
-Positions = tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class CommIndex:
-    """One communicator as `plan_mitigations` and `command_diff` read it."""
-
-    comm_id: int
-    # The members that are ranks of the job, in the order the planner reads them.
-    ranks: tuple[int, ...]
-    order: Mapping[int, int]  # member rank -> its place in `ranks`
-    unique: bool  # no member named twice (else the planner reads the members one by one)
-    nodes: int  # distinct nodes of the members
-    # What command_diff tells: every rank it names (registered or the job's), sorted.
-    told: frozenset[int]
-    told_sorted: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class JobIndex:
-    ranks: tuple[tuple[int, str, int], ...]
-    healthy: tuple[RankRoute, ...]  # each rank's route when nothing is failed
-    positions: Mapping[int, int]  # rank -> its place in `ranks`
-    nodes: frozenset[str]
-    by_node: Mapping[str, Positions]
-    by_device: Mapping[tuple[str, str], Positions]  # primary or backup on that RNIC
-    by_switch: Mapping[str, Positions]  # primary or backup behind that switch
-    by_gpu: Mapping[tuple[str, int], Positions]
-    by_rail: Mapping[int | None, Positions]  # rail of the primary, as the pairs count it
-    odd: Positions  # ranks without both endpoints even when nothing is failed
-    rail_counts: Mapping[int | None, tuple[int, int, int, int]]
-    node_counts: Mapping[tuple[int | None, str], tuple[int, int, int, int]]
-    broken_rail: int
-    total_rail: int
-    broken_local: int
-    total_local: int
-    # What `_affects` asks: the ports and switches some rank's primary or backup uses,
-    # and the GPUs some rank runs on.
-    ports_by_node: Mapping[str, frozenset[tuple[str, int]]]
-    used_switches: frozenset[str]
-    used_gpus: frozenset[tuple[str, int]]
-    rank_node: Mapping[int, str]
-    ranks_in_order: tuple[int, ...]  # the ranks as placed
-    sorted_ranks: tuple[int, ...]
-    comms: tuple[CommIndex, ...]  # in the order of JobState.communicators
-    comm_specs: tuple[tuple[int, int, tuple[int, ...]], ...]
-    # The plans and topologies it was built on, each node's as the plan cache gave it.
-    plans: Mapping[str, NodePlan]
-    topologies: Mapping[str, NodeTopology]
-    warnings: tuple[str, ...]  # every plan's warnings, by node name, as reconcile lists them
-
-    def built_on(
-        self, plans: Mapping[str, NodePlan], topologies: Mapping[str, NodeTopology]
-    ) -> bool:
-        """Whether the job's nodes have the plans and topologies it was built on."""
-        for mine, theirs in ((self.plans, plans), (self.topologies, topologies)):
-            if mine is theirs:
-                continue
-            for n in self.nodes:
-                a, b = mine.get(n), theirs.get(n)
-                if a is not b and a != b:
-                    return False
-        return True
-
-    def fits(self, ranks: Sequence[tuple[int, str, int]], comms: Iterable[object]) -> bool:
-        """Whether this index was built for these ranks and communicators."""
-        if ranks is not self.ranks and tuple(ranks) != self.ranks:
-            return False
-        return _specs(comms) == self.comm_specs
-
-
-def _specs(comms: Iterable[object]) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    return tuple(
-        (c.comm_id, c.channels, tuple(c.ranks))  # type: ignore[attr-defined]  # CommSpec
-        for c in comms
-    )
 
 
 def _codes(keys: Sequence[object]) -> tuple[dict[object, int], np.ndarray]:
@@ -161,26 +85,13 @@ def build(
     nodes = frozenset(n for _, n, _ in ranks)
     if len(positions) != len(ranks):
         raise ValueError("a rank is placed twice")
-    classes = np.fromiter((_class(r) for r in healthy), np.int8, len(healthy))
+    classes = np.fromiter((endpoint_class(r) for r in healthy), np.int8, len(healthy))
     rails = [r.rail for r in healthy]
     rail_counts = _count(rails, classes)
     node_counts = _count([(r.rail, r.node) for r in healthy], classes)
-    broken_rail, total_rail = _pairs({k: list(v) for k, v in rail_counts.items()})
-    broken_local, total_local = _pairs({k: list(v) for k, v in node_counts.items()})
-    device_pairs: list[tuple[object, int]] = []
-    switch_pairs: list[tuple[object, int]] = []
-    ports: dict[str, set[tuple[str, int]]] = {}
-    for i, r in enumerate(healthy):
-        for key in (r.primary, r.backup):
-            if key is None:
-                continue
-            dev, _, port = key.partition("/")  # as reconcile._uses reads a key
-            ports.setdefault(r.node, set()).add((dev, int(port)))
-            device_pairs.append(((r.node, dev), i))
-            # route_ranks gave this endpoint from the node's plan, so its topology has it.
-            switch = topologies[r.node].rnic(key).switch
-            if switch is not None:
-                switch_pairs.append((switch, i))
+    broken_rail, total_rail = pair_counts({k: list(v) for k, v in rail_counts.items()})
+    broken_local, total_local = pair_counts({k: list(v) for k, v in node_counts.items()})
+    device_pairs, switch_pairs, ports = _endpoints(healthy, topologies)
     by_switch = _multi_groups(switch_pairs)
     comms = tuple(_comm_index(c, ranks, positions) for c in communicators)
     return JobIndex(
@@ -193,7 +104,7 @@ def build(
         by_switch=by_switch,  # type: ignore[arg-type]  # str keys
         by_gpu=_groups([(n, g) for _, n, g in ranks]),  # type: ignore[arg-type]  # (node, gpu)
         by_rail=_groups(rails),  # type: ignore[arg-type]  # rail keys
-        odd=tuple(np.flatnonzero(classes != _BOTH).tolist()),
+        odd=tuple(np.flatnonzero(classes != BOTH).tolist()),
         rail_counts=rail_counts,  # type: ignore[arg-type]  # rail keys
         node_counts=node_counts,  # type: ignore[arg-type]  # (rail, node) keys
         broken_rail=broken_rail,
@@ -207,11 +118,33 @@ def build(
         ranks_in_order=tuple(r for r, _, _ in ranks),
         sorted_ranks=tuple(sorted(positions)),
         comms=comms,
-        comm_specs=_specs(communicators),
+        comm_specs=specs_of(communicators),
         plans=plans,
         topologies=topologies,
         warnings=tuple(w for n in sorted(plans) for w in plans[n].warnings),
     )
+
+
+def _endpoints(
+    healthy: Sequence[RankRoute], topologies: Mapping[str, NodeTopology]
+) -> tuple[list[tuple[object, int]], list[tuple[object, int]], dict[str, set[tuple[str, int]]]]:
+    """Each rank's primary and backup: (RNIC, position) and (switch, position) pairs, and
+    the ports each node uses."""
+    device_pairs: list[tuple[object, int]] = []
+    switch_pairs: list[tuple[object, int]] = []
+    ports: dict[str, set[tuple[str, int]]] = {}
+    for i, r in enumerate(healthy):
+        for key in (r.primary, r.backup):
+            if key is None:
+                continue
+            dev, _, port = key.partition("/")  # as evidence._uses reads a key
+            ports.setdefault(r.node, set()).add((dev, int(port)))
+            device_pairs.append(((r.node, dev), i))
+            # route_ranks gave this endpoint from the node's plan, so its topology has it.
+            switch = topologies[r.node].rnic(key).switch
+            if switch is not None:
+                switch_pairs.append((switch, i))
+    return device_pairs, switch_pairs, ports
 
 
 def _count(keys: Sequence[object], classes: np.ndarray) -> dict[object, tuple[int, int, int, int]]:
@@ -265,7 +198,7 @@ def connectivity(
     topologies: Mapping[str, NodeTopology],
     max_examples: int = 10,
 ) -> Connectivity:
-    """`paths.connectivity(route_ranks(...))` for the job, from the ranks `failed` touches."""
+    """`routes.connectivity(route_ranks(...))` for the job, from the ranks `failed` touches."""
     changed: dict[int, RankRoute] = {}
     for i in sorted(touched(index, failed)):
         (now,) = route_ranks([index.ranks[i]], plans, topologies, failed)
@@ -281,18 +214,18 @@ def connectivity(
         node_key: object = (was.rail, was.node)
         r = rails.setdefault(rail_key, list(rail_counts[was.rail]))
         n = locals_.setdefault(node_key, list(node_counts[(was.rail, was.node)]))
-        r[_class(was)] -= 1
-        r[_class(now)] += 1
-        n[_class(was)] -= 1
-        n[_class(now)] += 1
-    before_r, _ = _pairs({k: list(index.rail_counts[k]) for k in rails})  # type: ignore[index]
-    after_r, _ = _pairs(rails)
-    before_l, _ = _pairs({k: list(index.node_counts[k]) for k in locals_})  # type: ignore[index]
-    after_l, _ = _pairs(locals_)
+        r[endpoint_class(was)] -= 1
+        r[endpoint_class(now)] += 1
+        n[endpoint_class(was)] -= 1
+        n[endpoint_class(now)] += 1
+    before_r, _ = pair_counts({k: list(index.rail_counts[k]) for k in rails})  # type: ignore[index]
+    after_r, _ = pair_counts(rails)
+    before_l, _ = pair_counts({k: list(index.node_counts[k]) for k in locals_})  # type: ignore[index]
+    after_l, _ = pair_counts(locals_)
     broken = (index.broken_rail - before_r + after_r) - (index.broken_local - before_l + after_l)
-    odd = sorted(set(index.odd) | {i for i, r in changed.items() if _class(r) != _BOTH})
-    isolated = [i for i in odd if _class(routes[i]) == _NONE]
-    backups = [i for i in odd if _class(routes[i]) == _BACKUP]
+    odd = sorted(set(index.odd) | {i for i, r in changed.items() if endpoint_class(r) != BOTH})
+    isolated = [i for i in odd if endpoint_class(routes[i]) == NONE]
+    backups = [i for i in odd if endpoint_class(routes[i]) == BACKUP]
     examples = []
     if broken:
         examples = _examples(index, routes, isolated, backups, odd, max_examples=max_examples)
@@ -327,7 +260,7 @@ def _examples(
     *,
     max_examples: int,
 ) -> list[tuple[int, int]]:
-    """The example pairs `paths.connectivity` finds, in its order, looking only where they can be.
+    """The example pairs `routes.connectivity` finds, in its order, looking only where they can be.
 
     A rank without an endpoint breaks with every rank of its rail on another node, so
     its partners are looked for along the rail; a rank left only its backup breaks only

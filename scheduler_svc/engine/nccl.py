@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler_svc.engine.paths import FailedSet, NodeTopology, RankRoute
+from scheduler_svc.engine.paths import FailedSet, NodeTopology
+from scheduler_svc.engine.routes import RankRoute
 
 PORT_FAILOVER_SINCE = (2, 29, 7)
 PORT_RECOVERY_SINCE = (2, 30, 0)

@@ -2,7 +2,7 @@
 
 Every change of a command's state goes through `transition`, which stamps it and
 writes the io.railover.command.<state> outbox event in the same transaction.
-`issue` turns the engine's intents (engine.reconcile.command_diff) into rows:
+`issue` turns the engine's intents (engine.intents.command_diff) into rows:
 failovers and NVL transits at once, channel changes (DCR, balance with its
 weights) and fail-backs at one switch point per communicator, aborts to every node.
 """
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
-from scheduler_svc.engine.reconcile import Intent, IntentKind
+from scheduler_svc.engine.intents import Intent, IntentKind
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.store import models as m
 from scheduler_svc.store import types as store_types

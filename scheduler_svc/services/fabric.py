@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
-from scheduler_svc.engine.reconcile import FabricView
+from scheduler_svc.engine.state import FabricView
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.maintenance import MaintenanceRepo

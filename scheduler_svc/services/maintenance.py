@@ -22,8 +22,8 @@ from scheduler_svc.api.schemas.maintenance import (
 )
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
-from scheduler_svc.engine import reconcile as engine
 from scheduler_svc.engine.fabric import MaintenancePhase
+from scheduler_svc.engine.state import Mode
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.fleet import EventType, emit
 from scheduler_svc.services import fabric, reconciler
@@ -130,10 +130,10 @@ def would_restart(
     found = []
     for job_id in job_ids:
         job = JobRepo(session).get(job_id)
-        if job is None or job.mode == engine.Mode.RESTARTING.value:
+        if job is None or job.mode == Mode.RESTARTING.value:
             continue
         _, _, result = reconciler.current(session, job, at, settings)
-        if result.desired.mode == engine.Mode.RESTARTING:
+        if result.desired.mode == Mode.RESTARTING:
             found.append(job_id)
     return found
 

@@ -21,11 +21,27 @@ from sqlalchemy.orm import Session
 from scheduler_svc import metrics
 from scheduler_svc.api.schemas.paths import JobPathsOut, RankPathOut
 from scheduler_svc.config import Settings
-from scheduler_svc.engine import jobindex
 from scheduler_svc.engine import reconcile as engine
+from scheduler_svc.engine.intents import Intent, IntentKind, command_diff
+from scheduler_svc.engine.job_routes import backups_of, index_fits, index_for
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import NodePlan, NodeTopology
-from scheduler_svc.engine.reconcile import Desired, Mode
+from scheduler_svc.engine.reconcile import recheck_at
+from scheduler_svc.engine.routes import JobIndex
+from scheduler_svc.engine.state import (
+    CheckpointSeen,
+    CommSpec,
+    DecisionRecord,
+    Desired,
+    FabricView,
+    JobState,
+    MirrorFailureSeen,
+    Mode,
+    Options,
+    Reconciled,
+    open_mirror_failures,
+    usable_checkpoint_at,
+)
 from scheduler_svc.errors import NotFound
 from scheduler_svc.fleet import EventType, emit, emit_decision
 from scheduler_svc.services import ccl, commands, fabric, gcpause
@@ -41,8 +57,8 @@ log = logging.getLogger(__name__)
 FULL = "full"
 
 
-def options(settings: Settings) -> engine.Options:
-    return engine.Options(
+def options(settings: Settings) -> Options:
+    return Options(
         default_k=settings.default_k,
         default_repair_s=settings.default_repair_s,
         measured_k_tolerance=settings.measured_k_tolerance,
@@ -53,9 +69,7 @@ def options(settings: Settings) -> engine.Options:
     )
 
 
-def mirror_failures(
-    session: Session, job_id: str
-) -> tuple[int | None, list[engine.MirrorFailureSeen]]:
+def mirror_failures(session: Session, job_id: str) -> tuple[int | None, list[MirrorFailureSeen]]:
     """The highest iteration of a normal checkpoint, and the rebuild failures from it on.
 
     A job that never had one costs one indexed lookup per pass.
@@ -67,19 +81,17 @@ def mirror_failures(
     seen = []
     for f in repo.mirror_failures_from(job_id, top):
         below = repo.checkpoint_below(job_id, f.iteration)
-        seen.append(
-            engine.MirrorFailureSeen(f.id, f.iteration, f.at, None if below is None else below.at)
-        )
+        seen.append(MirrorFailureSeen(f.id, f.iteration, f.at, None if below is None else below.at))
     return top, seen
 
 
 def job_state(
     session: Session, job: m.Job, ranks: tuple[tuple[int, str, int], ...] | None = None
-) -> engine.JobState:
+) -> JobState:
     """The job as the engine reads it; `ranks`: its placement, when already known."""
     cp = JobRepo(session).newest_checkpoint(job.job_id, job.incarnation)
     top, failures = mirror_failures(session, job.job_id)
-    return engine.JobState(
+    return JobState(
         job_id=job.job_id,
         mode=Mode(job.mode),
         ranks=tuple(JobRepo(session).rank_tuples(job.job_id)) if ranks is None else ranks,
@@ -89,7 +101,7 @@ def job_state(
         timeout_s=job.timeout_s,
         last_checkpoint_at=job.last_checkpoint_at,
         communicators=tuple(
-            engine.CommSpec(c.comm_id, c.channels, tuple(c.ranks))
+            CommSpec(c.comm_id, c.channels, tuple(c.ranks))
             for c in CoordinationRepo(session).communicators(job.job_id)
         ),
         slowdown_k=job.slowdown_k,
@@ -108,7 +120,7 @@ def job_state(
         registering=job.desired is None,
         newest_checkpoint=None
         if cp is None
-        else engine.CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind, cp.iteration),
+        else CheckpointSeen(cp.id, cp.at, cp.received_at, cp.kind, cp.iteration),
         previous=Desired.from_json(job.desired),
         nccl=NcclSpec.from_declaration(job.ccl)
         if job.ccl is not None and ccl.is_stock_nccl(job)
@@ -131,7 +143,7 @@ class _Placed:
     topologies: Mapping[str, NodeTopology]
     plans: Mapping[str, NodePlan]
     ports: Mapping[str, frozenset[tuple[str, int]]]
-    index: jobindex.JobIndex | None = None
+    index: JobIndex | None = None
 
 
 @dataclass(eq=False)
@@ -218,14 +230,14 @@ class JobIndexCache:
         return now
 
     def index(
-        self, entry: _Job, placed: _Placed, state: engine.JobState, view: engine.FabricView
-    ) -> jobindex.JobIndex | None:
+        self, entry: _Job, placed: _Placed, state: JobState, view: FabricView
+    ) -> JobIndex | None:
         """The engine index for this placement and the job's communicators, built once."""
-        if placed.index is not None and engine.index_fits(placed.index, state, view):
+        if placed.index is not None and index_fits(placed.index, state, view):
             return placed.index
         try:
             with gcpause.paused():
-                built = engine.index_for(state, view)
+                built = index_for(state, view)
         except ValueError:
             return None  # a rank placed twice: the engine reads such a job whole
         with self._lock:
@@ -240,7 +252,7 @@ INDEXES = JobIndexCache()
 
 def current(
     session: Session, job: m.Job, now: datetime, settings: Settings
-) -> tuple[engine.JobState, engine.FabricView, engine.Reconciled]:
+) -> tuple[JobState, FabricView, Reconciled]:
     """What reconcile says about the job right now, without storing anything (for reads)."""
     if job.placement_id is None:  # placed before placement ids: read and route it whole
         state = job_state(session, job)
@@ -305,7 +317,7 @@ def reconcile_job(
     _enter_mode(session, job, desired.mode, now)
     commanded = Desired.from_json(job.commanded)
     index = out.conn.index
-    intents = engine.command_diff(commanded, desired, state, index)
+    intents = command_diff(commanded, desired, state, index)
     overrides = _overrides(overtaken, intents, desired, state)
     # A restarting job is asked nothing: its next incarnation is, if still wanted then.
     asked = desired.checkpoint_after if desired.mode != Mode.RESTARTING else None
@@ -340,7 +352,7 @@ def reconcile_job(
         job.desired = new_json
     # Done for now, unless time alone changes the outcome (a refused fail-back is tried
     # again then): the coordinator's sweep reconciles the job at that moment.
-    due = engine.recheck_at(desired, options(settings))
+    due = recheck_at(desired, options(settings))
     if job.reconcile_due_at != due:
         job.reconcile_due_at = due
     return row
@@ -368,7 +380,7 @@ def _enter_mode(session: Session, job: m.Job, mode: Mode, now: datetime) -> None
 
 
 def _overtake_returns(
-    session: Session, job: m.Job, out: engine.Reconciled, now: datetime, *, rank_by_rank: bool
+    session: Session, job: m.Job, out: Reconciled, now: datetime, *, rank_by_rank: bool
 ) -> list[commands.Overtaken]:
     """A failover overtaking a fail-back on its way (issue 28, case 4): supersede it, and
     take up the job from where its ranks really are.
@@ -390,9 +402,7 @@ def _overtake_returns(
     if not overtaken:
         return []
     returning = {r for o in overtaken for r in o.returning}
-    backups = engine.backups_of(
-        out.conn, sorted(commands.left_their_primary(session, job, returning))
-    )
+    backups = backups_of(out.conn, sorted(commands.left_their_primary(session, job, returning)))
     prev = Desired.from_json(job.desired)
     kept = {r: k for r, k in backups.items() if r not in desired.moved and r not in prev.moved}
     if kept:
@@ -403,10 +413,10 @@ def _overtake_returns(
 
 def _overrides(
     overtaken: list[commands.Overtaken],
-    intents: list[engine.Intent],
+    intents: list[Intent],
     desired: Desired,
-    state: engine.JobState,
-) -> list[engine.Intent]:
+    state: JobState,
+) -> list[Intent]:
     """What replaces, at the ranks, each fail-back that a failover overtook.
 
     A registered communicator gets a switch point of its plan now (a REBALANCE, unless
@@ -416,7 +426,7 @@ def _overrides(
     switched = {i.comm_id for i in intents if i.coordinated}
     members = {c.comm_id: c.ranks for c in state.communicators}
     everyone = tuple(r for r, _, _ in state.ranks)
-    sent = {r for i in intents if i.kind == engine.IntentKind.FAILOVER for r in i.ranks}
+    sent = {r for i in intents if i.kind == IntentKind.FAILOVER for r in i.ranks}
     out = []
     for o in overtaken:
         if not state.communicators:
@@ -424,20 +434,20 @@ def _overrides(
             # withdrawn never reached it: commands.left_their_primary).
             stay = tuple(r for r in o.ranks if r in desired.moved and r not in sent)
             if stay:
-                out.append(engine.Intent(engine.IntentKind.FAILOVER, o.comm_id, stay))
+                out.append(Intent(IntentKind.FAILOVER, o.comm_id, stay))
         elif o.comm_id not in switched:
             ranks = tuple(sorted(members.get(o.comm_id) or everyone))
             disabled = tuple(desired.disabled.get(o.comm_id, ()))
-            out.append(engine.Intent(engine.IntentKind.REBALANCE, o.comm_id, ranks, disabled))
+            out.append(Intent(IntentKind.REBALANCE, o.comm_id, ranks, disabled))
     return out
 
 
 def request_checkpoint(
-    session: Session, job: m.Job, iteration: int, state: engine.JobState, now: datetime
+    session: Session, job: m.Job, iteration: int, state: JobState, now: datetime
 ) -> None:
     """io.railover.job.checkpoint_requested: the job should checkpoint at its next iteration."""
     metrics.CHECKPOINT_REQUESTS.inc()
-    failures = engine.open_mirror_failures(state)
+    failures = open_mirror_failures(state)
     emit(
         session,
         EventType.JOB_CHECKPOINT_REQUESTED,
@@ -447,7 +457,7 @@ def request_checkpoint(
             "job_id": job.job_id,
             "after_iteration": iteration,
             "failed_iterations": [f.iteration for f in failures],
-            "usable_checkpoint_at": engine.usable_checkpoint_at(state).isoformat(),
+            "usable_checkpoint_at": usable_checkpoint_at(state).isoformat(),
             "ranks": [r for r, _, _ in state.ranks],
             "reason": f"a checkpoint node could not rebuild iteration {iteration}: take a "
             "normal checkpoint at the next iteration",
@@ -457,9 +467,7 @@ def request_checkpoint(
     log.info("job %s: checkpoint requested after iteration %d", job.job_id, iteration)
 
 
-def record_decision(
-    session: Session, job: m.Job, d: engine.DecisionRecord, now: datetime
-) -> m.Decision:
+def record_decision(session: Session, job: m.Job, d: DecisionRecord, now: datetime) -> m.Decision:
     """Store one entry of the job's decision history and announce it."""
     trigger = d.trigger
     if DecisionRepo(session).exists(job.job_id, trigger):

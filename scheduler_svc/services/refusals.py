@@ -36,8 +36,8 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
-from scheduler_svc.engine import reconcile as engine
-from scheduler_svc.engine.reconcile import Desired, HeldBack
+from scheduler_svc.engine.intents import failback_refused, transit_refused
+from scheduler_svc.engine.state import Desired, HeldBack
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo
@@ -74,7 +74,7 @@ def _transit(session: Session, job: m.Job, cmd: m.Command, why: str, now: dateti
     desired = Desired.from_json(job.desired)
     job.desired = replace(desired, no_transit={**desired.no_transit, cmd.comm_id: why}).to_json()
     ranks = set(cmd.ranks) | _withdraw(session, job, cmd, now, same_epoch=False)
-    told = engine.transit_refused(Desired.from_json(job.commanded), cmd.comm_id, ranks)
+    told = transit_refused(Desired.from_json(job.commanded), cmd.comm_id, ranks)
     job.commanded = told.to_json()
 
 
@@ -130,7 +130,5 @@ def _failback(
     job.desired = replace(desired, held=(*others, HeldBack(cmd.comm_id, ranks, now, why))).to_json()
     # What the ranks still run is what reconcile holds them on: the commanded state says so.
     _, _, out = reconciler.current(session, job, now, settings)
-    told = engine.failback_refused(
-        Desired.from_json(job.commanded), out.desired, cmd.comm_id, ranks
-    )
+    told = failback_refused(Desired.from_json(job.commanded), out.desired, cmd.comm_id, ranks)
     job.commanded = told.to_json()

@@ -16,7 +16,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
-from scheduler_svc.engine.reconcile import Desired
+from scheduler_svc.engine.state import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
 from scheduler_svc.services import commands, reconciler
 from scheduler_svc.store import models as m

@@ -157,7 +157,7 @@ class Job(Base):
     # a job in its first incarnation and for jobs restarted before it existed.
     incarnation_started_at: Mapped[datetime | None]
     # The desired state of the last reconcile pass, and the one commands were sent for
-    # (engine.reconcile.Desired as JSON).
+    # (engine.state.Desired as JSON).
     desired: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     commanded: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Set when a reconcile of the job failed: the coordinator's sweep tries it again.

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from sqlalchemy import BigInteger, DateTime, Dialect, Integer, TypeDecorator
 
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
-from scheduler_svc.engine.reconcile import Mode as JobMode
+from scheduler_svc.engine.state import Mode as JobMode
 
 __all__ = [
     "BIG_ID",

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic
-from scheduler_svc.engine.reconcile import JobState, Mode
+from scheduler_svc.engine.state import JobState, Mode
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

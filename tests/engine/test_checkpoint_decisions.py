@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, Options
+from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 

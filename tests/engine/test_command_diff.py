@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from scheduler_svc.engine import jobindex
-from scheduler_svc.engine.reconcile import (
-    CommSpec,
-    Desired,
-    Intent,
-    IntentKind,
-    JobState,
-    Mode,
-    command_diff,
-    comms_of,
-)
+from scheduler_svc.engine.intents import Intent, IntentKind, command_diff
+from scheduler_svc.engine.routes import JobIndex
+from scheduler_svc.engine.state import CommSpec, Desired, JobState, Mode, comms_of
 from tests.engine.jobs import a_job
 
 ALL = (0, 1, 2, 3)
@@ -139,7 +132,7 @@ def test_a_registered_communicator_numbered_0_gets_switch_points() -> None:
     ]
 
 
-def indexed(job: JobState) -> jobindex.JobIndex:
+def indexed(job: JobState) -> JobIndex:
     """The job's index (its nodes' plans do not matter to the commands: none are known)."""
     return jobindex.build(job.ranks, {}, {}, comms_of(job))
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from scheduler_svc.engine.fabric import SwitchEvidence
+from scheduler_svc.engine.intents import IntentKind
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.reconcile import Action, CommSpec, Desired, IntentKind, Mode
+from scheduler_svc.engine.state import Action, CommSpec, Desired, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 

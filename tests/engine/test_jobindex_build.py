@@ -15,8 +15,9 @@ from dataclasses import replace
 import pytest
 
 from scheduler_svc.engine import jobindex
-from scheduler_svc.engine.paths import FailedSet, NodeTopology, connectivity, plan_node, route_ranks
-from scheduler_svc.engine.reconcile import CommSpec
+from scheduler_svc.engine.paths import FailedSet, NodeTopology, plan_node
+from scheduler_svc.engine.routes import JobIndex, connectivity, route_ranks
+from scheduler_svc.engine.state import CommSpec
 from tests.engine.jobs import rail_optimised
 
 TOPOS = {n: rail_optimised(n, 4) for n in ("a", "b")}
@@ -26,7 +27,7 @@ RANKS = ((3, "b", 2), (0, "a", 0), (2, "b", 0), (1, "a", 2))
 COMM = CommSpec(7, 4, (0, 1, 2, 3))
 
 
-def build() -> jobindex.JobIndex:
+def build() -> JobIndex:
     return jobindex.build(RANKS, PLANS, TOPOS, [COMM])
 
 
@@ -71,10 +72,11 @@ def test_a_rank_placed_twice_is_refused_by_name() -> None:
 
 
 def test_groups_list_each_keys_positions_in_ascending_order() -> None:
-    # Many equal keys: an unstable sort would hand a group's positions back shuffled.
+    # Many ranks on few nodes: an unstable sort would hand a node's positions back shuffled.
     rng = random.Random(20261202)
-    keys = [rng.randrange(7) for _ in range(20_000)]
-    groups = jobindex._groups(keys)
+    keys = [f"n{rng.randrange(7)}" for _ in range(20_000)]
+    ranks = tuple((i, node, 0) for i, node in enumerate(keys))
+    groups = jobindex.build(ranks, {}, {}).by_node  # nodes without a plan: no paths, still indexed
     assert groups == {k: tuple(i for i, x in enumerate(keys) if x == k) for k in set(keys)}
 
 

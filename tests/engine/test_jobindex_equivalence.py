@@ -19,27 +19,13 @@ from hypothesis import strategies as st
 
 from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.fabric import Unhealthy
-from scheduler_svc.engine.paths import (
-    FailedSet,
-    Gpu,
-    NodeTopology,
-    Rnic,
-    connectivity,
-    plan_node,
-    route_ranks,
-)
-from scheduler_svc.engine.reconcile import (
-    CommSpec,
-    FabricView,
-    JobState,
-    Mode,
-    Options,
-    command_diff,
-    index_for,
-    plan_mitigations,
-    reconcile,
-    routes_of,
-)
+from scheduler_svc.engine.intents import command_diff
+from scheduler_svc.engine.job_routes import index_for, routes_of
+from scheduler_svc.engine.mitigations import plan_mitigations
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.routes import connectivity, route_ranks
+from scheduler_svc.engine.state import CommSpec, FabricView, JobState, Mode, Options
 from tests.engine.jobs import T0, a_job, rail_optimised
 
 OPTIONS = Options()

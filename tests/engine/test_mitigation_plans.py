@@ -13,28 +13,13 @@ from typing import Any
 
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine import jobindex
+from scheduler_svc.engine.mitigations import CommPlan, plan_mitigations, transit_gpus
+from scheduler_svc.engine.mitigations import describe as engine_describe
+from scheduler_svc.engine.mitigations import with_mitigations as engine_with_mitigations
 from scheduler_svc.engine.nccl import NcclSpec
-from scheduler_svc.engine.paths import (
-    Connectivity,
-    FailedSet,
-    Gpu,
-    NodeTopology,
-    Rnic,
-    plan_node,
-    route_ranks,
-)
-from scheduler_svc.engine.reconcile import (
-    CommPlan,
-    CommSpec,
-    Desired,
-    FabricView,
-    Mode,
-    Options,
-    _describe,
-    _with_mitigations,
-    plan_mitigations,
-    transit_gpus,
-)
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.routes import Connectivity, route_ranks
+from scheduler_svc.engine.state import CommSpec, Desired, FabricView, Mode, Options
 from tests.engine.jobs import a_job
 
 OPTIONS = Options(nvl_mb_per_channel=30.0, nvl_cap_mb=300.0)
@@ -312,7 +297,7 @@ def describe(comms: tuple[CommSpec, ...], links: set[tuple[str, str, int]]) -> d
     routes = tuple(route_ranks(RANKS, PLANS, TOPOS, failed))
     job = a_job(RANKS, communicators=comms, comm_share=0.45)
     conn = Connectivity(routes, 0, 0, (), (), ())
-    return _describe(Desired(), fabric, job, conn, OPTIONS)
+    return engine_describe(Desired(), fabric, job, conn, OPTIONS)
 
 
 def test_describe_records_each_plan_with_every_option() -> None:
@@ -401,7 +386,7 @@ def with_mitigations(comms: tuple[CommSpec, ...], base: Desired, **job_kw: Any) 
     job = a_job(RANKS, mode=Mode.FAILED_OVER, communicators=comms, comm_share=0.45, **job_kw)
     conn = Connectivity(routes, 0, 0, (), (), ())
     moved = {0: "mlx5_1/1", 2: "mlx5_1/1"}
-    return _with_mitigations(job, fabric, conn, base, moved, options=OPTIONS)
+    return engine_with_mitigations(job, fabric, conn, base, moved, options=OPTIONS)
 
 
 STALE = Desired(

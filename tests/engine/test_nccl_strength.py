@@ -14,7 +14,8 @@ from scheduler_svc.engine.nccl import (
     failback_note,
     virtual_nics,
 )
-from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, RankRoute, Rnic
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic
+from scheduler_svc.engine.routes import RankRoute
 
 PAIR = (frozenset({"mlx5_0", "mlx5_1"}),)
 ON = NcclSpec((2, 29, 7), port_failover=True, merged_nics=PAIR)

@@ -23,13 +23,15 @@ from scheduler_svc.engine.paths import (
     GpuPaths,
     NodePlan,
     NodeTopology,
-    RankRoute,
     Rnic,
+    default_backup_cap,
+    plan_node,
+)
+from scheduler_svc.engine.routes import (
+    RankRoute,
     bandwidth_left,
     connectivity,
-    default_backup_cap,
     pair_survives,
-    plan_node,
     route_ranks,
     talks_over_fabric,
 )

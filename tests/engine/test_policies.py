@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.engine.decision import Policy
-from scheduler_svc.engine.reconcile import Action, CheckpointSeen, Mode, Options
+from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from scheduler_svc.engine import jobindex
+from scheduler_svc.engine.evidence import affects as engine_affects
 from scheduler_svc.engine.fabric import SwitchEvidence, Unhealthy
-from scheduler_svc.engine.paths import (
-    Connectivity,
-    FailedSet,
-    Gpu,
-    NodeTopology,
-    RankRoute,
-    Rnic,
-    connectivity,
-    plan_node,
-    route_ranks,
-)
-from scheduler_svc.engine.reconcile import FabricView, _affects
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.routes import Connectivity, RankRoute, connectivity, route_ranks
+from scheduler_svc.engine.state import FabricView
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -54,64 +46,64 @@ ROUTES = conn(r(0, "n1", 0, "mlx5_0/1", "mlx5_1/1"), r(1, "n2", 1, "mlx5_1/1", N
 
 def test_switch_evidence_counts_ranks_behind_that_switch() -> None:
     switch = ev("switch", switch="s1")
-    assert _affects(switch, ROUTES, FABRIC)
+    assert engine_affects(switch, ROUTES, FABRIC)
     # Only n2's rank, on its primary, is behind s1.
-    assert _affects(switch, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
+    assert engine_affects(switch, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
     # n1's rank uses s0 only: a backup-less route on s0.
-    assert not _affects(switch, conn(r(0, "n1", 0, "mlx5_0/1", None)), FABRIC)
+    assert not engine_affects(switch, conn(r(0, "n1", 0, "mlx5_0/1", None)), FABRIC)
     # A rank with no path, or on a node whose topology is unknown, is behind no switch.
-    assert not _affects(switch, conn(r(0, "n1", 0, None, None)), FABRIC)
-    assert not _affects(switch, conn(r(5, "n9", 0, "mlx5_1/1", None)), FABRIC)
+    assert not engine_affects(switch, conn(r(0, "n1", 0, None, None)), FABRIC)
+    assert not engine_affects(switch, conn(r(5, "n9", 0, "mlx5_1/1", None)), FABRIC)
     # A port the topology does not have is on no switch.
-    assert not _affects(switch, conn(r(0, "n1", 0, "mlx5_7/1", None)), FABRIC)
+    assert not engine_affects(switch, conn(r(0, "n1", 0, "mlx5_7/1", None)), FABRIC)
 
 
 def test_switch_wide_maintenance_is_judged_by_its_switch() -> None:
     window = ev("maintenance", switch="s1")
-    assert _affects(window, ROUTES, FABRIC)
-    assert not _affects(window, conn(r(0, "n1", 0, "mlx5_0/1", None)), FABRIC)
+    assert engine_affects(window, ROUTES, FABRIC)
+    assert not engine_affects(window, conn(r(0, "n1", 0, "mlx5_0/1", None)), FABRIC)
 
 
 def test_switch_kind_decides_by_switch_even_with_a_node() -> None:
     switch = ev("switch", node="n1", switch="s1")
     # No rank on n1, yet n2's rank is behind s1.
-    assert _affects(switch, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
+    assert engine_affects(switch, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
 
 
 def test_a_link_fault_on_a_switch_port_is_judged_by_its_port() -> None:
     """A fault names its port's switch, but only that port of that node is out."""
     link = ev("link_down", node="n1", device="mlx5_1", port=1, switch="s1")
-    assert not _affects(link, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
-    assert _affects(link, ROUTES, FABRIC)  # n1's backup
+    assert not engine_affects(link, conn(r(1, "n2", 1, "mlx5_1/1", None)), FABRIC)
+    assert engine_affects(link, ROUTES, FABRIC)  # n1's backup
 
 
 def test_gpu_lost_needs_that_gpu_on_that_node() -> None:
-    assert _affects(ev("gpu_lost", node="n2", port=1), ROUTES, FABRIC)
-    assert _affects(ev("gpu_lost", node="n1", port=0), ROUTES, FABRIC)
-    assert not _affects(ev("gpu_lost", node="n1", port=1), ROUTES, FABRIC)
-    assert not _affects(ev("gpu_lost", node="n3", port=0), ROUTES, FABRIC)
+    assert engine_affects(ev("gpu_lost", node="n2", port=1), ROUTES, FABRIC)
+    assert engine_affects(ev("gpu_lost", node="n1", port=0), ROUTES, FABRIC)
+    assert not engine_affects(ev("gpu_lost", node="n1", port=1), ROUTES, FABRIC)
+    assert not engine_affects(ev("gpu_lost", node="n3", port=0), ROUTES, FABRIC)
 
 
 def test_unreachable_takes_every_rank_of_the_node_even_without_a_path() -> None:
     pathless = conn(r(0, "n1", 0, None, None))
     unreachable = ev("unreachable", node="n1", device="", port=0)
-    assert _affects(unreachable, pathless, FABRIC)
-    assert _affects(unreachable, ROUTES, FABRIC)
-    assert not _affects(ev("unreachable", node="n3", device="", port=0), ROUTES, FABRIC)
+    assert engine_affects(unreachable, pathless, FABRIC)
+    assert engine_affects(unreachable, ROUTES, FABRIC)
+    assert not engine_affects(ev("unreachable", node="n3", device="", port=0), ROUTES, FABRIC)
 
 
 def test_link_evidence_needs_node_device_and_port_to_match() -> None:
     routes = conn(r(0, "n1", 0, "mlx5_0/1", None), r(1, "n2", 1, "mlx5_1/1", None))
-    assert _affects(ev("link_down", node="n1", device="mlx5_0", port=1), routes, FABRIC)
+    assert engine_affects(ev("link_down", node="n1", device="mlx5_0", port=1), routes, FABRIC)
     # The whole RNIC (port 0), the whole node (no device, no port).
-    assert _affects(ev("rnic_fatal", node="n1", device="mlx5_0", port=0), routes, FABRIC)
-    assert _affects(ev("maintenance", node="n1", port=0), routes, FABRIC)
+    assert engine_affects(ev("rnic_fatal", node="n1", device="mlx5_0", port=0), routes, FABRIC)
+    assert engine_affects(ev("maintenance", node="n1", port=0), routes, FABRIC)
     # Another device, another port, another node: untouched.
-    assert not _affects(ev("link_down", node="n1", device="mlx5_1", port=1), routes, FABRIC)
-    assert not _affects(ev("link_down", node="n1", device="mlx5_0", port=2), routes, FABRIC)
-    assert not _affects(ev("link_down", node="n3", device="mlx5_0", port=1), routes, FABRIC)
-    assert not _affects(ev("quarantine", node="n2", device="mlx5_0", port=1), routes, FABRIC)
-    assert not _affects(ev("link_down", node="n1", device="mlx5_0", port=1), conn(), FABRIC)
+    assert not engine_affects(ev("link_down", node="n1", device="mlx5_1", port=1), routes, FABRIC)
+    assert not engine_affects(ev("link_down", node="n1", device="mlx5_0", port=2), routes, FABRIC)
+    assert not engine_affects(ev("link_down", node="n3", device="mlx5_0", port=1), routes, FABRIC)
+    assert not engine_affects(ev("quarantine", node="n2", device="mlx5_0", port=1), routes, FABRIC)
+    assert not engine_affects(ev("link_down", node="n1", device="mlx5_0", port=1), conn(), FABRIC)
 
 
 def test_evidence_on_the_jobs_nodes_that_no_rank_uses_is_not_the_jobs() -> None:
@@ -144,14 +136,14 @@ WITH_GHOST = ((0, "n1", 0), (7, "ghost", 0))
 
 
 def affects(u: Unhealthy, ranks: tuple[tuple[int, str, int], ...], fabric: FabricView) -> bool:
-    """_affects for a job on `ranks`, from its routes and from its index: they must agree."""
+    """`affects` for a job on `ranks`, from its routes and from its index: they must agree."""
     plans, topos = fabric.plans, fabric.topologies
     whole = connectivity(route_ranks(ranks, plans, topos, FailedSet()))
     index = jobindex.build(ranks, plans, topos)
     part = jobindex.connectivity(index, FailedSet(), plans, topos)
     assert whole.index is None and part.index is index
-    answer = _affects(u, whole, fabric)
-    assert _affects(u, part, fabric) == answer, (u, ranks)
+    answer = engine_affects(u, whole, fabric)
+    assert engine_affects(u, part, fabric) == answer, (u, ranks)
     return answer
 
 

@@ -6,15 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from scheduler_svc.engine import decision as cost
-from scheduler_svc.engine.reconcile import (
-    Desired,
-    JobState,
-    MirrorFailureSeen,
-    Mode,
-    Options,
-    inputs_now,
-    inputs_record,
-)
+from scheduler_svc.engine.records import inputs_now, inputs_record
+from scheduler_svc.engine.state import Desired, JobState, MirrorFailureSeen, Mode, Options
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

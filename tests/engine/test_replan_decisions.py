@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scheduler_svc.engine.job_routes import index_for, routes_of
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import plan_node
-from scheduler_svc.engine.reconcile import (
-    Action,
-    Desired,
-    Mode,
-    index_for,
-    reconcile,
-    routes_of,
-)
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import Action, Desired, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down, topo
 
 

@@ -7,16 +7,11 @@ lets the fleet manager bring it back, with the fault still open.
 from __future__ import annotations
 
 from scheduler_svc.engine.fabric import Maintenance, SwitchEvidence
+from scheduler_svc.engine.intents import IntentKind, command_diff
+from scheduler_svc.engine.job_routes import routes_of
 from scheduler_svc.engine.paths import plan_node
-from scheduler_svc.engine.reconcile import (
-    Action,
-    CheckpointSeen,
-    IntentKind,
-    Mode,
-    command_diff,
-    reconcile,
-    routes_of,
-)
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import Action, CheckpointSeen, Mode
 from tests.scheduler_svc.test_engine_reconcile import Story, at, down, topo
 
 # Both RNICs of n0's GPUs 2 and 3 fail: ranks 2 and 3 lose every path.

@@ -5,15 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler_svc.engine.decision import Action, DecisionInputs, decide
-from scheduler_svc.engine.paths import (
-    FailedSet,
-    Gpu,
-    NodeTopology,
-    RankRoute,
-    Rnic,
-    plan_node,
-    route_ranks,
-)
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.routes import RankRoute, route_ranks
 
 
 def node(name: str) -> NodeTopology:

@@ -13,20 +13,11 @@ from typing import Any
 from railover_testing.cluster_shapes import hgx_node
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.fabric import ClearingRules, Evidence, FaultEvidence, FaultKind, assess
+from scheduler_svc.engine.intents import Intent, IntentKind, command_diff
+from scheduler_svc.engine.mitigations import channel_weights
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
-from scheduler_svc.engine.reconcile import (
-    CommSpec,
-    Desired,
-    FabricView,
-    Intent,
-    IntentKind,
-    JobState,
-    Mode,
-    Options,
-    channel_weights,
-    command_diff,
-    reconcile,
-)
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import CommSpec, Desired, FabricView, JobState, Mode, Options
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 RULES = ClearingRules(damping_s=120, quiet_s=300)

@@ -8,16 +8,11 @@ from typing import Any
 import pytest
 
 from railover_testing.cluster_shapes import hgx_node
-from scheduler_svc.engine.paths import (
-    FailedSet,
-    Gpu,
-    NodeTopology,
-    Rnic,
+from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, placement_cost, plan_node
+from scheduler_svc.engine.routes import (
     bandwidth_left,
     connectivity,
     pair_survives,
-    placement_cost,
-    plan_node,
     route_ranks,
     talks_over_fabric,
 )

@@ -26,22 +26,20 @@ from scheduler_svc.engine.fabric import (
     assess,
     fault_health,
 )
+from scheduler_svc.engine.intents import Intent, IntentKind, command_diff
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
-from scheduler_svc.engine.reconcile import (
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import (
     Action,
     CheckpointSeen,
     CommSpec,
     Desired,
     FabricView,
-    Intent,
-    IntentKind,
     JobState,
     MirrorFailureSeen,
     Mode,
     Options,
     Reconciled,
-    command_diff,
-    reconcile,
 )
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

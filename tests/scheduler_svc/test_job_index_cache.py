@@ -17,13 +17,14 @@ import httpx
 from railover_testing.cluster_shapes import hgx_node
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import reconcile as engine
+from scheduler_svc.engine.state import Reconciled
 from scheduler_svc.services import fabric, reconciler
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.jobs import JobRepo
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 
-def check(settings: Settings) -> engine.Reconciled:
+def check(settings: Settings) -> Reconciled:
     """The service's answer for job j, after asserting it is the whole-job answer."""
     now = datetime.now(UTC)
     db = make_engine(settings.db_url)
