@@ -12,9 +12,8 @@ native_plugin (and, for private names, tests):
 - tests import no underscore-private name from another package.
 
 Self-tests at the end feed the checker small synthetic graphs, so it is seen to
-fail where it should. The ``KNOWN_*`` constants list what is wrong today and
-belongs to the other parts of issue 34; an entry that no longer occurs fails
-too, so the lists only shrink.
+fail where it should. The ``KNOWN_*`` constants would list accepted exceptions;
+they are empty, and an entry that no longer occurs fails too, so they only shrink.
 """
 
 from __future__ import annotations
