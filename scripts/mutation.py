@@ -76,7 +76,7 @@ TARGETS = (
         # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's, the
         # SQLite watermark test_watermark.py's, the close at a stop test_stop_ends_polls.py's.
         (
-            "tests/scheduler_svc/test_notify.py",
+            "tests/scheduler_svc/test_delivery.py",
             "tests/scheduler_svc/test_listen.py",
             "tests/scheduler_svc/test_listener_strength.py",
             "tests/scheduler_svc/test_watermark.py",
@@ -136,10 +136,7 @@ TARGETS = (
             "scheduler_svc/engine/job_routes.py",
             "scheduler_svc/engine/evidence.py",
         ),
-        (
-            "tests/engine",
-            "tests/scheduler_svc/test_engine_reconcile.py",
-        ),
+        ("tests/engine",),
         only=(
             "scheduler_svc.engine.fabric.x_fault_health__mutmut_*",
             "scheduler_svc.engine.reconcile.x__held__mutmut_*",
@@ -156,14 +153,7 @@ TARGETS = (
     Target(
         "engine",
         ("scheduler_svc/engine/*.py",),
-        (
-            "tests/scheduler_svc/test_engine_decision.py",
-            "tests/scheduler_svc/test_engine_paths.py",
-            "tests/scheduler_svc/test_engine_coordination.py",
-            "tests/scheduler_svc/test_engine_reconcile.py",
-            "tests/scheduler_svc/test_engine_nccl.py",
-            "tests/engine",
-        ),
+        ("tests/engine",),
     ),
 )
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
-from tests.scheduler_svc.test_engine_reconcile import Story, at, down
+from tests.engine.test_reconcile import Story, at, down
 
 
 def failed_over(**job_kw: object) -> Story:

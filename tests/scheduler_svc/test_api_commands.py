@@ -22,7 +22,7 @@ def test_failover_command_reaches_node_and_is_acked(http: httpx.Client, service:
 
     # Whether the poll is already waiting when the fault commits or looks after it, it
     # returns the commands; that a waiting poll is woken by the commit (and not by its
-    # re-check) is tests/scheduler_svc/test_notify.py's to show.
+    # re-check) is tests/scheduler_svc/test_delivery.py's to show.
     waiter = threading.Thread(target=poll)
     waiter.start()
     http.post("/v1/events", json={"events": [event("n1", device="mlx5_6", after_s=3000)]})

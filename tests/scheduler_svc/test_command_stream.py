@@ -30,8 +30,8 @@ from scheduler_svc.main import create_app
 from scheduler_svc.services.delivery import CommandNotifier
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 from tests.scheduler_svc.test_ack_node_scope import tokens  # noqa: F401
+from tests.scheduler_svc.test_delivery import serve
 from tests.scheduler_svc.test_listen import NO_RECHECK_S, WOKEN_WITHIN_S, looks  # noqa: F401
-from tests.scheduler_svc.test_notify import serve
 
 # A stream's age in these tests unless the test is about it: never reached.
 NEVER_S = 3600.0

@@ -41,7 +41,7 @@ from scheduler_svc.store.db import (
 )
 from scheduler_svc.store.uow import notify_nodes, unit_of_work
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
-from tests.scheduler_svc.test_notify import serve
+from tests.scheduler_svc.test_delivery import serve
 
 NO_RECHECK_S = 120.0
 # Generous for a loaded 2-core machine, yet far below NO_RECHECK_S: only a wake-up meets it.

@@ -23,13 +23,13 @@ from scheduler_svc.config import Settings
 from scheduler_svc.main import PollEndingServer, create_app
 from scheduler_svc.services.delivery import CommandNotifier
 from tests.scheduler_svc.helpers import register_nodes
+from tests.scheduler_svc.test_delivery import serve
 from tests.scheduler_svc.test_listen import (  # noqa: F401
     NO_RECHECK_S,
     WOKEN_WITHIN_S,
     looks,
     wait_log,
 )
-from tests.scheduler_svc.test_notify import serve
 
 
 def poll(url: str, node: str, got: dict[str, Any]) -> threading.Thread:

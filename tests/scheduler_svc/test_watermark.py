@@ -28,8 +28,8 @@ from scheduler_svc.services.delivery import CommandNotifier, CommandWatermark
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from tests.scheduler_svc.helpers import job_body, register_nodes
+from tests.scheduler_svc.test_delivery import serve
 from tests.scheduler_svc.test_listen import NO_RECHECK_S, WOKEN_WITHIN_S, looks  # noqa: F401
-from tests.scheduler_svc.test_notify import serve
 from tests.store.test_idempotency import job
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
