@@ -126,6 +126,7 @@ TARGETS = (
     Target(
         # Issue 28's engine rules: port levels in fault health, the held fail-back, the
         # checkpoint verdict across incarnations, the backups a fail-back overtaken keeps,
+        # a rank left without any path where it was told,
         # and what a restart was decided for (a leaf with its ports as one failure, the
         # windows announced at the restart).
         "sequences",
@@ -140,6 +141,7 @@ TARGETS = (
         only=(
             "scheduler_svc.engine.fabric.x_fault_health__mutmut_*",
             "scheduler_svc.engine.reconcile.x__held__mutmut_*",
+            "scheduler_svc.engine.reconcile.x__stranded__mutmut_*",
             "scheduler_svc.engine.outcomes.x_at_checkpoint__mutmut_*",
             "scheduler_svc.engine.outcomes.x__repair_left__mutmut_*",
             "scheduler_svc.engine.outcomes.x__restart_at__mutmut_*",
