@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
-from tests.engine.test_reconcile import Story, at, down
+from tests.engine.stories import Story, at, down
 
 
 def failed_over(**job_kw: object) -> Story:

@@ -16,7 +16,7 @@ from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.engine.reconcile import reconcile
 from scheduler_svc.engine.state import Action, CheckpointSeen, FabricView, Mode, Options
-from tests.engine.test_reconcile import RULES, SCALED, Story, at, down, topo
+from tests.engine.stories import RULES, SCALED, Story, at, down, topo
 
 
 def test_a_modelled_k_failover_record() -> None:

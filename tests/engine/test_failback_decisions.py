@@ -6,7 +6,7 @@ from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.intents import IntentKind
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.state import Action, CommSpec, Desired, Mode
-from tests.engine.test_reconcile import Story, at, down
+from tests.engine.stories import Story, at, down
 
 
 def test_whole_failback_record() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
-from tests.engine.test_reconcile import Story, at, down
+from tests.engine.stories import Story, at, down
 
 
 def story(policy: Policy, fault_at: float, **job_kw: object) -> tuple[Story, Action]:

@@ -10,7 +10,7 @@ from scheduler_svc.engine.fabric import SwitchEvidence, Unhealthy
 from scheduler_svc.engine.paths import FailedSet, Gpu, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.routes import Connectivity, RankRoute, connectivity, route_ranks
 from scheduler_svc.engine.state import FabricView
-from tests.engine.test_reconcile import Story, at, down
+from tests.engine.stories import Story, at, down
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

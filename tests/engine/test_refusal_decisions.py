@@ -14,9 +14,9 @@ from scheduler_svc.engine.fabric import FaultEvidence, FaultKind
 from scheduler_svc.engine.intents import IntentKind, command_diff, failback_refused, transit_refused
 from scheduler_svc.engine.reconcile import recheck_at, reconcile, refusals
 from scheduler_svc.engine.state import Action, Desired, HeldBack, Mode, Options
+from tests.engine.stories import Story, at, kinds
+from tests.engine.stories import down as down_on
 from tests.engine.test_balance_nvl import T0, down, fabric, job, one_rail_comm
-from tests.engine.test_reconcile import Story, at, kinds
-from tests.engine.test_reconcile import down as down_on
 
 WHY = "failback command 9 failed on n0 (no QP for the primary)"
 

@@ -9,7 +9,7 @@ from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.engine.reconcile import reconcile
 from scheduler_svc.engine.state import Action, Desired, Mode
-from tests.engine.test_reconcile import Story, at, down, topo
+from tests.engine.stories import Story, at, down, topo
 
 
 def test_a_job_registered_on_open_faults_records_a_replan() -> None:

@@ -12,7 +12,7 @@ from scheduler_svc.engine.job_routes import routes_of
 from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.engine.reconcile import reconcile
 from scheduler_svc.engine.state import Action, CheckpointSeen, Mode
-from tests.engine.test_reconcile import Story, at, down, topo
+from tests.engine.stories import Story, at, down, topo
 
 # Both RNICs of n0's GPUs 2 and 3 fail: ranks 2 and 3 lose every path.
 ISOLATED = (
