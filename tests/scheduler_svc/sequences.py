@@ -1,6 +1,6 @@
 """What the sequence tests share: a service on a manual clock, reports, and reading it back.
 
-Both the regression tests of issue 28 (test_sequences_regressions.py) and the model-based
+Both the regression tests of issue 28 (test_sequences_regressions*.py) and the model-based
 test (test_sequences_model.py, benchmarks/bench_sequences_model.py) drive the service
 through its public HTTP API only, on a clock they move themselves.
 """
@@ -11,14 +11,14 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 from railover_testing import waiting
 from railover_testing.local import ManualClock
-from tests.scheduler_svc.helpers import service_factory
+from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -149,3 +149,70 @@ def settle(http: httpx.Client) -> None:
     deadlines make it do (close cleared faults, fail back, retry commands) is done."""
     seen = sweeps(http)
     wait_for("two coordinator sweeps", lambda: sweeps(http) >= seen + 2)
+
+
+def post_job(
+    http: httpx.Client,
+    job_id: str,
+    nodes: list[str],
+    *,
+    elapsed_s: float = 3000,
+    last_checkpoint_at: datetime | None = None,
+    comm: dict[str, Any] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """Post a job whose last checkpoint was `elapsed_s` before T0 (50 min into an hour:
+    failing over beats restarting) or at `last_checkpoint_at`; `comm` its one communicator."""
+    at = last_checkpoint_at or T0 - timedelta(seconds=elapsed_s)
+    body = job_body(
+        job_id,
+        nodes,
+        last_checkpoint_at=at.isoformat(),
+        communicators=[] if comm is None else [comm],
+        **kw,
+    )
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+COMM = {"comm_id": 77, "channels": 16}
+
+
+def active(http: httpx.Client, job_id: str, rank: int) -> str | None:
+    """The RNIC port rank `rank` uses now, as /paths says."""
+    row = paths(http, job_id)["ranks"][rank]
+    assert row["rank"] == rank
+    out: str | None = row["active"]
+    return out
+
+
+def port_state(http: httpx.Client, node: str, device: str) -> str:
+    """The port's state as GET /v1/nodes/{node} shows it."""
+    (row,) = [r for r in get(http, f"/v1/nodes/{node}")["rnics"] if r["name"] == device]
+    out: str = row["state"]
+    return out
+
+
+def ranks_of(cmds: list[dict[str, Any]]) -> set[int]:
+    return {r for c in cmds for r in c["ranks"]}
+
+
+def checkpoint(http: httpx.Client, job_id: str, at: datetime, **extra: Any) -> dict[str, Any]:
+    r = http.post(f"/v1/jobs/{job_id}/checkpoints", json={"at": at.isoformat(), **extra})
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def restarted_at_a_checkpoint(http: httpx.Client, clock: ManualClock) -> datetime:
+    """n0/mlx5_3 fails under job j (n0, n1; communicator 77); a minute later a checkpoint,
+    with a spare to restart on and a day's repair ahead, restarts it. When it was taken."""
+    register_nodes(http, ["n0", "n1"])
+    post_job(http, "j", ["n0", "n1"], comm=COMM)
+    post(http, ev("n0", "port_down", T0))
+    at = clock.advance(60)
+    checkpoint(http, "j", at)
+    assert [d["action"] for d in decisions(http, "j")] == ["restart", "failover"]
+    return at
