@@ -28,7 +28,7 @@ from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_for, wait_until
 from scheduler_svc.config import Settings
 from tests.agent.test_agent_e2e_service import job_on_n0
-from tests.agent.test_agent_plugin import _connect, _recv_messages
+from tests.agent.test_agent_plugin_commands import _connect, _recv_messages
 
 STREAM_S = 1.0
 
