@@ -10,7 +10,7 @@ import pytest
 # importlib mode does not put this directory on sys.path by itself.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from railover_testing.agents import StandInService
+from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.sysfs_node import FixtureNode, shape_a, shape_b, write_rail_map
 
 
@@ -34,3 +34,13 @@ def standin() -> Iterator[StandInService]:
     svc = StandInService()
     yield svc
     svc.stop()
+
+
+@pytest.fixture
+def running(
+    node_a: FixtureNode, rail_map_a: Path, tmp_path: Path, standin: StandInService
+) -> Iterator[AgentThread]:
+    """An agent on node A, its plugin socket listening (the test_agent_plugin*.py tests)."""
+    a = AgentThread(settings_for(node_a.root, tmp_path, standin.url, rail_map_a)).start()
+    yield a
+    a.stop()

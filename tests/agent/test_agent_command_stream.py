@@ -27,8 +27,8 @@ from railover_testing.sysfs_faults import set_port_state
 from railover_testing.sysfs_node import FixtureNode
 from railover_testing.waiting import wait_for, wait_until
 from scheduler_svc.config import Settings
+from tests.agent.plugin_socket import connect, recv_messages
 from tests.agent.test_agent_e2e_service import job_on_n0
-from tests.agent.test_agent_plugin_commands import _connect, _recv_messages
 
 STREAM_S = 1.0
 
@@ -95,7 +95,7 @@ def test_streams_end_and_reopen_and_each_command_is_relayed_once(
         )
         assert agent_calls("commands", "ok") == polled  # no long-poll beside the stream
 
-        plugin = _connect(a)
+        plugin = connect(a)
         plugin.sendall(wire_codec.encode(wire.Hello(comm_id=0, pid=100, abi_version=1, rank=0)))
         assert wait_until(
             lambda: a.agent.hub is not None and any(c.hello for c in a.agent.hub.clients)
@@ -105,7 +105,7 @@ def test_streams_end_and_reopen_and_each_command_is_relayed_once(
             assert http.post("/v1/jobs", json=job).status_code == 201
             # Just after a checkpoint a restart is cheaper: an abort for every rank.
             set_port_state(node_a.root, "mlx5_0", 1, "DOWN")
-            (cmd,) = _recv_messages(plugin, 1, timeout=30)
+            (cmd,) = recv_messages(plugin, 1, timeout=30)
             assert isinstance(cmd, wire.Command) and cmd.kind == wire.CommandKind.ABORT
             # Unacknowledged by ranks 1-7, it comes again with each new stream; the hub
             # knows it and relays nothing more.
@@ -135,7 +135,7 @@ def test_an_agent_long_polls_a_service_without_the_stream(
     refused = agent_calls("commands_stream", "http_404")
     a = AgentThread(settings_for(node_a.root, tmp_path, standin.url, rail_map_a)).start()
     try:
-        plugin = _connect(a)
+        plugin = connect(a)
         plugin.sendall(wire_codec.encode(wire.Hello(comm_id=7, pid=10, abi_version=1, rank=0)))
         assert wait_until(
             lambda: a.agent.hub is not None and any(c.hello for c in a.agent.hub.clients)
@@ -153,7 +153,7 @@ def test_an_agent_long_polls_a_service_without_the_stream(
                 "ranks": [],
             }
         )
-        (msg,) = _recv_messages(plugin, 1, timeout=30)
+        (msg,) = recv_messages(plugin, 1, timeout=30)
         assert isinstance(msg, wire.Command) and msg.command_id == 3
         assert agent_calls("commands", "ok") > polls
         # Asked once, refused once: the agent did not go back to the stream.
