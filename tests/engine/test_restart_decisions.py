@@ -382,3 +382,30 @@ def test_a_rank_left_without_a_path_returns_once_its_primary_does() -> None:
         (IntentKind.FAILOVER, (12,), ()),
         (IntentKind.FAILBACK, (13,), (13,)),
     ]
+
+
+def test_a_restart_isolating_ranks_again_is_not_decided_for_what_broke_meanwhile() -> None:
+    """n0's mlx5_2 and mlx5_3 fail early (ranks 2 and 3 have no path): restart. While the
+    job waits for the fleet manager, mlx5_5 fails on both nodes: known when the next
+    incarnation starts, but not what the restart was for. Placed back on n0 and n1, ranks
+    2 and 3 are without a path again by what the restart was for, so restarting once more
+    cannot help: the job runs on what is left, ranks 5 and 13 on mlx5_4."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_2", 1000)
+    s.faults[2] = down(2, "n0", "mlx5_3", 1000)
+    assert mode_after(s, 1000) == Mode.RESTARTING
+    assert s.desired.restarted_for == {"fault:1", "fault:2"}
+    s.faults[3] = down(3, "n0", "mlx5_5", 1050)
+    s.faults[4] = down(4, "n1", "mlx5_5", 1050)
+    assert s.step(1060).decision is None
+    s.restart_decided_at = None
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert out.decision.reason.startswith(
+        "the restarted job resumes on the faults it was restarted for, 2 rank(s) without a "
+        "usable path: it is not restarted again for them"
+    )
+    assert out.conn.isolated_ranks == (2, 3)
+    assert dict(out.desired.moved) == {5: "mlx5_4/1", 13: "mlx5_4/1"}
+    assert out.desired.restarted_for == {"fault:1", "fault:2"}
