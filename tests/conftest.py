@@ -21,12 +21,12 @@ import psycopg
 import pytest
 from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
-from sqlalchemy import text
+from psycopg import sql
 
 from native_plugin.abi import DEFAULT_LIBRARY, library_path
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.store.db import make_engine, upgrade
+from scheduler_svc.store.db import upgrade
 from scheduler_svc.store.models import Base
 from tests.deploy.tools import tool_missing
 
@@ -90,6 +90,10 @@ def pg_url() -> Iterator[str]:
     name = f"railover_test_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+        # A commit need not wait for its WAL to reach the disk: nothing here crashes this
+        # server (tests/crash restarts a cluster of its own), so no commit can be lost,
+        # and every test on PostgreSQL runs without an fsync per transaction.
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     url = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
     upgrade(url)
     yield url
@@ -98,12 +102,22 @@ def pg_url() -> Iterator[str]:
 
 
 def truncate_pg(url: str) -> None:
-    """Empty every table (the schema stays): each test starts from a clean store."""
-    engine = make_engine(url)
-    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    engine.dispose()
+    """Empty every table and restart every id sequence (the schema stays): each test
+    starts from a clean store, its ids from 1.
+
+    Row deletes, children first, not TRUNCATE: on stores this small they take a tenth
+    of the time (TRUNCATE swaps each table's files), and this runs before every test on
+    PostgreSQL. The store has no row triggers, so the two leave the same tables."""
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("SET synchronous_commit = off")
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table.name)))
+        sequences = conn.execute(
+            "SELECT sequence_name FROM information_schema.sequences"
+            " WHERE sequence_schema = current_schema()"
+        ).fetchall()
+        for (name,) in sequences:
+            conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")
