@@ -7,7 +7,6 @@ Two nodes of 8 GPUs (hgx_node), rank r on GPU r % 8 of n(r // 8); communicator 7
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,16 +15,10 @@ import pytest
 
 from railover_testing.local import ManualClock
 from tests.scheduler_svc.helpers import job_body, register_nodes
-from tests.scheduler_svc.sequences import T0, Start, commands, ev, get, job, post, services
+from tests.scheduler_svc.sequences import T0, Start, commands, ev, get, job, post
 
 COMM = 77
 OLD_OPS = 50_000  # where the ended incarnation's processes had got to
-
-
-@pytest.fixture
-def make(db_url: str) -> Iterator[Start]:
-    with services(db_url) as started:
-        yield started
 
 
 def progress(node: str, rank: int, ops: int, at: datetime, **whose: Any) -> dict[str, Any]:

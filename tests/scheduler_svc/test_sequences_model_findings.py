@@ -9,7 +9,7 @@ otherwise; GPU g's primary is mlx5_g, its backup the other RNIC behind its PCIe 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,17 +28,10 @@ from tests.scheduler_svc.sequences import (
     job,
     paths,
     post,
-    services,
     settle,
     wait_for,
 )
 from tests.scheduler_svc.sequences_machine import SequencesMachine, connect_to
-
-
-@pytest.fixture
-def make(db_url: str) -> Iterator[Start]:
-    with services(db_url) as started:
-        yield started
 
 
 def post_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:

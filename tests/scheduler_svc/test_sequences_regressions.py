@@ -12,7 +12,6 @@ mlx5_2, GPU 5: mlx5_4), on another rail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -37,17 +36,9 @@ from tests.scheduler_svc.sequences import (
     post,
     post_job,
     restarted_at_a_checkpoint,
-    services,
     settle,
     wait_for,
 )
-
-
-@pytest.fixture
-def make(db_url: str) -> Iterator[Start]:
-    with services(db_url) as started:
-        yield started
-
 
 # --- commands onto dead hardware -------------------------------------------------------------
 

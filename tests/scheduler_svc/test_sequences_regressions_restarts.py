@@ -9,7 +9,7 @@ module's docstring describes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -33,17 +33,9 @@ from tests.scheduler_svc.sequences import (
     post,
     post_job,
     restarted_at_a_checkpoint,
-    services,
     settle,
     wait_for,
 )
-
-
-@pytest.fixture
-def make(db_url: str) -> Iterator[Start]:
-    with services(db_url) as started:
-        yield started
-
 
 # --- restarts that do not end ---------------------------------------------------------------
 
