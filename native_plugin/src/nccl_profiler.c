@@ -11,10 +11,26 @@
  *
  * A collective's own stopEvent only says NCCL enqueued it. It is finished when
  * its kernel has finished on every channel, which NCCL reports as one KernelCh
- * event per channel (parent: the collective). So a collective holds a count of
- * 1 + nChannels: its stopEvent and each KernelCh stop take one off, and the
- * last one makes it done. RAILOVER_NCCL_TRACK_KERNEL=0 asks for collectives
- * only and counts them done when enqueued.
+ * event per channel (parent: the collective). NCCL announces the channels in
+ * the collective's nChannels, except where it does not know them when it starts
+ * the event: CollNet and multi-node NVLS collectives (and symmetric kernels'
+ * later tasks) come with nChannels = 0 and still get one KernelCh child per
+ * channel. So a collective holds one pending stop for itself and one per child
+ * announced (at least one: a kernel runs on some channel), each KernelCh start
+ * beyond those announced takes another, and every stop gives one back; the
+ * last makes it done. A collective announced with no channels is therefore done
+ * once its own stop and those of every child started so far have come, and at
+ * least one child has. RAILOVER_NCCL_TRACK_KERNEL=0 asks for collectives only
+ * and counts them done when enqueued.
+ *
+ * Handles carry the slot's generation (its low 16 bits, in the pointer's
+ * unused top bits), so a stop or a KernelCh start that comes after its
+ * collective was done cannot touch a later collective that reuses the slot.
+ * A communicator's kernels run in order, so when a collective finishes, every
+ * collective started before it on that communicator has too: the sender
+ * closes those still open (their children never came, or never stopped) and
+ * counts them done. What stays open for the stall time with nothing after it
+ * finishing is a stall: a kernel that never started or never finished.
  *
  * The hot path (startEvent/stopEvent, on NCCL's host and proxy threads) takes no
  * lock, makes no syscall (not even a clock read) and allocates nothing: it claims
@@ -67,18 +83,44 @@
 
 typedef struct rvn_comm rvn_comm;
 
-/* One open collective. gen is odd while it is open; only its owner changes it then. */
+/* One collective's slot. `state` packs what the hot path changes, so one CAS
+ * moves it all at once:
+ *   bits 63..32  gen, bumped at every claim; its low 16 bits tag the handles
+ *   bit  31      open: a collective holds the slot
+ *   bit  30      busy: claimed, fields still being written (not yet open)
+ *   bits 29..16  KernelCh children started (saturating)
+ *   bits 15..0   stops still to come
+ * seq, func, expect and ticket are written by the claimer before it opens the
+ * slot (release) and not again until the slot is closed and claimed anew. */
 typedef struct {
-  _Alignas(RV_CACHE_LINE) _Atomic uint64_t gen;
+  _Alignas(RV_CACHE_LINE) _Atomic uint64_t state;
   _Atomic uint64_t seq;
+  _Atomic uint64_t ticket; /* claim order within the communicator */
   _Atomic uint32_t func;
-  _Atomic uint32_t pending; /* stops still to come: its own + one per channel */
-  rvn_comm* comm;           /* fixed at init */
+  _Atomic uint32_t expect; /* children announced: stops reserved for them */
+  rvn_comm* comm;          /* fixed at init */
 } rvn_event;
 
-/* A KernelCh event's handle is its collective's slot with the low bit set
- * (slots are cache-line aligned), so a child needs no memory of its own. */
-#define CHILD_TAG ((uintptr_t)1)
+#define ST_GEN_SHIFT 32
+#define ST_OPEN (UINT64_C(1) << 31)
+#define ST_BUSY (UINT64_C(1) << 30)
+#define ST_KIDS_SHIFT 16
+#define ST_KIDS_MAX UINT64_C(0x3fff)
+#define ST_PENDING_MAX UINT64_C(0xffff)
+#define ST_GEN(s) ((s) >> ST_GEN_SHIFT)
+#define ST_KIDS(s) (((s) >> ST_KIDS_SHIFT) & ST_KIDS_MAX)
+#define ST_PENDING(s) ((s) & ST_PENDING_MAX)
+
+/* A handle is its slot's address, the slot's generation (low 16 bits) in the
+ * top 16 bits, and bit 0 set for a KernelCh child. User-space addresses on
+ * x86-64 and AArch64 Linux fit in 48 bits (init refuses a pool that does not);
+ * slots are cache-line aligned, so bit 0 is free. NCCL only stores handles and
+ * compares them with NULL. */
+#define TAG_SHIFT 48
+#define TAG_MASK UINT64_C(0xffff)
+#define ADDR_MASK ((UINT64_C(1) << TAG_SHIFT) - 1)
+#define CHILD_TAG UINT64_C(1)
+_Static_assert(sizeof(void*) == sizeof(uint64_t), "handles need 64-bit pointers");
 
 /* Per collective function: its name (NCCL's static string) and stopped count. */
 typedef struct {
@@ -97,7 +139,11 @@ struct rvn_comm {
   rvn_event* events;
   uint64_t event_mask;
   _Alignas(RV_CACHE_LINE) _Atomic uint64_t next_event;
+  /* Highest ticket + 1 of a collective done: everything started before it is done too. */
+  _Alignas(RV_CACHE_LINE) _Atomic uint64_t done_ticket;
   _Alignas(RV_CACHE_LINE) _Atomic uint64_t dropped_events; /* pool full or no function slot */
+  _Atomic uint64_t late_events;    /* stops and KernelCh starts after their collective was done */
+  _Atomic uint64_t implied_done;   /* closed by the sender: a later collective was done */
   rvn_func funcs[MAX_FUNCS];
   /* Sender thread only. */
   uint64_t announced_gen, progress_gen, sent_ops;
@@ -230,24 +276,77 @@ static inline int func_slot(rvn_comm* c, const char* name) {
   return -1;
 }
 
+static inline void* make_handle(rvn_event* e, uint64_t gen, uint64_t child) {
+  return (void*)(uintptr_t)((uint64_t)(uintptr_t)e | ((gen & TAG_MASK) << TAG_SHIFT) | child);
+}
+
+static inline rvn_event* handle_event(void* handle) {
+  return (rvn_event*)(uintptr_t)((uint64_t)(uintptr_t)handle & ADDR_MASK & ~CHILD_TAG);
+}
+
+/* Whether `s` is the open collective `handle` was given for. */
+static inline int handle_matches(uint64_t s, void* handle) {
+  return (s & ST_OPEN) && (ST_GEN(s) & TAG_MASK) == ((uint64_t)(uintptr_t)handle >> TAG_SHIFT);
+}
+
+static inline uint64_t atomic_max(_Atomic uint64_t* v, uint64_t x) {
+  uint64_t cur = atomic_load_explicit(v, memory_order_relaxed);
+  while (cur < x && !atomic_compare_exchange_weak_explicit(v, &cur, x, memory_order_relaxed,
+                                                           memory_order_relaxed)) {
+  }
+  return cur;
+}
+
+/* A collective is done: its function's count and the communicator's ticket
+ * move up, and the sender is nudged when the count passed another M. */
+static void collective_done(rvn_comm* c, uint32_t f, uint64_t seq, uint64_t ticket) {
+  atomic_max(&c->done_ticket, ticket + 1);
+  if (f >= MAX_FUNCS) return;
+  rvn_func* fn = &c->funcs[f];
+  uint64_t done = seq + 1;
+  atomic_max(&fn->done, done);
+  if (c->progress_ops) {
+    uint64_t last = atomic_load_explicit(&fn->nudged, memory_order_relaxed);
+    if (done >= last + c->progress_ops &&
+        atomic_compare_exchange_strong_explicit(&fn->nudged, &last, done, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+      rvn_reporter* rep = c->rep;
+      uint64_t pos;
+      uint32_t* slot = rv_ring_reserve(&rep->nudges, &pos);
+      if (slot) {
+        *slot = c->slot;
+        rv_ring_commit(&rep->nudges, pos);
+      } else {
+        atomic_fetch_add_explicit(&rep->nudges_dropped, 1, memory_order_relaxed);
+      }
+    }
+  }
+}
+
 static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, const char* func,
                                     uint8_t n_channels) {
   int f = func_slot(c, func ? func : "?");
-  uint64_t pos = atomic_fetch_add_explicit(&c->next_event, 1, memory_order_relaxed);
+  uint64_t ticket = atomic_fetch_add_explicit(&c->next_event, 1, memory_order_relaxed);
+  /* Stops reserved for children: those announced, and at least one when
+   * KernelCh events are asked for (nChannels = 0 says "not known", not "none"). */
+  uint32_t expect = !c->track_kernel ? 0u : n_channels ? n_channels : 1u;
   for (int t = 0; f >= 0 && t < CLAIM_TRIES; t++) {
-    rvn_event* e = &c->events[(pos + (uint64_t)t) & c->event_mask];
-    uint64_t g = atomic_load_explicit(&e->gen, memory_order_relaxed);
-    if ((g & 1u) == 0 &&
-        atomic_compare_exchange_strong_explicit(&e->gen, &g, g + 1, memory_order_acquire,
-                                                memory_order_relaxed)) {
-      atomic_store_explicit(&e->seq, seq, memory_order_release);
-      atomic_store_explicit(&e->func, (uint32_t)f, memory_order_release);
-      /* NCCL hands the handle to its children only after this returns. */
-      atomic_store_explicit(&e->pending, 1u + (c->track_kernel ? n_channels : 0u),
-                            memory_order_relaxed);
-      *handle = e;
-      return RVN_SUCCESS;
-    }
+    rvn_event* e = &c->events[(ticket + (uint64_t)t) & c->event_mask];
+    uint64_t s = atomic_load_explicit(&e->state, memory_order_relaxed);
+    if (s & (ST_OPEN | ST_BUSY)) continue;
+    uint64_t gen = ST_GEN(s) + 1;
+    if (!atomic_compare_exchange_strong_explicit(&e->state, &s, (gen << ST_GEN_SHIFT) | ST_BUSY,
+                                                 memory_order_acquire, memory_order_relaxed))
+      continue;
+    atomic_store_explicit(&e->seq, seq, memory_order_relaxed);
+    atomic_store_explicit(&e->ticket, ticket, memory_order_relaxed);
+    atomic_store_explicit(&e->func, (uint32_t)f, memory_order_relaxed);
+    atomic_store_explicit(&e->expect, expect, memory_order_relaxed);
+    /* NCCL hands the handle to its children only after this returns. */
+    atomic_store_explicit(&e->state, (gen << ST_GEN_SHIFT) | ST_OPEN | (1u + expect),
+                          memory_order_release);
+    *handle = make_handle(e, gen, 0);
+    return RVN_SUCCESS;
   }
   /* Every slot tried is held by a collective still open: NCCL gets no handle
    * and will not stop this one; ops_done catches up at the next stop. */
@@ -255,9 +354,28 @@ static inline rvn_result start_coll(rvn_comm* c, void** handle, uint64_t seq, co
   return RVN_SUCCESS;
 }
 
-/* A KernelCh event: its handle is the parent's slot, tagged. */
+/* A KernelCh event takes one of its collective's stops: a reserved one while
+ * children announced are still to start, else a new one. A parent already
+ * done (or not ours) gets no child. */
 static inline rvn_result start_child(void** handle, void* parent) {
-  *handle = parent ? (void*)((uintptr_t)parent | CHILD_TAG) : NULL;
+  if (parent == NULL || ((uintptr_t)parent & CHILD_TAG)) return RVN_SUCCESS;
+  rvn_event* e = handle_event(parent);
+  uint64_t s = atomic_load_explicit(&e->state, memory_order_acquire);
+  for (;;) {
+    if (!handle_matches(s, parent) ||
+        (ST_KIDS(s) >= atomic_load_explicit(&e->expect, memory_order_relaxed) &&
+         ST_PENDING(s) == ST_PENDING_MAX)) {
+      atomic_fetch_add_explicit(&e->comm->late_events, 1, memory_order_relaxed);
+      return RVN_SUCCESS;
+    }
+    uint64_t next = s;
+    if (ST_KIDS(s) >= atomic_load_explicit(&e->expect, memory_order_relaxed)) next += 1;
+    if (ST_KIDS(s) < ST_KIDS_MAX) next += UINT64_C(1) << ST_KIDS_SHIFT;
+    if (atomic_compare_exchange_weak_explicit(&e->state, &s, next, memory_order_acq_rel,
+                                              memory_order_acquire))
+      break;
+  }
+  *handle = make_handle(e, ST_GEN(s), CHILD_TAG);
   return RVN_SUCCESS;
 }
 
@@ -277,38 +395,34 @@ static rvn_result start_event_v4(void* context, void** handle, rvn_descr_v4* d) 
   return start_coll(context, handle, d->u.coll.seq_number, d->u.coll.func, d->u.coll.n_channels);
 }
 
-/* Takes one of the collective's pending stops; the last makes it done. */
+/* Gives back one of the collective's pending stops; the last makes it done.
+ * A stop for a collective already done (closed by the sender, or the slot
+ * since reused) changes nothing. */
 static rvn_result stop_event(void* handle) {
   if (handle == NULL) return RVN_SUCCESS;
-  rvn_event* e = (rvn_event*)((uintptr_t)handle & ~CHILD_TAG);
-  if (atomic_fetch_sub_explicit(&e->pending, 1, memory_order_acq_rel) != 1) return RVN_SUCCESS;
-  rvn_comm* c = e->comm;
-  uint64_t done = atomic_load_explicit(&e->seq, memory_order_relaxed) + 1;
-  rvn_func* fn = &c->funcs[atomic_load_explicit(&e->func, memory_order_relaxed)];
-  uint64_t cur = atomic_load_explicit(&fn->done, memory_order_relaxed);
-  while (cur < done && !atomic_compare_exchange_weak_explicit(&fn->done, &cur, done,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed)) {
-  }
-  if (c->progress_ops) {
-    uint64_t last = atomic_load_explicit(&fn->nudged, memory_order_relaxed);
-    if (done >= last + c->progress_ops &&
-        atomic_compare_exchange_strong_explicit(&fn->nudged, &last, done, memory_order_relaxed,
-                                                memory_order_relaxed)) {
-      rvn_reporter* rep = c->rep;
-      uint64_t pos;
-      uint32_t* slot = rv_ring_reserve(&rep->nudges, &pos);
-      if (slot) {
-        *slot = c->slot;
-        rv_ring_commit(&rep->nudges, pos);
-      } else {
-        atomic_fetch_add_explicit(&rep->nudges_dropped, 1, memory_order_relaxed);
-      }
+  rvn_event* e = handle_event(handle);
+  uint64_t s = atomic_load_explicit(&e->state, memory_order_acquire);
+  for (;;) {
+    if (!handle_matches(s, handle) || ST_PENDING(s) == 0) {
+      atomic_fetch_add_explicit(&e->comm->late_events, 1, memory_order_relaxed);
+      return RVN_SUCCESS;
+    }
+    if (ST_PENDING(s) > 1) {
+      if (atomic_compare_exchange_weak_explicit(&e->state, &s, s - 1, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return RVN_SUCCESS;
+      continue;
+    }
+    /* The last stop: read the collective before the slot can be claimed again. */
+    uint64_t seq = atomic_load_explicit(&e->seq, memory_order_relaxed);
+    uint64_t ticket = atomic_load_explicit(&e->ticket, memory_order_relaxed);
+    uint32_t f = atomic_load_explicit(&e->func, memory_order_relaxed);
+    if (atomic_compare_exchange_weak_explicit(&e->state, &s, ST_GEN(s) << ST_GEN_SHIFT,
+                                              memory_order_acq_rel, memory_order_acquire)) {
+      collective_done(e->comm, f, seq, ticket);
+      return RVN_SUCCESS;
     }
   }
-  uint64_t g = atomic_load_explicit(&e->gen, memory_order_relaxed);
-  atomic_store_explicit(&e->gen, g + 1, memory_order_release);
-  return RVN_SUCCESS;
 }
 
 static rvn_result record_event_state(void* handle, int state, void* args) {
@@ -369,14 +483,31 @@ static void send_progress(rvn_reporter* r, rvn_comm* c, int64_t now, int force) 
   }
 }
 
-/* Open collectives seen open for the stall time are reported once. The sender,
- * not the hot path, timestamps each open gen the first time it sees it, so a
- * stall is reported between stall_ns and stall_ns + tick after the start. */
+/* Closes open collectives started before one that is done (they are done
+ * too: a communicator's kernels run in order) and reports, once, those open
+ * for the stall time with nothing after them done. The sender, not the hot
+ * path, timestamps each open generation the first time it sees it, so a stall
+ * is reported between stall_ns and stall_ns + tick after the start. */
 static void scan_stalls(rvn_reporter* r, rvn_comm* c, int64_t now) {
   for (uint64_t i = 0; i <= c->event_mask; i++) {
     rvn_event* e = &c->events[i];
-    uint64_t g = atomic_load_explicit(&e->gen, memory_order_acquire);
-    if ((g & 1u) == 0) continue;
+    uint64_t s = atomic_load_explicit(&e->state, memory_order_acquire);
+    if (!(s & ST_OPEN)) continue;
+    uint64_t seq = atomic_load_explicit(&e->seq, memory_order_relaxed);
+    uint64_t ticket = atomic_load_explicit(&e->ticket, memory_order_relaxed);
+    uint32_t f = atomic_load_explicit(&e->func, memory_order_relaxed);
+    if (ticket < atomic_load_explicit(&c->done_ticket, memory_order_relaxed)) {
+      /* Fails, harmlessly, when a stop or a child start got there first:
+       * the next scan sees the slot again. */
+      if (atomic_compare_exchange_strong_explicit(&e->state, &s, ST_GEN(s) << ST_GEN_SHIFT,
+                                                  memory_order_acq_rel, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&c->implied_done, 1, memory_order_relaxed);
+        collective_done(c, f, seq, ticket);
+      }
+      continue;
+    }
+    if (r->stall_ns <= 0) continue;
+    uint64_t g = ST_GEN(s);
     if (g != c->seen_gen[i]) {
       c->seen_gen[i] = g;
       c->seen_at[i] = now;
@@ -385,13 +516,6 @@ static void scan_stalls(rvn_reporter* r, rvn_comm* c, int64_t now) {
     }
     if (c->stalled[i] || now - c->seen_at[i] < r->stall_ns || r->fd < 0) continue;
     if (c->announced_gen != r->conn_gen) continue;
-    uint64_t seq = atomic_load_explicit(&e->seq, memory_order_acquire);
-    uint32_t f = atomic_load_explicit(&e->func, memory_order_acquire);
-    if (atomic_load_explicit(&e->gen, memory_order_acquire) != g) continue; /* just stopped */
-    /* A later collective of its function finished, so this one did too (one
-     * stream per communicator) and only a stop went missing: not a stall. */
-    if (f < MAX_FUNCS && seq < atomic_load_explicit(&c->funcs[f].done, memory_order_relaxed))
-      continue;
     railover_wire_stall m;
     memset(&m, 0, sizeof(m));
     m.comm_id = c->comm_id;
@@ -521,7 +645,7 @@ static void* sender_main(void* arg) {
       nudged = 1;
     }
     int progress_due = now >= r->next_progress;
-    int scan_due = r->stall_ns > 0 && now >= r->next_scan;
+    int scan_due = now >= r->next_scan;
 
     pthread_mutex_lock(&r->lock);
     rvn_comm* retired = r->retired;
@@ -549,7 +673,7 @@ static void* sender_main(void* arg) {
     pump(r);
     if (stopping && (r->fd < 0 || r->out_len == 0 || now >= drain_deadline)) break;
     int64_t next = r->next_progress;
-    if (r->stall_ns > 0 && r->next_scan < next) next = r->next_scan;
+    if (r->next_scan < next) next = r->next_scan;
     if (r->fd < 0 && r->next_connect < next) next = r->next_connect;
     int64_t wait = next - mono_ns();
     if (wait > MAX_TICK_NS) wait = MAX_TICK_NS;
@@ -599,8 +723,10 @@ static rvn_reporter* new_reporter(const rvn_config* cfg, rvn_logger log) {
   put_name(r->job, getenv("RAILOVER_JOB_ID"));
   r->progress_ns = (int64_t)cfg->progress_ms * 1000000LL;
   r->stall_ns = (int64_t)cfg->stall_ms * 1000000LL;
-  /* Scan often enough that a stall is seen within an eighth of the stall time. */
-  r->tick_ns = r->stall_ns / 8 < MAX_TICK_NS * 10 ? r->stall_ns / 8 : MAX_TICK_NS * 10;
+  /* Scan often enough that a stall is seen within an eighth of the stall time
+   * (and, with stalls off, every 100 ms for collectives a later one closes). */
+  r->tick_ns = r->stall_ns > 0 && r->stall_ns / 8 < MAX_TICK_NS * 10 ? r->stall_ns / 8
+                                                                      : MAX_TICK_NS * 10;
   if (r->tick_ns < 1000000LL) r->tick_ns = 1000000LL;
   r->pid = (uint32_t)getpid();
   r->log = log;
@@ -629,6 +755,12 @@ static rvn_comm* new_comm(const rvn_config* cfg, uint64_t comm_id, int n_nodes, 
     return NULL;
   }
   c->events = ev;
+  if (((uint64_t)(uintptr_t)ev + slots * sizeof(rvn_event)) >> TAG_SHIFT) {
+    /* Handles keep the generation above bit 48 (see TAG_SHIFT). */
+    free(ev);
+    free(c);
+    return NULL;
+  }
   c->seen_gen = calloc(slots, sizeof(uint64_t));
   c->seen_at = calloc(slots, sizeof(int64_t));
   c->stalled = calloc(slots, 1);
@@ -637,10 +769,11 @@ static rvn_comm* new_comm(const rvn_config* cfg, uint64_t comm_id, int n_nodes, 
     return NULL;
   }
   for (uint64_t i = 0; i < slots; i++) {
-    atomic_init(&c->events[i].gen, 0);
+    atomic_init(&c->events[i].state, 0);
     atomic_init(&c->events[i].seq, 0);
+    atomic_init(&c->events[i].ticket, 0);
     atomic_init(&c->events[i].func, 0);
-    atomic_init(&c->events[i].pending, 0);
+    atomic_init(&c->events[i].expect, 0);
     c->events[i].comm = c;
   }
   for (uint32_t i = 0; i < MAX_FUNCS; i++) {
@@ -649,7 +782,10 @@ static rvn_comm* new_comm(const rvn_config* cfg, uint64_t comm_id, int n_nodes, 
     atomic_init(&c->funcs[i].nudged, 0);
   }
   atomic_init(&c->next_event, 0);
+  atomic_init(&c->done_ticket, 0);
   atomic_init(&c->dropped_events, 0);
+  atomic_init(&c->late_events, 0);
+  atomic_init(&c->implied_done, 0);
   c->event_mask = slots - 1;
   c->comm_id = comm_id;
   c->rank = rank < 0 ? RAILOVER_RANK_UNKNOWN : (uint32_t)rank;
@@ -719,12 +855,18 @@ static rvn_result finalize(void* context) {
   r->retired = c;
   /* Read before unlocking: from then on the sender may free c. */
   uint64_t dropped = atomic_load_explicit(&c->dropped_events, memory_order_relaxed);
+  uint64_t late = atomic_load_explicit(&c->late_events, memory_order_relaxed);
+  uint64_t implied = atomic_load_explicit(&c->implied_done, memory_order_relaxed);
   unsigned long long comm_id = c->comm_id, slots = c->event_mask + 1;
   uint32_t rank = c->rank;
   pthread_mutex_unlock(&r->lock);
   if (dropped)
     LOG(r, RVN_LOG_WARN, "railover: comm %016llx rank %u: %llu collectives not tracked (all %llu "
         "event slots open)", comm_id, rank, (unsigned long long)dropped, slots);
+  if (late || implied)
+    LOG(r, RVN_LOG_INFO, "railover: comm %016llx rank %u: %llu collectives done by a later one's "
+        "completion, %llu events after their collective was done", comm_id, rank,
+        (unsigned long long)implied, (unsigned long long)late);
   if (--g_refs == 0) {
     g_rep = NULL; /* the next init starts a fresh reporter */
     last = r;

@@ -3,8 +3,9 @@
  * against a stand-in agent on a real unix socket.
  *
  * Two communicators are created (one through ncclProfiler_v5, one through the v4
- * table). For each, a "host" thread starts collectives in seqNumber order. On A
- * (no channels) a "proxy" thread stops them. On B each collective runs on two
+ * table). For each, a "host" thread starts collectives in seqNumber order. A asks
+ * for collectives only (RAILOVER_NCCL_TRACK_KERNEL=0), so a "proxy" thread's stop
+ * is what counts it done. On B each collective runs on two
  * channels, as NCCL reports it: the host stops the collective once enqueued, and
  * the proxy thread starts and stops one KernelCh event per channel as the kernel
  * runs, in whatever order the two threads get there. One collective of B is then
@@ -452,9 +453,11 @@ int main(int argc, char** argv) {
   db.two_funcs = 1;
   db.n_channels = 2;
   int mask = 0;
+  setenv("RAILOVER_NCCL_TRACK_KERNEL", "0", 1);
   CHECK(ncclProfiler_v5.init(&da.ctx, COMM_A, &mask, "comm-a", 2, NRANKS_A, RANK_A,
                              quiet_log) == RVN_SUCCESS, "init v5");
-  CHECK(mask == (RVN_PROFILE_COLL | RVN_PROFILE_KERNEL_CH), "activation mask %d", mask);
+  unsetenv("RAILOVER_NCCL_TRACK_KERNEL");
+  CHECK(mask == RVN_PROFILE_COLL, "activation mask %d without kernel tracking", mask);
   mask = 0;
   CHECK(ncclProfiler_v4.init(&db.ctx, &mask, "comm-b", COMM_B, 1, NRANKS_B, RANK_B, NULL) ==
             RVN_SUCCESS, "init v4");
