@@ -94,7 +94,7 @@ def served_process(
     """`railover serve` (run by `python <head>`) with `env` added; yields its URL and pid."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, *head, "serve", "--port", str(port), "--db", db_url],
+        [sys.executable, *head, "serve", "--dev", "--port", str(port), "--db", db_url],
         env=os.environ | {"RAILOVER_LOG_LEVEL": "WARNING"} | (env or {}),
     )
     url = f"http://127.0.0.1:{port}"

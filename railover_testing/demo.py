@@ -72,6 +72,8 @@ SERVICE: dict[str, Any] = {
     # loaded machine those can land more than the default 2 s apart, and the switch would
     # then never be inferred. The demo is about what follows the inference.
     "correlation_window_s": 10.0,
+    # The demo's agents and its narration call the service on loopback with no token.
+    "allow_anonymous_loopback": True,
 }
 
 

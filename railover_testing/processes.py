@@ -57,7 +57,7 @@ class Service:
         self.starts += 1
         log = (self.work / f"serve-{self.port}-{self.starts}.log").open("wb")
         self.proc = subprocess.Popen(  # noqa: S603  our own console script
-            [str(RAILOVER), "serve", "--db", self.db_url, "--port", str(self.port)],
+            [str(RAILOVER), "serve", "--dev", "--db", self.db_url, "--port", str(self.port)],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

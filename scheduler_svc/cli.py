@@ -114,6 +114,14 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on [127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="Port [8080]")] = None,
     db: DbOpt = None,
+    dev: Annotated[
+        bool,
+        typer.Option(
+            "--dev",
+            help="Development: on loopback, answer without a token while none exists "
+            "(RAILOVER_ALLOW_ANONYMOUS_LOOPBACK=true).",
+        ),
+    ] = False,
 ) -> None:
     """Run the service (migrates the store first)."""
     import uvicorn
@@ -122,7 +130,7 @@ def serve(
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
     from scheduler_svc.store.tokens import TokenRepo
 
-    settings = _settings(db, host=host, port=port)
+    settings = _settings(db, host=host, port=port, allow_anonymous_loopback=dev or None)
     # Bound (not yet listening) before the store is touched: a port in use is said first.
     listener = _bind(settings.host, settings.port)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")

@@ -193,12 +193,14 @@ class Settings(BaseSettings):
         description="Port to listen on (0 picks a free one); a Kubernetes service link "
         "(tcp://IP:PORT) here is ignored",
     )
-    # With no token in the store, a service bound to loopback answers without
-    # authentication so a first `railover serve` is usable on a laptop. It never
-    # does so on a routable address (`serve` refuses to start there).
+    # Off unless an operator turns it on (`railover serve --dev`, the demo): a service
+    # started any other way (`uvicorn --factory`, behind a sidecar proxy that forwards
+    # from loopback) must not answer every loopback peer as the fleet role. Even on, it
+    # holds only on a loopback bind, for loopback peers, while no token exists.
     allow_anonymous_loopback: bool = Field(
-        default=True,
-        description="On loopback with no token in the store, answer without authentication",
+        default=False,
+        description="On loopback with no token in the store, answer without authentication "
+        "(development only: `railover serve --dev` sets it)",
     )
     # Each request's authentication is a store read; kept this long, an idle fleet's poll
     # renewals skip it (scheduler_svc/api/token_cache.py: what is kept, and what empties it).
@@ -327,6 +329,19 @@ class Settings(BaseSettings):
     )
     webhook_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
         default=10.0, description="Timeout of one webhook delivery"
+    )
+    # Webhook URLs come from API callers: without these checks a subscription can make the
+    # service post to its own loopback ports or a cloud metadata address (169.254.169.254),
+    # and read the answers back through last_status (fleet/addresses.py).
+    webhook_allow_loopback: bool = Field(
+        default=False,
+        description="Webhooks may go to loopback addresses (tests, one-machine demos); "
+        "link-local, unspecified and multicast ones are always refused",
+    )
+    webhook_allow_private: bool = Field(
+        default=True,
+        description="Webhooks may go to private addresses (10/8, 172.16/12, 192.168/16, "
+        "fc00::/7); false allows public addresses only",
     )
     webhook_max_attempts: Annotated[int, Field(ge=1, le=100)] = Field(
         default=12, description="Delivery attempts before an event is dead-lettered"

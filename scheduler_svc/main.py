@@ -122,6 +122,12 @@ def create_app(
                 "create tokens with `railover token create` to close it",
                 settings.host,
             )
+        elif tokens == 0:
+            log.warning(
+                "no API tokens exist: every request will be refused with 401. Create one: "
+                "railover token create --role fleet (with this service's --db / "
+                "RAILOVER_DB_URL); `railover serve --dev` answers loopback without one"
+            )
         app.state.notifier.bind(asyncio.get_running_loop())
         # Commands other writers commit wake this replica's polls: through LISTEN on
         # PostgreSQL, through the newest command id, read once a second, on SQLite.

@@ -49,9 +49,12 @@ GROUP_COMMIT_WORKS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 
+# action: the decisions' actions (engine/decision.py Action); a batch deciding two
+# actions is observed once under each.
 DECISION_LATENCY = Histogram(
     "railover_decision_latency_seconds",
-    "Time from receiving an event batch to its decisions being stored",
+    "Time from receiving an event batch to its decisions being stored, by action",
+    ["action"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 
@@ -72,15 +75,30 @@ COMMAND_ACKS = Counter("railover_command_acks_total", "Command acknowledgements"
 OPEN_FAULTS = Gauge("railover_open_faults", "Faults currently open (refreshed on scrape)")
 JOBS = Gauge("railover_jobs", "Registered jobs by mode (refreshed on scrape)", ["mode"])
 
-# --- read from the store at scrape time (api/health.py calls services.status) -----------
+# --- read from the store at scrape time (api/health.py calls services.gauges) -----------
 # Every replica reports the same values, so dashboards use max(), never sum().
 
-# node: registered node name; device/port: RNIC port; rail: the rail from the rail map.
-# Bounded by the fabric ports of registered nodes (one series per GPU-fabric RNIC port).
-RNIC_UP = Gauge(
-    "railover_rnic_up",
-    "1 if the RNIC port is ACTIVE with no open fault, as the service sees it",
-    ["node", "device", "port", "rail"],
+# The fabric's ports (GPU-fabric RNIC ports of registered nodes) by rail and health:
+# ok (ACTIVE, no open fault) | down (not ACTIVE) | fault (an open fault on it). Bounded by
+# rails x 3, whatever the fleet's size.
+RNIC_PORTS = Gauge(
+    "railover_rnic_ports",
+    "GPU-fabric RNIC ports by rail and health, as the service sees them",
+    ["rail", "health"],
+)
+# One series per port that is not ok (health: down | fault), value 1; a port that is ok
+# again loses its series. Bounded by what is broken, never by the fleet (65k ports at
+# 8,192 nodes would be one series each).
+RNIC_UNHEALTHY = Gauge(
+    "railover_rnic_unhealthy",
+    "1 for each GPU-fabric RNIC port that is not ACTIVE or has an open fault",
+    ["node", "device", "port", "rail", "health"],
+)
+# node: nodes with at least one fabric port not ok (the others have no series).
+NODE_UNHEALTHY_PORTS = Gauge(
+    "railover_node_unhealthy_rnic_ports",
+    "GPU-fabric RNIC ports of the node that are not ACTIVE or have an open fault",
+    ["node"],
 )
 # state: issued | delivered (commands no rank has acknowledged as applied or failed yet)
 COMMANDS_UNACKNOWLEDGED = Gauge(

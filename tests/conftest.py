@@ -143,7 +143,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    return Settings(db_url=db_url, port=0)
+    return Settings(
+        db_url=db_url, port=0, allow_anonymous_loopback=True, webhook_allow_loopback=True
+    )
 
 
 @pytest.fixture

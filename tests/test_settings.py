@@ -131,7 +131,7 @@ def test_notify_url_without_a_signing_secret_is_refused(tmp_path: Path) -> None:
     from tests.scheduler_svc.helpers import job_body, register_nodes
 
     body = job_body("j1", ["n0"], notify_url="http://127.0.0.1:9/hook")
-    plain = Settings(db_url=f"sqlite:///{tmp_path / 'a.db'}", port=0)
+    plain = Settings(db_url=f"sqlite:///{tmp_path / 'a.db'}", port=0, allow_anonymous_loopback=True)
     with local_service(plain) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0"])
         r = http.post("/v1/jobs", json=body)
@@ -140,7 +140,12 @@ def test_notify_url_without_a_signing_secret_is_refused(tmp_path: Path) -> None:
         assert http.get("/v1/jobs/j1").status_code == 404
         without = {k: v for k, v in body.items() if k != "notify_url"}
         assert http.post("/v1/jobs", json=without).status_code == 201
-    signed = Settings(db_url=f"sqlite:///{tmp_path / 'b.db'}", port=0, notify_secret="s" * 32)
+    signed = Settings(
+        db_url=f"sqlite:///{tmp_path / 'b.db'}",
+        port=0,
+        allow_anonymous_loopback=True,
+        notify_secret="s" * 32,
+    )
     with local_service(signed) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0"])
         assert http.post("/v1/jobs", json=body).status_code == 201

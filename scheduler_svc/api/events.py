@@ -83,11 +83,12 @@ def post_events(
     result = writes.run(record)
     faults_opened = len(result.faults_opened)
     decisions = passes.reconcile(result.jobs) if result.jobs else []
-    if decisions:
-        metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
+    took = time.perf_counter() - started
+    for action in sorted({d.action for d in decisions}):
+        metrics.DECISION_LATENCY.labels(action=action).observe(took)
     return EventsAccepted(
         accepted=result.accepted,
         duplicates=result.duplicates,
         faults_opened=faults_opened,
-        decisions=decisions,
+        decisions=[d.decision_id for d in decisions],
     )

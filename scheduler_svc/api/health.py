@@ -13,7 +13,7 @@ from scheduler_svc import __version__
 from scheduler_svc.api import routing
 from scheduler_svc.api.deps import anonymous_open
 from scheduler_svc.api.schemas.health import Health
-from scheduler_svc.services import status
+from scheduler_svc.services import gauges
 
 router = routing.router(tags=["health"])
 
@@ -47,7 +47,7 @@ def _refresh_gauges(request: Request) -> None:
     """Gauges of stored state are read at scrape time, so every replica reports the truth."""
     try:
         with request.app.state.read_sessionmaker() as session:
-            status.refresh_metrics(*status.snapshot(session, datetime.now(UTC)))
+            gauges.refresh(gauges.read_levels(session, datetime.now(UTC)))
             session.rollback()
     except Exception:  # noqa: S110  a scrape must not fail because the store is down
         pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import Query, Response
@@ -36,6 +36,7 @@ from scheduler_svc.api.schemas.paths import (
     RankProgressOut,
     StallOut,
 )
+from scheduler_svc.config import Settings
 from scheduler_svc.errors import (
     VALIDATION,
     Conflict,
@@ -63,6 +64,17 @@ AfterRank = Annotated[
 ]
 PathsLimit = Annotated[int, Query(ge=1, le=PATHS_PAGE_MAX, description="Ranks per page")]
 OnNode = Annotated[Name | None, Query(description="Only the ranks on this node")]
+
+
+def not_ahead(field: str, at: datetime, now: datetime, settings: Settings) -> None:
+    """A reported time further ahead of the service's clock than the skew bound is refused:
+    a checkpoint dated in the future would make every real one after it look older, and
+    the next fault would be decided with t_elapsed 0 (a restart)."""
+    skew = settings.observed_at_future_skew_s
+    if at > now + timedelta(seconds=skew):
+        raise Unprocessable(
+            f"{field}: {at.isoformat()} is more than {skew:g} s ahead of the service's clock"
+        )
 
 
 def job_out(session: Session, job: m.Job, ranks: list[RankIn] | None = None) -> JobOut:
@@ -152,6 +164,7 @@ def create_job(
             "notify_url: this service has no RAILOVER_NOTIFY_SECRET to sign deliveries "
             "with; set it, or subscribe under /v1/subscriptions (own secret)"
         )
+    not_ahead("last_checkpoint_at", body.last_checkpoint_at, now, settings)
     with gcpause.paused():  # a whole job's objects, alive until the answer is built
         return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
 
@@ -196,6 +209,7 @@ def report_checkpoint(
 ) -> CheckpointOut:
     """Report a checkpoint; the newest one of the running incarnation sets t_elapsed for
     later decisions, and a restarting job's next incarnation's first one says it runs."""
+    not_ahead("at", body.at, now, settings)
     current = registry.add_checkpoint(session, job_id, body, now, settings)
     job = registry.get_job(session, job_id)
     return CheckpointOut(
@@ -228,11 +242,7 @@ def report_mirror_failure(
 ) -> MirrorFailureOut:
     """A checkpoint node could not rebuild this iteration (FlowCheck): the job is asked for a
     normal checkpoint at its next iteration, and restart cost counts from the last one rebuilt."""
-    skew = settings.observed_at_future_skew_s
-    if body.at > now + timedelta(seconds=skew):
-        raise Unprocessable(
-            f"at: {body.at.isoformat()} is more than {skew:g} s ahead of the service's clock"
-        )
+    not_ahead("at", body.at, now, settings)
     row, created = registry.add_mirror_failure(
         session, job_id, body, reported_by=who.token_id, now=now, settings=settings
     )

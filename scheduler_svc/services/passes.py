@@ -24,6 +24,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,11 +34,18 @@ from scheduler_svc.services import reconciler
 from scheduler_svc.store.uow import Clock, Notify, unit_of_work
 
 
+class Decided(NamedTuple):
+    """One decision a pass stored: its id, and its action (for the latency histogram)."""
+
+    decision_id: str
+    action: str
+
+
 @dataclass
 class _Job:
     started: int = 0  # passes begun
     done: int = 0  # passes ended (run or failed)
-    decided: dict[int, list[str]] = field(default_factory=dict)  # pass -> decision ids
+    decided: dict[int, list[Decided]] = field(default_factory=dict)  # pass -> its decisions
     readers: dict[int, int] = field(default_factory=dict)  # pass -> callers yet to read it
     waiting: int = 0  # callers in _covered, the one running a pass among them
 
@@ -63,14 +71,14 @@ class ReconcilePasses:
         self._cond = threading.Condition()
         self._jobs: dict[str, _Job] = {}
 
-    def reconcile(self, job_ids: Iterable[str]) -> list[str]:
-        """Decision ids of the passes that covered this caller's committed evidence.
+    def reconcile(self, job_ids: Iterable[str]) -> list[Decided]:
+        """The decisions of the passes that covered this caller's committed evidence.
 
         Call only after the caller's evidence has committed. Jobs in sorted order,
         as everywhere. A pass that found nothing new to decide (an earlier one did,
-        with this evidence) contributes no ids.
+        with this evidence) contributes none.
         """
-        decided: list[str] = []
+        decided: list[Decided] = []
         for job_id in sorted(set(job_ids)):
             decided += self._covered(job_id)
         return decided
@@ -87,7 +95,7 @@ class ReconcilePasses:
             job = self._jobs.get(job_id)
             return 0 if job is None else len(job.decided)
 
-    def _covered(self, job_id: str) -> list[str]:
+    def _covered(self, job_id: str) -> list[Decided]:
         metrics.REPORTS_RECONCILED.inc()
         with self._cond:
             job = self._jobs.setdefault(job_id, _Job())
@@ -103,7 +111,7 @@ class ReconcilePasses:
                         continue
                     job.started += 1
                     mine = job.started
-                    ids: list[str] = []
+                    ids: list[Decided] = []
                     self._cond.release()
                     try:
                         ids = self._run(job_id)
@@ -125,10 +133,10 @@ class ReconcilePasses:
                     # Nobody left to read them (a runner is a caller too): forget the job.
                     del self._jobs[job_id]
 
-    def _run(self, job_id: str) -> list[str]:
-        """One pass of one job in a transaction of its own; the ids of its decisions."""
+    def _run(self, job_id: str) -> list[Decided]:
+        """One pass of one job in a transaction of its own; its decisions."""
         metrics.REPORT_PASSES.inc()
         now: datetime = self._clock()
         with unit_of_work(self._factory, self._notify) as session:
             rows = reconciler.reconcile_jobs(session, [job_id], now, self._settings)
-            return [r.decision_id for r in rows]
+            return [Decided(r.decision_id, r.action) for r in rows]

@@ -6,18 +6,15 @@ never disagree about which ports are broken or which jobs run failed over.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from prometheus_client import Gauge
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from scheduler_svc import metrics
 from scheduler_svc.api.schemas.faults import FaultOut
 from scheduler_svc.api.schemas.status import (
     DecisionBriefOut,
@@ -110,15 +107,18 @@ class PortHealth:
         )
 
 
-def port_health(session: Session, faults: Iterable[m.Fault]) -> list[PortHealth]:
-    """Every GPU-fabric port (storage and management NICs carry no GPU traffic), by node,
-    rail, device and port; read as plain rows, since a fleet has 8 per node."""
+def port_health(
+    session: Session, faults: Iterable[m.Fault], only: ColumnElement[bool] | None = None
+) -> list[PortHealth]:
+    """Every GPU-fabric port (storage and management NICs carry no GPU traffic), or those
+    matching `only`, by node, rail, device and port; read as plain rows, since a fleet has
+    8 per node."""
     by_port = {(f.node, f.device, f.port): f for f in faults}
-    rows = session.execute(
-        select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.rail, m.Rnic.switch, m.Rnic.state)
-        .where(m.Rnic.rail.is_not(None))
-        .order_by(m.Rnic.node, m.Rnic.rail, m.Rnic.name, m.Rnic.port)
-    ).all()
+    q = select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.rail, m.Rnic.switch, m.Rnic.state)
+    q = q.where(m.Rnic.rail.is_not(None))
+    if only is not None:
+        q = q.where(only)
+    rows = session.execute(q.order_by(m.Rnic.node, m.Rnic.rail, m.Rnic.name, m.Rnic.port)).all()
     out = []
     for node, device, port, rail, switch, state in rows:
         fault = by_port.get((node, device, port)) or by_port.get((node, device, WHOLE_DEVICE))
@@ -196,11 +196,9 @@ def _node_page(
     return page, total, page[-1].name if more else None
 
 
-def snapshot(
-    session: Session, now: datetime, query: StatusQuery = FIRST_PAGE
-) -> tuple[StatusOut, list[PortHealth]]:
-    """The status and every port's health (the gauges need them all, the answer one page);
-    the caller's session is only read from."""
+def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAGE) -> StatusOut:
+    """The cluster's status, its node grid one page of it; the caller's session is only
+    read from."""
     faults = FaultRepo(session).all(open_only=True, limit=MAX_OPEN_FAULTS)
     ports = port_health(session, faults)
     nodes = (
@@ -233,7 +231,7 @@ def snapshot(
         )
     saved = decisions.actions_and_saved()
     pending, oldest = CommandRepo(session).unacknowledged()
-    status = StatusOut(
+    return StatusOut(
         generated_at=now,
         rails=sorted({p.rail for p in ports}),
         by_rail=_by_rail(ports),
@@ -250,79 +248,6 @@ def snapshot(
         commands_unacknowledged=pending,
         oldest_unacknowledged_at=oldest,
     )
-    return status, ports
-
-
-def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAGE) -> StatusOut:
-    """Read the snapshot; the caller's session is only read from."""
-    return snapshot(session, now, query)[0]
-
-
-class _LabelledGauge:
-    """Sets a labelled gauge to exactly the given series, removing those no longer present.
-
-    Removing only the stale label sets (rather than clearing first) means a scrape
-    running concurrently never sees the gauge empty.
-    """
-
-    def __init__(self, gauge: Gauge) -> None:
-        self.gauge = gauge
-        self.known: set[tuple[str, ...]] = set()
-
-    def sync(self, values: dict[tuple[str, ...], float]) -> None:
-        for labels, value in values.items():
-            self.gauge.labels(*labels).set(value)
-        for stale in self.known - values.keys():
-            self.gauge.remove(*stale)
-        self.known = set(values)
-
-
-_lock = threading.Lock()
-_rnic_up = _LabelledGauge(metrics.RNIC_UP)
-_failed_over = _LabelledGauge(metrics.JOB_FAILED_OVER)
-_slowdown = _LabelledGauge(metrics.JOB_SLOWDOWN_K)
-
-
-def refresh_metrics(status: StatusOut, ports: Iterable[PortHealth]) -> None:
-    """Set the store-derived gauges from a snapshot (called on every /metrics scrape)."""
-    now = status.generated_at
-    rnic: dict[tuple[str, ...], float] = {
-        (p.node, p.device, str(p.port), str(p.rail)): 1.0 if p.health == "ok" else 0.0
-        for p in ports
-    }
-    failed: dict[tuple[str, ...], float] = {
-        (j.job_id,): (
-            0.0
-            if j.failed_over_since is None
-            else max(0.0, (now - j.failed_over_since).total_seconds())
-        )
-        for j in status.jobs
-    }
-    k: dict[tuple[str, ...], float] = {}
-    for j in status.jobs:
-        if j.slowdown_k is not None:
-            k[(j.job_id, "measured")] = j.slowdown_k
-        d = j.latest_decision
-        # A decision that used the measured k predicted nothing; show only model or default k.
-        if d is not None and d.k is not None and d.k_source != "measured":
-            k[(j.job_id, "predicted")] = d.k
-    modes = Counter(j.mode.value for j in status.jobs)
-    with _lock:
-        metrics.OPEN_FAULTS.set(len(status.open_faults))
-        for mode in JobMode:
-            metrics.JOBS.labels(mode=mode.value).set(modes.get(mode.value, 0))
-        _rnic_up.sync(rnic)
-        _failed_over.sync(failed)
-        _slowdown.sync(k)
-        for state in ("issued", "delivered"):
-            metrics.COMMANDS_UNACKNOWLEDGED.labels(state=state).set(
-                status.commands_unacknowledged.get(state, 0)
-            )
-        oldest = status.oldest_unacknowledged_at
-        metrics.COMMAND_OLDEST_UNACKNOWLEDGED.set(
-            0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
-        )
-        metrics.GPU_SECONDS_SAVED.set(status.saved_gpu_seconds)
 
 
 def fault_out(f: m.Fault, health: FaultHealth | None = None) -> FaultOut:

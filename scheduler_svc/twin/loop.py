@@ -191,6 +191,7 @@ def twin_settings(policy: Policy, db_url: str | None, tmp: Path) -> Settings:
     return Settings(
         db_url=db_url or f"sqlite:///{tmp / 'twin.db'}",
         port=0,
+        allow_anonymous_loopback=True,  # the twin's agents and driver call it without tokens
         policy=policy,
         coordinator=False,
         command_ack_timeout_s=10**6,  # the twin's agents answer at once

@@ -56,6 +56,7 @@ class Service:
                 [
                     str(RAILOVER),
                     "serve",
+                    "--dev",
                     "--host",
                     "127.0.0.1",
                     "--port",

@@ -95,7 +95,9 @@ def stack(tmp_path: Path, agent_tree: tuple[Path, Path]) -> Iterator[dict[str, s
     """Service, agent and Prometheus on loopback; yields their base URLs."""
     prometheus = need_tool("prometheus")
     sysfs, rail_map = agent_tree
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'railover.db'}", port=0)
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'railover.db'}", port=0, allow_anonymous_loopback=True
+    )
     with local_service(settings) as service:
         agent_port, prom_port = free_port(), free_port()
         env = os.environ | {
@@ -173,7 +175,7 @@ def test_prometheus_scrapes_service_and_agent(stack: dict[str, str]) -> None:
             'up{job="railover"} == 1': 1,
             'up{job="railover-agent"} == 1': 1,
             # The agent registered its node with the service, which sees all 8 rails up.
-            'railover_rnic_up{node="gpu-node-7"} == 1': 8,
+            'railover_rnic_ports{health="ok"} == 1': 8,
             'railover_agent_port_active{job="railover-agent"} == 1': 8,
             "railover_agent_service_up == 1": 1,
             'railover_agent_collector_success{collector="ports"} == 1': 1,
@@ -187,7 +189,7 @@ def test_prometheus_scrapes_service_and_agent(stack: dict[str, str]) -> None:
 
         # A port goes down on the node: agent -> service -> fault -> gauge -> alert.
         set_port_state(Path(stack["sysfs"]), "mlx5_3", 1, "DOWN")
-        down = 'railover_rnic_up{node="gpu-node-7", device="mlx5_3"} == 0'
+        down = 'railover_rnic_unhealthy{node="gpu-node-7", device="mlx5_3"} == 1'
         wait_for(down, lambda: query(prom, down))
         wait_for(
             "the agent's own view",

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_client_registers_reports_and_waits(db_url: str) -> None:
-    settings = Settings(db_url=db_url, port=0)
+    settings = Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0", "n1"])
         job = JobIn.model_validate(job_body("j1", ["n0", "n1"]))
@@ -49,7 +49,7 @@ def test_client_registers_reports_and_waits(db_url: str) -> None:
 
 def test_a_gpu_another_job_holds_is_the_conflict_raised(db_url: str) -> None:
     """register_job answers its own job's 409 with the stored job, never another's."""
-    settings = Settings(db_url=db_url, port=0)
+    settings = Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0"])
         rv.register_job(JobIn.model_validate(job_body("a", ["n0"])))
@@ -66,7 +66,7 @@ def test_client_and_hook_take_a_checkpoint_request(db_url: str) -> None:
     report, calls back once, says a checkpoint is due until one newer is saved."""
     from examples.railover_torchrun import RailoverHook  # imports torch
 
-    settings = Settings(db_url=db_url, port=0)
+    settings = Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0", "n1"])
         rv.register_job(JobIn.model_validate(job_body("j1", ["n0", "n1"])))
@@ -101,7 +101,9 @@ def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.fail("torchrun missing: `pip install -e '.[dev]'` installs torch==2.13.0 (CPU)")
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0, allow_anonymous_loopback=True
+    )
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["trainer-0"])
         env = {

@@ -51,7 +51,13 @@ def _fleet_token(settings: Settings) -> str:
 def test_schemathesis_finds_nothing(db_url: str, tmp_path: Path) -> None:
     backend = "sqlite" if db_url.startswith("sqlite") else "postgres"
     # Long-polls and streams are cut short so one generated wait_s=120 cannot eat the budget.
-    settings = Settings(db_url=db_url, port=0, commands_wait_max_s=0.2, commands_stream_max_s=0.2)
+    settings = Settings(
+        db_url=db_url,
+        port=0,
+        allow_anonymous_loopback=True,
+        commands_wait_max_s=0.2,
+        commands_stream_max_s=0.2,
+    )
     token = _fleet_token(settings)
     with local_service(settings) as url:
         _seed(url, token)

@@ -96,6 +96,8 @@ def stack(db_url: str, plugin_lib: Path, tmp_path: Path) -> Iterator[Stack]:
     settings = Settings(
         db_url=db_url,
         port=0,
+        allow_anonymous_loopback=True,
+        webhook_allow_loopback=True,  # the job's notify_url receiver listens on loopback
         webhook_backoff_base_s=0.05,
         webhook_backoff_max_s=0.2,
         delivery_poll_s=0.05,

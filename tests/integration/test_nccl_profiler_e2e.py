@@ -103,7 +103,7 @@ def wait_for(what: str, check: Callable[[], bool], detail: Callable[[], Any]) ->
 def stack(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, AgentThread]]:
     (node, rail_map) = build_cluster(tmp_path / "nodes", ["n0"])["n0"]
     with (
-        local_service(Settings(db_url=db_url, port=0)) as url,
+        local_service(Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)) as url,
         httpx.Client(base_url=url, timeout=10) as http,
     ):
         agent = AgentThread(

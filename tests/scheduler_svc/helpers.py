@@ -78,7 +78,13 @@ def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Runn
     with ExitStack() as stack:
 
         def start(clock: Clock = system_clock, **overrides: Any) -> Running:
-            settings = Settings(db_url=db_url, port=0, **(defaults | overrides))
+            settings = Settings(
+                db_url=db_url,
+                port=0,
+                allow_anonymous_loopback=True,
+                webhook_allow_loopback=True,
+                **(defaults | overrides),
+            )
             url = stack.enter_context(local_service(settings, clock=clock))
             http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Running(http, url, clock)

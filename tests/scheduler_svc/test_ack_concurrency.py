@@ -28,7 +28,9 @@ def _event(node: str, kind: str, at: datetime, **extra: Any) -> dict[str, Any]:
 
 
 def test_concurrent_too_late_acks_retrigger_once_without_errors(db_url: str) -> None:
-    settings = Settings(db_url=db_url, port=0, coordinator_interval_s=0.1)
+    settings = Settings(
+        db_url=db_url, port=0, allow_anonymous_loopback=True, coordinator_interval_s=0.1
+    )
     with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, NODES)
         checkpoint = datetime.now(UTC) - timedelta(seconds=3000)

@@ -230,7 +230,13 @@ def test_nccl_without_port_failover_restarts(http: httpx.Client) -> None:
 
 
 def test_fail_back_is_nccls_port_recovery_railover_only_records_it(db_url: str) -> None:
-    settings = Settings(db_url=db_url, port=0, failback_damping_s=1.0, coordinator_interval_s=0.1)
+    settings = Settings(
+        db_url=db_url,
+        port=0,
+        allow_anonymous_loopback=True,
+        failback_damping_s=1.0,
+        coordinator_interval_s=0.1,
+    )
     with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         register_nodes(http, ["n0", "n1"])
         checkpoint = (datetime.now(UTC) - timedelta(seconds=3000)).isoformat()

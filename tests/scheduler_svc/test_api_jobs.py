@@ -134,7 +134,9 @@ def test_plans_follow_each_store_not_a_process_wide_cache(tmp_path: Path) -> Non
     backups = []
     for name, shape in (("a", {}), ("b", {"rails": 4})):
         upgrade(f"sqlite:///{tmp_path / name}.db")
-        settings = Settings(db_url=f"sqlite:///{tmp_path / name}.db", port=0)
+        settings = Settings(
+            db_url=f"sqlite:///{tmp_path / name}.db", port=0, allow_anonymous_loopback=True
+        )
         with local_service(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
             register_nodes(http, ["n0", "n1"], **shape)
             assert http.post("/v1/jobs", json=job_body("j", ["n0", "n1"])).status_code == 201

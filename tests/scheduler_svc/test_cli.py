@@ -96,7 +96,9 @@ def test_version_is_the_package_version_everywhere(tmp_path: Path) -> None:
     assert agent.returncode == 0 and agent.stdout.strip() == f"railover-agent {expected}"
     committed = json.loads((Path(__file__).parents[2] / "openapi/openapi.json").read_text())
     assert committed["info"]["version"] == expected
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0, allow_anonymous_loopback=True
+    )
     with local_service(settings) as url, httpx.Client(base_url=url) as http:
         assert http.get("/openapi.json").json()["info"]["version"] == expected
         assert http.get("/healthz").json()["detail"]["version"] == expected
@@ -159,7 +161,9 @@ def test_analytic_help_lists_only_options_it_accepts() -> None:
 
 
 def test_docs_are_served_from_the_package_with_no_cdn(tmp_path: Path) -> None:
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0)
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0, allow_anonymous_loopback=True
+    )
     with local_service(settings) as url, httpx.Client(base_url=url) as http:
         for page in ("/docs", "/redoc"):
             html = http.get(page)

@@ -44,7 +44,7 @@ def app(engine: Engine, db_url: str) -> SimpleNamespace:
             read_sessionmaker=make_read_sessionmaker(engine),
             notifier=CommandNotifier(),
             anonymous_allowed=False,
-            settings=Settings(db_url=db_url, port=0),
+            settings=Settings(db_url=db_url, port=0, allow_anonymous_loopback=True),
         )
     )
 

@@ -196,7 +196,9 @@ def replicas(pg_url: str) -> Iterator[tuple[str, str]]:
     from tests.conftest import truncate_pg
 
     truncate_pg(pg_url)
-    settings = Settings(db_url=pg_url, port=0, commands_wait_max_s=NO_RECHECK_S)
+    settings = Settings(
+        db_url=pg_url, port=0, allow_anonymous_loopback=True, commands_wait_max_s=NO_RECHECK_S
+    )
     with local_service(settings) as a, local_service(settings) as b:
         with httpx.Client(base_url=a, timeout=30) as http:
             register_nodes(http, ["n0", "n1"])

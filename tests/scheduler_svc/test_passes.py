@@ -16,7 +16,7 @@ import pytest
 
 from railover_testing.waiting import wait_for
 from scheduler_svc.config import Settings
-from scheduler_svc.services.passes import ReconcilePasses
+from scheduler_svc.services.passes import Decided, ReconcilePasses
 
 
 class Gated(ReconcilePasses):
@@ -28,14 +28,18 @@ class Gated(ReconcilePasses):
         self.release = threading.Semaphore(0)
         self.fail_next = False
 
-    def _run(self, job_id: str) -> list[str]:
+    def _run(self, job_id: str) -> list[Decided]:
         n = len(self.started) + 1
         self.started.append(job_id)
         self.release.acquire()
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("store went away")
-        return [f"{job_id}-pass{n}"]
+        return [Decided(f"{job_id}-pass{n}", "failover")]
+
+
+def ids(decided: list[Decided]) -> list[str]:
+    return [d.decision_id for d in decided]
 
 
 class Caller(threading.Thread):
@@ -47,7 +51,7 @@ class Caller(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.got = self.passes.reconcile(self.jobs)
+            self.got = ids(self.passes.reconcile(self.jobs))
         except BaseException as e:  # handed to the test
             self.error = e
 
@@ -93,16 +97,16 @@ def test_reports_during_a_pass_share_the_next_one(passes: Gated) -> None:
 
 def test_a_report_after_the_passes_ended_gets_a_pass_of_its_own(passes: Gated) -> None:
     passes.release.release()
-    assert passes.reconcile(["j"]) == ["j-pass1"]
+    assert ids(passes.reconcile(["j"])) == ["j-pass1"]
     passes.release.release()
-    assert passes.reconcile(["j"]) == ["j-pass2"]
+    assert ids(passes.reconcile(["j"])) == ["j-pass2"]
     assert passes.started == ["j", "j"]
 
 
 def test_jobs_are_passed_one_at_a_time_in_sorted_order(passes: Gated) -> None:
     for _ in range(3):
         passes.release.release()
-    assert passes.reconcile(["b", "a", "b"]) == ["a-pass1", "b-pass2"]
+    assert ids(passes.reconcile(["b", "a", "b"])) == ["a-pass1", "b-pass2"]
     assert passes.started == ["a", "b"]
 
 

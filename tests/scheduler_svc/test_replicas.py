@@ -19,7 +19,7 @@ def test_two_replicas_same_faults_one_decision_each(pg_url: str) -> None:
     from tests.conftest import truncate_pg
 
     truncate_pg(pg_url)
-    settings = Settings(db_url=pg_url, port=0)
+    settings = Settings(db_url=pg_url, port=0, allow_anonymous_loopback=True)
     with local_service(settings) as a, local_service(settings) as b:
         with httpx.Client(base_url=a, timeout=30) as http:
             register_nodes(http, ["n0", "n1", "n2", "n3"])
@@ -88,7 +88,7 @@ def test_two_replicas_200_faults_exactly_one_decision_and_event_each(pg_url: str
     truncate_pg(pg_url)
     nodes = [f"h{i:02d}" for i in range(25)]
     jobs = {f"job{j}": nodes[j * 5 : j * 5 + 5] for j in range(5)}
-    settings = Settings(db_url=pg_url, port=0)
+    settings = Settings(db_url=pg_url, port=0, allow_anonymous_loopback=True)
     with local_service(settings) as a, local_service(settings) as b:
         with httpx.Client(base_url=a, timeout=60) as http:
             for n in nodes:

@@ -155,7 +155,11 @@ def test_on_sqlite_renewals_skip_their_looks_and_an_outside_writer_still_wakes_t
     store: str,
     looks: list[str],  # noqa: F811
 ) -> None:
-    app = create_app(Settings(db_url=store, port=0, commands_wait_max_s=NO_RECHECK_S))
+    app = create_app(
+        Settings(
+            db_url=store, port=0, allow_anonymous_loopback=True, commands_wait_max_s=NO_RECHECK_S
+        )
+    )
     with serve(app) as url, httpx.Client(base_url=url, timeout=NO_RECHECK_S + 30) as http:
         register_nodes(http, ["n0"])
         assert http.post("/v1/jobs", json=job_body("j0", ["n0"])).status_code == 201

@@ -32,7 +32,7 @@ CHROMIUM_FLAGS = [
 
 @pytest.fixture
 def live_service(db_url: str) -> Iterator[tuple[str, datetime]]:
-    with local_service(Settings(db_url=db_url, port=0)) as url:
+    with local_service(Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)) as url:
         with httpx.Client(base_url=url, timeout=30) as http:
             checkpoint = failed_over_cluster(http)
         yield url, checkpoint

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import UTC, datetime
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.tokens import TokenRepo
 from scheduler_svc.web.render import duration
+from tests.deploy.tools import need_tool
 from tests.scheduler_svc.helpers import event, register_nodes
 from tests.web.scenario import failed_over_cluster
 
@@ -79,24 +82,33 @@ def test_status_shows_grid_jobs_decisions_and_faults(http: httpx.Client) -> None
 def test_store_gauges_follow_the_store(http: httpx.Client) -> None:
     failed_over_cluster(http)
     m = samples(http)
-    assert (
-        m[
-            (
-                "railover_rnic_up",
-                frozenset({"node": "n3", "device": "mlx5_5", "port": "1", "rail": "5"}.items()),
-            )
-        ]
-        == 0
-    )
-    assert (
-        m[
-            (
-                "railover_rnic_up",
-                frozenset({"node": "n3", "device": "mlx5_4", "port": "1", "rail": "4"}.items()),
-            )
-        ]
-        == 1
-    )
+
+    def labelled(name: str) -> dict[frozenset[tuple[str, str]], float]:
+        return {labels: v for (n, labels), v in m.items() if n == name}
+
+    # Ports by rail and health: 4 nodes x 8 rails, under faults n3's mlx5_5 (rail 5) and
+    # n0's mlx5_0 (rail 0).
+    ports = {
+        (dict(k)["rail"], dict(k)["health"]): v for k, v in labelled("railover_rnic_ports").items()
+    }
+    assert ports == {
+        (str(rail), health): (
+            {"ok": 3, "down": 0, "fault": 1} if rail in (0, 5) else {"ok": 4, "down": 0, "fault": 0}
+        )[health]
+        for rail in range(8)
+        for health in ("ok", "down", "fault")
+    }
+    # Only the ports that are not ok have series of their own, and only their nodes.
+    assert labelled("railover_rnic_unhealthy") == {
+        frozenset(
+            {"node": node, "device": device, "port": "1", "rail": rail, "health": "fault"}.items()
+        ): 1
+        for node, device, rail in (("n3", "mlx5_5", "5"), ("n0", "mlx5_0", "0"))
+    }
+    assert labelled("railover_node_unhealthy_rnic_ports") == {
+        frozenset({"node": "n3"}.items()): 1,
+        frozenset({"node": "n0"}.items()): 1,
+    }
     assert m[("railover_job_failed_over_seconds", frozenset({"job_id": "job-b"}.items()))] >= 0
     assert m[("railover_job_failed_over_seconds", frozenset({"job_id": "job-a"}.items()))] == 0
     assert (
@@ -133,7 +145,10 @@ def test_page_asks_for_a_token_when_the_service_has_tokens(db_url: str) -> None:
         )
         session.commit()
     engine.dispose()
-    with local_service(Settings(db_url=url, port=0)) as base, httpx.Client(base_url=base) as h:
+    with (
+        local_service(Settings(db_url=url, port=0, allow_anonymous_loopback=True)) as base,
+        httpx.Client(base_url=base) as h,
+    ):
         page = h.get("/")
         assert page.status_code == 200
         assert 'id="token-prompt" ' in page.text and 'id="token-prompt" hidden' not in page.text
@@ -229,3 +244,53 @@ def test_status_at_scale_sums_by_rail_and_switch_and_pages_the_nodes(http: httpx
     assert 'data-switch="rail2-b"' in page and 'href="?switch=rail2-b"' in page
     first = http.get("/", params={"limit": 5}).text
     assert 'id="next-page" href="?after_node=n04&amp;limit=5"' in first
+
+
+def test_a_port_has_a_series_only_while_it_is_not_ok(http: httpx.Client) -> None:
+    """A port registered DOWN (no fault: no job uses it) is counted down and named; once
+    the node registers it ACTIVE again its series goes, and the counts follow."""
+    body = hgx_node()
+    body["rnics"][3]["state"] = "DOWN"
+    assert http.put("/v1/nodes/n9", json=body).status_code == 200
+    m = samples(http)
+    port = {"node": "n9", "device": "mlx5_3", "port": "1", "rail": "3"}
+    assert m[("railover_rnic_unhealthy", frozenset((port | {"health": "down"}).items()))] == 1
+    assert m[("railover_node_unhealthy_rnic_ports", frozenset({"node": "n9"}.items()))] == 1
+    assert m[("railover_rnic_ports", frozenset({"rail": "3", "health": "down"}.items()))] == 1
+    assert m[("railover_rnic_ports", frozenset({"rail": "3", "health": "ok"}.items()))] == 0
+
+    body["rnics"][3]["state"] = "ACTIVE"
+    assert http.put("/v1/nodes/n9", json=body).status_code == 200
+    m = samples(http)
+    assert not [
+        k for k in m if k[0] in ("railover_rnic_unhealthy", "railover_node_unhealthy_rnic_ports")
+    ]
+    assert m[("railover_rnic_ports", frozenset({"rail": "3", "health": "down"}.items()))] == 0
+    assert m[("railover_rnic_ports", frozenset({"rail": "3", "health": "ok"}.items()))] == 1
+
+
+def test_decision_latency_is_observed_under_each_decisions_action(http: httpx.Client) -> None:
+    def count(action: str) -> float:
+        key = ("railover_decision_latency_seconds_count", frozenset({"action": action}.items()))
+        return samples(http).get(key, 0.0)
+
+    before = {a: count(a) for a in ("failover", "restart", "none")}
+    failed_over_cluster(http)  # one failover decision (job-b), one restart (job-a)
+    assert {a: count(a) - before[a] for a in before} == {"failover": 1, "restart": 1, "none": 0}
+
+
+def test_metrics_pass_promtools_lint(http: httpx.Client) -> None:
+    """Names, units, help and types as Prometheus' own linter wants them, on a scrape that
+    holds every store gauge (a failed-over job, open faults, waiting commands)."""
+    failed_over_cluster(http)
+    text = http.get("/metrics").text
+    assert "railover_rnic_unhealthy{" in text and "railover_job_slowdown_ratio{" in text
+    r = subprocess.run(
+        [need_tool("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

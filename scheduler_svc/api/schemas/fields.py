@@ -91,8 +91,28 @@ Slowdown = Annotated[float, Field(strict=True, ge=1, le=100)]
 Share = Annotated[float, Field(strict=True, ge=0, le=1)]
 
 
+# Times the service can store and compute with: an instant on the UTC calendar, with room
+# left for the arithmetic done on it (a checkpoint plus a year's interval). Outside it a
+# conversion to UTC overflows (0001-01-01T00:00:00+14:00 is in year 0): refused as 422,
+# never a 500 that an agent would retry.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            f"{value.isoformat()} is not a representable UTC instant (its offset moves it "
+            "outside years 1-9999)"
+        ) from None
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError(
+            f"{utc.isoformat()} is outside the times the service keeps "
+            f"({EARLIEST.isoformat()} to {LATEST.isoformat()})"
+        )
+    return utc
 
 
 def _text_time(value: Any) -> Any:
