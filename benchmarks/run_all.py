@@ -23,6 +23,10 @@ BENCHMARKS = [
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "8192", "--backend", "sqlite"],
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "256"],
     ["bench_registration.py"],
+    # Statements and commits per fault report at 1k, 8k and 64k GPUs, beside the floor.
+    ["bench_statements.py"],
+    # /metrics at 8,192 nodes: series, bytes and scrape time.
+    ["bench_metrics.py", "--backend", "sqlite,postgres"],
     # Old path beside new at the agent's default wait; then 8,192 agents at the longest one,
     # long-polling and on streams.
     ["bench_idle_polls.py", "--runs", "old"],
