@@ -83,6 +83,18 @@ class AgentSettings(BaseSettings):
     spool_max_events: int = Field(
         default=100_000, ge=100, le=10_000_000, description="Spooled events kept at most"
     )
+    spool_max_dead_letters: int = Field(
+        default=10_000,
+        ge=10,
+        le=1_000_000,
+        description="Events the service refused kept for inspection at most (the oldest go)",
+    )
+    spool_max_quarantined: int = Field(
+        default=1_000,
+        ge=10,
+        le=1_000_000,
+        description="Unreadable spool rows kept in its quarantine table at most (the oldest go)",
+    )
     socket: Path = Field(
         default=Path("/run/railover/agent.sock"),
         description="Unix socket the native plugin connects to (its directory is created)",
@@ -93,6 +105,49 @@ class AgentSettings(BaseSettings):
         le=0o777,
         description="Permission bits of the plugin socket, octal (660 or 0o660)",
         json_schema_extra={"doc_default": "0o660", "doc_octal": True},
+    )
+    # Any local process in the socket's group may connect: these bound what one can hold.
+    plugin_max_clients: int = Field(
+        default=512, ge=1, le=65_536, description="Plugin connections open at once at most"
+    )
+    plugin_max_clients_per_process: int = Field(
+        default=64,
+        ge=1,
+        le=65_536,
+        description="Plugin connections one process (by its kernel pid) may hold at most",
+    )
+    plugin_hello_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A plugin connection that sends no HELLO within this long is closed",
+    )
+    plugin_frame_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="A plugin connection that leaves a frame unfinished this long is closed",
+    )
+    plugin_max_communicators: int = Field(
+        default=4096,
+        ge=16,
+        le=1_000_000,
+        description="(job, communicator, rank) progress counts the node tracks at most; "
+        "progress of others is dropped and counted",
+    )
+    plugin_max_communicators_per_client: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description="(job, communicator, rank) progress counts one plugin connection may "
+        "make the node track",
+    )
+    plugin_max_acks: int = Field(
+        default=10_000,
+        ge=100,
+        le=1_000_000,
+        description="Acks from plugin clients waiting for the service at most; beyond, "
+        "new ones are dropped and counted",
     )
 
     poll_interval_s: float = Field(

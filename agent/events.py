@@ -31,6 +31,63 @@ KINDS = frozenset(
 DROPPABLE_KINDS = frozenset({"progress"})
 
 Event = dict[str, Any]
+# The order in which waiting events go to the service: port and device state first, then
+# the other faults and evidence, samples last. Within a lane, the order they happened in. A
+# flood of one lane (CQE noise, progress) never holds back a lower-numbered one.
+LANE_STATE, LANE_FAULT, LANE_SAMPLE = 0, 1, 2
+LANES: dict[str, int] = {
+    "port_down": LANE_STATE,
+    "port_up": LANE_STATE,
+    "port_event": LANE_STATE,
+    "device_fatal": LANE_STATE,
+    "device_lost": LANE_STATE,
+    "pcie_degraded": LANE_STATE,
+    "path_switch": LANE_STATE,
+    "cqe_error": LANE_FAULT,
+    "counter": LANE_FAULT,
+    "stall": LANE_FAULT,
+    "communicator": LANE_FAULT,
+    "progress": LANE_SAMPLE,
+}
+
+# Kinds a full spool folds into one row per component: what they say is "this component
+# keeps erroring", and the count and the newest instance say it as well as every row.
+# The fields that name the component, per kind.
+COALESCE_BY: dict[str, tuple[str, ...]] = {
+    "cqe_error": ("device", "port", "wc_status", "comm_id", "rank"),
+    "counter": ("device", "port", "counter"),
+    "stall": ("comm_id", "rank"),
+}
+
+
+def lane_of(kind: str) -> int:
+    return LANES.get(kind, LANE_FAULT)
+
+
+def coalesce_key(ev: Event) -> str | None:
+    """The component an event of a coalescible kind is about; None for other kinds."""
+    fields = COALESCE_BY.get(ev["kind"])
+    if fields is None:
+        return None
+    return "|".join([ev["kind"], *(str(ev.get(f, "")) for f in fields)])
+
+
+def coalesce(older: Event, newer: Event) -> Event:
+    """One event saying what both said: the newer one's facts, the older one's id and start,
+    the number of events it stands for in ``detail.coalesced`` (a counter's deltas summed)."""
+    merged = dict(newer)
+    merged["event_id"] = older["event_id"]
+    new_detail, old_detail = newer.get("detail"), older.get("detail")
+    detail = dict(new_detail) if isinstance(new_detail, dict) else {}
+    old = old_detail if isinstance(old_detail, dict) else {}
+    detail["coalesced"] = int(old.get("coalesced", 1)) + int(detail.get("coalesced", 1))
+    detail["first_observed_at"] = old.get("first_observed_at", older.get("observed_at"))
+    merged["detail"] = detail
+    if newer["kind"] == "counter":
+        merged["delta"] = int(older.get("delta") or 0) + int(newer.get("delta") or 0)
+    return merged
+
+
 
 
 def rfc3339(ts: datetime | None = None) -> str:

@@ -42,6 +42,21 @@ EVENTS_DROPPED = Counter(
     ["kind", "reason"],
 )
 
+# kind: event kind folded into a waiting row of its component (a full spool).
+EVENTS_COALESCED = Counter(
+    "railover_agent_events_coalesced_total",
+    "Events a full spool folded into the row waiting for the same component.",
+    ["kind"],
+)
+SPOOL_QUARANTINED = Counter(
+    "railover_agent_spool_quarantined_total",
+    "Spool rows that were not events, moved to the quarantine table.",
+)
+SPOOL_RESETS = Counter(
+    "railover_agent_spool_resets_total",
+    "Spool files SQLite could not use, moved aside for an empty one.",
+)
+
 # endpoint: register, events, commands, ack; outcome: ok, http_<status>, error.
 SERVICE_REQUESTS = Counter(
     "railover_agent_service_requests_total",
@@ -72,6 +87,26 @@ PLUGIN_FRAMES = Counter(
 PLUGIN_MALFORMED = Counter(
     "railover_agent_plugin_malformed_frames_total",
     "Malformed or oversized frames; each one drops its connection.",
+)
+# reason: hello (no HELLO in time), partial_frame (a frame not completed in time),
+# process_slots (the process has its connections already), slots (the agent has).
+PLUGIN_REFUSED = Counter(
+    "railover_agent_plugin_connections_refused_total",
+    "Plugin connections refused or closed by a limit.",
+    ["reason"],
+)
+# reason: client_limit / node_limit (too many communicators tracked).
+PLUGIN_PROGRESS_DROPPED = Counter(
+    "railover_agent_plugin_progress_dropped_total",
+    "Progress frames for a communicator beyond the hub's limits, not tracked.",
+    ["reason"],
+)
+# reason: unknown_command (not one the hub handed out), not_addressed (handed to other
+# ranks or jobs), duplicate (said already), queue_full.
+PLUGIN_ACKS_REFUSED = Counter(
+    "railover_agent_plugin_acks_refused_total",
+    "Acks from plugin clients not passed on to the service.",
+    ["reason"],
 )
 PLUGIN_FRAMES_SENT = Counter(
     "railover_agent_plugin_frames_sent_total", "Frames sent to plugin clients.", ["type"]

@@ -10,6 +10,23 @@ A command goes only to the processes of the job (and incarnation) it is for
 tied to its job"): a process that named its job in its HELLO gets that job's
 commands and no other's; one that named none gets a command only where no other
 job on the node can be it.
+
+Any local process in the socket's group can connect, so nothing one sends may delay
+another's fault (issue 30; every limit is an agent setting, ``PluginLimits``):
+
+- progress is kept per (job, communicator, rank), newest count only, and built into an
+  event once per poll; the communicators tracked are bounded per connection and per
+  node, and forgotten when the last connection that reported them closes;
+- an ack is passed on only for a command the hub handed out, from a process it was
+  for, once per (rank, status); the ack queue is bounded. An ack for a command the hub
+  does not know waits (bounded, for command_hold_s) for the service to hand that
+  command out: after an agent restart a rank may answer before the service has sent
+  the new agent the commands its predecessor relayed;
+- the events of one read of a connection are spooled in one transaction;
+- a connection that says no HELLO in time, or leaves a frame half sent, is closed; one
+  process holds a bounded number of connections;
+- device names must be RNIC names (the service's pattern); names a client sends are
+  escaped before they reach a log line.
 """
 
 from __future__ import annotations
@@ -19,7 +36,9 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,6 +48,7 @@ from typing import Any
 
 from agent import metrics
 from agent.events import Event, new_event
+from agent.logsafe import Every, printable
 from native_plugin import wire, wire_codec
 
 log = logging.getLogger(__name__)
@@ -39,6 +59,31 @@ IBV_EVENT_PORT_ACTIVE = 9
 IBV_EVENT_PORT_ERR = 10
 
 READ_CHUNK = 16 * 1024
+# The service's DeviceName (scheduler_svc/api/schemas/fields.py): an RNIC name as the
+# kernel writes it. Anything else in a frame is a client's mistake or an attack.
+DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_refusals = Every(log)
+
+ProgressKey = tuple[str, int, int | None]  # (job, comm_id, rank)
+
+
+@dataclass(frozen=True)
+class PluginLimits:
+    """The bounds on what plugin clients can make the agent hold (agent settings)."""
+
+    max_communicators: int = 4096
+    max_communicators_per_client: int = 256
+    max_acks: int = 10_000
+    max_clients: int = 512
+    max_clients_per_process: int = 64
+    hello_timeout_s: float = 10.0
+    frame_timeout_s: float = 5.0
+
+
+def _device_name(name: str) -> None:
+    """Refuse a frame naming a device no kernel would (empty means not given)."""
+    if name and not DEVICE_NAME_RE.match(name):
+        raise wire.WireError(f"device name {printable(name)!r} is not an RNIC name")
 
 
 def _ts(ns: int) -> datetime | None:
@@ -65,6 +110,10 @@ class PluginClient:
     # or does not know it.
     job: str = ""
     incarnation: int = 0
+    # The (job, comm_id, rank) progress keys this connection reported (bounded).
+    keys: set[ProgressKey] = field(default_factory=set)
+    # Its process as the kernel says (SO_PEERCRED), not as its frames claim; 0 unknown.
+    peer_pid: int = 0
 
     def matches(self, comm_id: int, ranks: list[int]) -> bool:
         # A client that did not say its communicator (comm_id 0) gets everything.
@@ -103,6 +152,15 @@ class PendingCommand:
     command: dict[str, Any]
     first_seen: float
     delivered_to: int = 0
+
+
+@dataclass
+class HandedCommand:
+    """A command relayed to plugin clients: what an ack may answer, and what was said."""
+
+    command: dict[str, Any]
+    # (rank, status) already passed on, so a repeat is not.
+    acked: set[tuple[int | None, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -228,23 +286,51 @@ class PluginHub:
     node: str
     spool_events: Callable[[list[Event]], object]
     hold_s: float
+    limits: PluginLimits = field(default_factory=PluginLimits)
     clients: set[PluginClient] = field(default_factory=set)
     pending: dict[int, PendingCommand] = field(default_factory=dict)
     # command_id -> ack status already queued, so a command the service
     # returns again (our ack was lost) is re-acked, not re-applied.
     handled: dict[int, str] = field(default_factory=dict)
     acks: asyncio.Queue[AckRequest] = field(default_factory=asyncio.Queue)
+    # Commands relayed to a client, by id (bounded with `handled`): acks answer these.
+    handed: dict[int, HandedCommand] = field(default_factory=dict)
     # Latest progress per (job, comm_id, rank): the CCL may report every
-    # collective; the service needs the newest count, once per poll.
-    progress: dict[tuple[str, int, int | None], Event] = field(default_factory=dict)
+    # collective; the service needs the newest count, once per poll. The frame and its
+    # client's incarnation; the event is made when the poll takes it.
+    progress: dict[ProgressKey, tuple[wire.Progress, int]] = field(default_factory=dict)
     # (comm_id, rank, pid) already announced: the NCCL profiler re-announces its
-    # communicators on every reconnection, the service needs each once.
-    announced: set[tuple[int, int, int]] = field(default_factory=set)
-    # Newest ops_done per (job, comm_id, rank), kept across polls for too-late acks.
-    last_ops: dict[tuple[str, int, int | None], int] = field(default_factory=dict)
+    # communicators on every reconnection, the service needs each once. Oldest out first
+    # beyond max_communicators (a repeat costs the service one upsert).
+    announced: dict[tuple[int, int, int], None] = field(default_factory=dict)
+    # Newest ops_done per (job, comm_id, rank), kept across polls for too-late acks, until
+    # the last connection that reported it closes.
+    last_ops: dict[ProgressKey, int] = field(default_factory=dict)
+    # Acks for commands not (yet) handed out, by (command_id, rank, status): the client,
+    # the ack and when it came. Oldest out first beyond max_held_acks.
+    held_acks: dict[tuple[int, int | None, str], tuple[PluginClient, AckRequest, float]] = field(
+        default_factory=dict
+    )
+    # Events of the frames being handled, spooled together (`on_messages`).
+    _outbox: list[Event] = field(default_factory=list)
 
     # -- plugin -> agent ------------------------------------------------------------------------
+    def on_messages(self, client: PluginClient, msgs: list[wire.Message]) -> None:
+        """Handle one read's frames; their events go to the spool in one transaction, those
+        before a bad frame included."""
+        try:
+            for msg in msgs:
+                self.on_message(client, msg)
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._outbox:
+            out, self._outbox = self._outbox, []
+            self.spool_events(out)
+
     def on_message(self, client: PluginClient, msg: wire.Message) -> None:
+        """Handle one frame (its event waits for `flush`)."""
         metrics.PLUGIN_FRAMES.labels(type(msg).__name__).inc()
         ev: Event | None = None
         rank = client.rank
@@ -261,6 +347,7 @@ class PluginHub:
             self.deliver_pending()
             return
         if isinstance(msg, wire.CqeError):
+            _device_name(msg.dev_name)
             ev = new_event(
                 self.node,
                 "cqe_error",
@@ -274,6 +361,7 @@ class PluginHub:
                 detail={"qp_num": msg.qp_num, "peer": msg.peer, "pid": msg.pid},
             )
         elif isinstance(msg, wire.PortEvent):
+            _device_name(msg.dev_name)
             fatal = msg.ibv_event_type == IBV_EVENT_DEVICE_FATAL
             ev = new_event(
                 self.node,
@@ -287,6 +375,8 @@ class PluginHub:
                 detail={"pid": msg.pid},
             )
         elif isinstance(msg, wire.PathSwitch):
+            _device_name(msg.from_dev)
+            _device_name(msg.to_dev)
             try:
                 reason = wire.SwitchReason(msg.reason).name.lower()
             except ValueError:
@@ -307,28 +397,15 @@ class PluginHub:
                 },
             )
         elif isinstance(msg, wire.Progress):
-            r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
-            # By job too: two jobs on the node may both have comm 0 and this rank number.
-            self.last_ops[(client.job, msg.comm_id, r)] = msg.ops_done
-            self.progress[(client.job, msg.comm_id, r)] = new_event(
-                self.node,
-                "progress",
-                observed_at=_ts(msg.timestamp_ns),
-                comm_id=msg.comm_id,
-                rank=r,
-                ops_done=msg.ops_done,
-                # Whose count it is: the service keeps only the job's current incarnation's.
-                job_id=client.job or None,
-                incarnation=client.incarnation or None,
-            )
+            self._progress(client, msg)
             return
         elif isinstance(msg, wire.Communicator):
             key = (msg.comm_id, msg.rank, msg.pid)
             if msg.comm_id == 0 or msg.rank == wire.RANK_UNKNOWN or key in self.announced:
                 return
-            if len(self.announced) > 100_000:
-                self.announced.clear()  # bounded; a repeat costs the service one upsert
-            self.announced.add(key)
+            while len(self.announced) >= self.limits.max_communicators:
+                del self.announced[next(iter(self.announced))]
+            self.announced[key] = None
             ev = new_event(
                 self.node,
                 "communicator",
@@ -357,12 +434,61 @@ class PluginHub:
         else:
             # A COMMAND from a client is the wrong direction: protocol error.
             raise wire.WireError(f"unexpected {type(msg).__name__} from a plugin client")
-        self.spool_events([ev])
+        self._outbox.append(ev)
+
+    def _progress(self, client: PluginClient, msg: wire.Progress) -> None:
+        r = None if msg.rank == wire.RANK_UNKNOWN else msg.rank
+        # By job too: two jobs on the node may both have comm 0 and this rank number.
+        key = (client.job, msg.comm_id, r)
+        if key not in client.keys:
+            if len(client.keys) >= self.limits.max_communicators_per_client:
+                metrics.PLUGIN_PROGRESS_DROPPED.labels("client_limit").inc()
+                return
+            if key not in self.last_ops and len(self.last_ops) >= self.limits.max_communicators:
+                metrics.PLUGIN_PROGRESS_DROPPED.labels("node_limit").inc()
+                return
+            client.keys.add(key)
+        self.last_ops[key] = msg.ops_done
+        self.progress[key] = (msg, client.incarnation)
 
     def take_progress(self) -> list[Event]:
-        out = list(self.progress.values())
+        """The newest progress of each (job, communicator, rank) since the last take."""
+        out = [
+            new_event(
+                self.node,
+                "progress",
+                observed_at=_ts(msg.timestamp_ns),
+                comm_id=msg.comm_id,
+                rank=rank,
+                ops_done=msg.ops_done,
+                # Whose count it is: the service keeps only the job's current incarnation's.
+                job_id=job or None,
+                incarnation=incarnation or None,
+            )
+            for (job, _, rank), (msg, incarnation) in self.progress.items()
+        ]
         self.progress.clear()
         return out
+
+    def forget(self, client: PluginClient) -> None:
+        """A connection closed: drop what only it kept alive (its communicators' counts)."""
+        self.clients.discard(client)
+        if not client.keys:
+            return
+        others = set().union(*(c.keys for c in self.clients)) if self.clients else set()
+        for key in client.keys - others:
+            self.last_ops.pop(key, None)
+        client.keys.clear()
+
+    def _ack_refused(self, client: PluginClient, cid: int, reason: str) -> None:
+        metrics.PLUGIN_ACKS_REFUSED.labels(reason).inc()
+        _refusals.log(
+            logging.WARNING,
+            "ignoring an ack for command %d from pid %d (%s)",
+            cid,
+            client.pid,
+            reason.replace("_", " "),
+        )
 
     def on_ack(self, client: PluginClient, msg: wire.Ack | wire.AckAt) -> None:
         ops_done = msg.ops_done if isinstance(msg, wire.AckAt) else None
@@ -381,15 +507,57 @@ class PluginHub:
             status = "failed"
         if ops_done is not None:
             detail = f"{detail} at ops_done {ops_done}".strip()
-        self.acks.put_nowait(
-            AckRequest(
-                msg.command_id,
-                status,
-                client.rank,
-                f"{detail} (pid {msg.pid})".strip(),
-                ops_done=ops_done,
-            )
+        req = AckRequest(
+            msg.command_id, status, client.rank, f"{detail} (pid {msg.pid})".strip(), ops_done
         )
+        if msg.command_id in self.handed:
+            self._pass_ack(client, req)
+            return
+        # Not handed out by this agent (yet): hold it until the service sends the command.
+        key = (req.command_id, req.rank, req.status)
+        if key in self.held_acks:
+            self._ack_refused(client, req.command_id, "duplicate")
+            return
+        if len(self.held_acks) >= self.max_held_acks:
+            oldest = next(iter(self.held_acks))
+            del self.held_acks[oldest]
+            self._ack_refused(client, oldest[0], "unknown_command")
+        self.held_acks[key] = (client, req, time.monotonic())
+
+    @property
+    def max_held_acks(self) -> int:
+        return max(16, self.limits.max_acks // 10)
+
+    def _pass_ack(self, client: PluginClient, req: AckRequest) -> None:
+        """Queue an ack for the service if it answers a command handed to its client."""
+        handed = self.handed[req.command_id]
+        cmd = handed.command
+        ranks = [int(r) for r in cmd.get("ranks") or []]
+        if not client.is_for(cmd, int(cmd.get("comm_id") or 0), ranks):
+            self._ack_refused(client, req.command_id, "not_addressed")
+            return
+        if (req.rank, req.status) in handed.acked:
+            self._ack_refused(client, req.command_id, "duplicate")
+            return
+        if self.acks.qsize() >= self.limits.max_acks:
+            self._ack_refused(client, req.command_id, "queue_full")
+            return
+        handed.acked.add((req.rank, req.status))
+        self.acks.put_nowait(req)
+
+    def _release_held(self, cid: int) -> None:
+        """The service handed out a command some ranks had answered already: pass those on."""
+        for key in [k for k in self.held_acks if k[0] == cid]:
+            client, req, _ = self.held_acks.pop(key)
+            self._pass_ack(client, req)
+
+    def _expire_held(self, now: float) -> None:
+        while self.held_acks:
+            key, (client, _, at) = next(iter(self.held_acks.items()))
+            if now - at < self.hold_s:
+                return
+            del self.held_acks[key]
+            self._ack_refused(client, key[0], "unknown_command")
 
     # -- service -> plugin ----------------------------------------------------------------------
     def on_command(self, cmd: dict[str, Any]) -> bool:
@@ -419,15 +587,21 @@ class PluginHub:
         return True
 
     def _finish(self, cid: int, status: str, detail: str) -> None:
-        self.pending.pop(cid, None)
+        pc = self.pending.pop(cid, None)
         self.handled[cid] = status
+        if status == "delivered" and pc is not None:
+            self.handed[cid] = HandedCommand(pc.command)
+            if self.held_acks:
+                self._release_held(cid)
         if len(self.handled) > 10_000:
             for old in list(self.handled)[:5000]:
                 del self.handled[old]
+                self.handed.pop(old, None)
         self.acks.put_nowait(AckRequest(cid, status, None, detail))
 
     def deliver_pending(self) -> None:
         now = time.monotonic()
+        self._expire_held(now)
         for cid, pc in list(self.pending.items()):
             cmd = pc.command
             frame = to_wire_command(cmd)
@@ -487,11 +661,19 @@ class PluginHub:
 class PluginServer:
     """Accepts plugin connections on a unix socket."""
 
-    def __init__(self, path: Path, hub: PluginHub, mode: int, max_clients: int = 512) -> None:
+    def __init__(
+        self,
+        path: Path,
+        hub: PluginHub,
+        mode: int,
+        max_clients: int | None = None,
+    ) -> None:
         self.path = path
         self.hub = hub
         self.mode = mode
-        self.max_clients = max_clients
+        self.limits = hub.limits
+        self.max_clients = self.limits.max_clients if max_clients is None else max_clients
+        self._per_process: dict[int, int] = {}
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -515,48 +697,120 @@ class PluginServer:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
 
+    def _refuse(self, writer: asyncio.StreamWriter, reason: str, msg: str, *args: object) -> None:
+        metrics.PLUGIN_REFUSED.labels(reason).inc()
+        _refusals.log(logging.WARNING, msg, *args)
+        writer.close()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.hub.clients) >= self.max_clients:
-            log.warning("refusing plugin connection: %d clients already", self.max_clients)
-            writer.close()
+            self._refuse(
+                writer, "slots", "refusing plugin connection: %d clients already", self.max_clients
+            )
             return
-        client = PluginClient(writer=writer)
+        pid = _peer_pid(writer)
+        if pid and self._per_process.get(pid, 0) >= self.limits.max_clients_per_process:
+            self._refuse(
+                writer,
+                "process_slots",
+                "refusing plugin connection: process %d holds %d already",
+                pid,
+                self.limits.max_clients_per_process,
+            )
+            return
+        client = PluginClient(writer=writer, peer_pid=pid)
         self.hub.clients.add(client)
+        if pid:
+            self._per_process[pid] = self._per_process.get(pid, 0) + 1
         metrics.PLUGIN_CLIENTS.set(len(self.hub.clients))
-        decoder = wire_codec.FrameDecoder()
         try:
-            while True:
-                data = await reader.read(READ_CHUNK)
-                if not data:
-                    break
-                try:
-                    msgs = decoder.feed(data)
-                except wire.WireError as exc:
-                    # Act on the good frames that came before the bad one.
-                    for m in exc.decoded:
-                        self._safe_on_message(client, m)
-                    metrics.PLUGIN_MALFORMED.inc()
-                    log.warning("dropping plugin connection (pid %d): %s", client.pid, exc)
-                    break
-                if not all(self._safe_on_message(client, m) for m in msgs):
-                    metrics.PLUGIN_MALFORMED.inc()
-                    break
+            await self._serve(client, reader)
         except (ConnectionError, OSError) as exc:
             log.info("plugin connection (pid %d) ended: %s", client.pid, exc)
         finally:
-            self.hub.clients.discard(client)
+            self.hub.forget(client)
+            if pid:
+                left = self._per_process.pop(pid, 1) - 1
+                if left > 0:
+                    self._per_process[pid] = left
             metrics.PLUGIN_CLIENTS.set(len(self.hub.clients))
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _safe_on_message(self, client: PluginClient, msg: wire.Message) -> bool:
+    async def _serve(self, client: PluginClient, reader: asyncio.StreamReader) -> None:
+        decoder = wire_codec.FrameDecoder()
+        hello_by = time.monotonic() + self.limits.hello_timeout_s
+        partial_since: float | None = None
+        while True:
+            # A process that never says HELLO, or leaves a frame half sent, holds a slot
+            # and a buffer for nothing: each has a deadline. After HELLO a quiet client
+            # is normal (a CCL with no fault says nothing).
+            deadline, why = None, ""
+            if not client.hello:
+                deadline, why = hello_by, "hello"
+            if partial_since is not None:
+                frame_by = partial_since + self.limits.frame_timeout_s
+                if deadline is None or frame_by < deadline:
+                    deadline, why = frame_by, "partial_frame"
+            try:
+                async with asyncio.timeout_at(None if deadline is None else _loop_time(deadline)):
+                    data = await reader.read(READ_CHUNK)
+            except TimeoutError:
+                metrics.PLUGIN_REFUSED.labels(why).inc()
+                _refusals.log(
+                    logging.WARNING,
+                    "closing plugin connection (pid %d): %s",
+                    client.peer_pid or client.pid,
+                    f"no HELLO within {self.limits.hello_timeout_s:g}s"
+                    if why == "hello"
+                    else f"a frame left unfinished for {self.limits.frame_timeout_s:g}s",
+                )
+                return
+            if not data:
+                return
+            try:
+                msgs = decoder.feed(data)
+            except wire.WireError as exc:
+                # Act on the good frames that came before the bad one.
+                self._safe_on_messages(client, exc.decoded)
+                metrics.PLUGIN_MALFORMED.inc()
+                log.warning("dropping plugin connection (pid %d): %s", client.pid, exc)
+                return
+            if decoder.buffered == 0:
+                partial_since = None
+            elif partial_since is None or msgs:
+                partial_since = time.monotonic()
+            if not self._safe_on_messages(client, msgs):
+                metrics.PLUGIN_MALFORMED.inc()
+                return
+
+    def _safe_on_messages(self, client: PluginClient, msgs: list[wire.Message]) -> bool:
         try:
-            self.hub.on_message(client, msg)
+            self.hub.on_messages(client, msgs)
         except wire.WireError as exc:
             log.warning("dropping plugin connection (pid %d): %s", client.pid, exc)
             return False
         return True
+
+
+def _loop_time(monotonic_at: float) -> float:
+    """A time.monotonic() instant on the running loop's clock."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic_at - time.monotonic())
+
+
+def _peer_pid(writer: asyncio.StreamWriter) -> int:
+    """The connecting process's id from the kernel (SO_PEERCRED); 0 where unavailable."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return 0
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0
+    pid, _, _ = struct.unpack("3i", creds)
+    return int(pid)
 
 
 def _socket_alive(path: Path) -> bool:

@@ -32,12 +32,24 @@ from agent.collectors.supervise import Supervisor
 from agent.config import AgentSettings
 from agent.events import Event
 from agent.health import HealthServer
-from agent.plugin import ACK_ROUND, PluginHub, PluginServer, batch_acks
+from agent.plugin import ACK_ROUND, PluginHub, PluginLimits, PluginServer, batch_acks
 from agent.railmap import load_rail_map
 from agent.spool import Spool
 from agent.topology import Topology
 
 log = logging.getLogger(__name__)
+
+
+def plugin_limits(s: AgentSettings) -> PluginLimits:
+    return PluginLimits(
+        max_communicators=s.plugin_max_communicators,
+        max_communicators_per_client=s.plugin_max_communicators_per_client,
+        max_acks=s.plugin_max_acks,
+        max_clients=s.plugin_max_clients,
+        max_clients_per_process=s.plugin_max_clients_per_process,
+        hello_timeout_s=s.plugin_hello_timeout_s,
+        frame_timeout_s=s.plugin_frame_timeout_s,
+    )
 
 
 class _Stop(Exception):
@@ -52,7 +64,12 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.rail_map = load_rail_map(settings.rail_map)
-        self.spool = Spool(settings.spool_dir, settings.spool_max_events)
+        self.spool = Spool(
+            settings.spool_dir,
+            settings.spool_max_events,
+            max_dead_letters=settings.spool_max_dead_letters,
+            max_quarantined=settings.spool_max_quarantined,
+        )
         self.ctx = CollectorContext(settings, self.rail_map, self.spool.get_state)
         disabled = set(settings.disabled_collectors)
         self.collectors: list[Collector] = [
@@ -96,7 +113,9 @@ class Agent:
         self._health.start()
         try:
             if self.plugin_enabled:
-                self.hub = PluginHub(s.node_name, self._spool_events, s.command_hold_s)
+                self.hub = PluginHub(
+                    s.node_name, self._spool_events, s.command_hold_s, plugin_limits(s)
+                )
                 self._plugin_server = PluginServer(s.socket, self.hub, s.socket_mode)
                 await self._plugin_server.start()
                 metrics.COLLECTOR_SUCCESS.labels(PLUGIN).set(1)

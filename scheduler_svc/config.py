@@ -241,6 +241,11 @@ class Settings(BaseSettings):
         description="Events observed further ahead of the service's clock are refused; old "
         "ones are accepted and decided as old",
     )
+    ready_probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=2.0,
+        description="/readyz commits a probe write: waited for longer than this (the store "
+        "locked, full or read-only), the service answers 503 not ready",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the service"
     )

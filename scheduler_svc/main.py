@@ -102,6 +102,7 @@ def create_app(
         if migrate:
             upgrade(settings.sqlalchemy_url)
         engine = make_engine(settings.sqlalchemy_url)
+        app.state.engine = engine  # /readyz probes a commit on it
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
         # Agents' reports and audit entries of concurrent requests commit together.

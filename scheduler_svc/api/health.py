@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 
 from fastapi import Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc import __version__
@@ -14,6 +13,7 @@ from scheduler_svc.api import routing
 from scheduler_svc.api.deps import anonymous_open
 from scheduler_svc.api.schemas.health import Health
 from scheduler_svc.services import gauges
+from scheduler_svc.store.db import probe_commit
 
 router = routing.router(tags=["health"])
 
@@ -26,11 +26,9 @@ def healthz() -> Health:
 
 @router.get("/readyz", operation_id="readyz", responses={503: {"model": Health}})
 def readyz(request: Request, response: Response) -> Health:
-    """The store answers; the service can take traffic."""
+    """The store commits a write; the service can take traffic (503 when writes would)."""
     try:
-        with request.app.state.read_sessionmaker() as session:
-            session.execute(text("SELECT 1"))
-            session.rollback()
+        probe_commit(request.app.state.engine, request.app.state.settings.ready_probe_timeout_s)
     except Exception as exc:  # any store failure means not ready
         response.status_code = 503
         return Health(status="unavailable", detail={"store": str(exc).splitlines()[0]})

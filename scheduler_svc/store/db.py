@@ -16,6 +16,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -277,3 +278,39 @@ def _payloads(nodes: list[str]) -> Iterator[str]:
 
 def command_nodes_from_payload(payload: str) -> list[str]:
     return payload.split()
+
+
+def probe_commit(engine: Engine, timeout_s: float) -> None:
+    """Commit one write transaction, or raise: what readiness needs to know.
+
+    A read (SELECT 1) succeeds while every write fails: a SQLite file another process
+    holds locked, a full disk, a PostgreSQL server in recovery or read-only. SQLite: on
+    a connection of its own (so the wait is `timeout_s`, not the writers' busy timeout),
+    the write lock and a rewrite of the header's user_version, which Railover does not
+    use. PostgreSQL: a transaction id and its commit, in a transaction not read-only.
+    """
+    if engine.dialect.name == "sqlite":
+        path = engine.url.database
+        if not path or path == ":memory:":
+            return
+        raw = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            (version,) = raw.execute("PRAGMA user_version").fetchone()
+            raw.execute(f"PRAGMA user_version = {int(version)}")
+            raw.execute("COMMIT")
+        finally:
+            raw.close()
+        return
+    with engine.connect() as conn:
+        conn.execute(
+            text("SELECT set_config('statement_timeout', :ms, true)"),
+            {"ms": str(int(timeout_s * 1000))},
+        )
+        # An id is refused in recovery (a standby); a read-only transaction still gets one.
+        conn.execute(text("SELECT txid_current()"))
+        if conn.execute(text("SELECT current_setting('transaction_read_only')")).scalar() == "on":
+            raise OperationalError(
+                "SELECT txid_current()", None, Exception("the store is read-only")
+            )
+        conn.commit()

@@ -334,9 +334,17 @@ def test_an_answer_with_ops_done_is_relayed_with_it(
     # ack_command_at's frame (ACK_AT): the same answer, plus how far the rank was.
     s = connect(running)
     s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
+    hub = running.agent.hub
+    assert hub is not None
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
+    standin.add_command(
+        {"command_id": 17, "job_id": "j1", "kind": "rebalance", "epoch": 1, "comm_id": 123,
+         "ops_done": 1000, "disabled_channels": [1], "ranks": [3]}
+    )  # fmt: skip
+    assert len(recv_messages(s, 1)) == 1
     s.sendall(wire_codec.encode(wire.AckAt(command_id=17, status=-3, pid=10, ops_done=1234)))
-    assert standin.wait_for(lambda st: any(cid == 17 for cid, _ in st.acks))
-    (ack,) = [b for cid, b in standin.state.acks if cid == 17]
+    assert standin.wait_for(lambda st: any(b["status"] == "too_late" for _, b in st.acks))
+    (ack,) = [b for cid, b in standin.state.acks if cid == 17 and b["status"] != "delivered"]
     # TOO_LATE (-3) is its own status for the service, with the count the rank was at.
     assert (ack["status"], ack["rank"], ack["ops_done"]) == ("too_late", 3, 1234)
     assert ack["detail"] == "too_late at ops_done 1234 (pid 10)"
