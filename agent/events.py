@@ -24,6 +24,7 @@ KINDS = frozenset(
         "device_fatal",
         "communicator",
         "stall",
+        "device_lost",
     }
 )
 # Samples the service can do without: the next one supersedes them. These are

@@ -79,6 +79,14 @@ PORT_ACTIVE = Gauge(
     "railover_agent_port_active", "1 if the RNIC port state is ACTIVE.", ["device", "port"]
 )
 
+# device/port: as above; counter: a watched counter (RAILOVER_AGENT_COUNTER_EVENTS).
+COUNTER_AVAILABLE = Gauge(
+    "railover_agent_counter_available",
+    "1 if the watched counter can count on the port, 0 if it cannot (N/A (no PMA), "
+    "unreadable, not exposed): a rise there can never be reported.",
+    ["device", "port", "counter"],
+)
+
 PLUGIN_CLIENTS = Gauge("railover_agent_plugin_clients", "Connected native plugin clients.")
 # label "type": wire message type name (CqeError, PortEvent, Hello, ...).
 PLUGIN_FRAMES = Counter(

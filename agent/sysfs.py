@@ -6,7 +6,9 @@ import os
 import re
 from pathlib import Path
 
-PCI_ADDR_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# domain:bus:device.function as the kernel prints it (%04x:%02x:%02x.%d): a device number
+# has five bits (00-1f), the domain more than four digits behind VMD or Hyper-V.
+PCI_ADDR_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _SPEED_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 
@@ -19,7 +21,7 @@ def read_attr(path: str | Path) -> str | None:
     """
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name with a NUL in it
         return None
     try:
         data = os.read(fd, 4096)

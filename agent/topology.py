@@ -16,20 +16,35 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import rdma_device
+from agent.counter_files import availability
 from agent.railmap import RailMap
 from agent.sysfs import PCI_ADDR_RE, normalise_pci, parse_rate, parse_state, read_attr
 
 log = logging.getLogger(__name__)
 
 NVIDIA_VENDOR = 0x10DE
+# An RDMA device name as the kernel gives it (at most 63 characters, no slash).
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 # PCI class codes (upper 16 bits of the class attribute).
 CLASS_VGA = 0x0300
 CLASS_3D = 0x0302
 CLASS_OTHER_BRIDGE = 0x0680
+
+
+# A host bridge (root complex) as the kernel names it: pci<domain>:<bus>.
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+# Linux's NR_CPUS limit; a cpulist beyond it is not one the kernel prints.
+MAX_CPUS = 8192
+# The highest NUMA node number the service accepts.
+MAX_NUMA = 1023
+# The fastest port rate the service accepts (Gb/s); a larger one is a misread.
+MAX_RATE_GBPS = 10000
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,9 @@ class Gpu:
 class RnicPort:
     name: str
     port: int
-    pci: str
+    # The nearest PCI function (an SF's parent, a bond's first member); None for a soft
+    # device or one whose sysfs names none.
+    pci: str | None
     numa: int | None
     pcie_switch: str | None
     root_complex: str | None
@@ -64,6 +81,11 @@ class RnicPort:
     switch: str | None
     rail: int | None
     state: str | None
+    kind: str = rdma_device.PHYSICAL
+    physfn: str | None = None
+    members: tuple[str, ...] = ()
+    # (counter, "available" | "unavailable (why)") for each watched counter.
+    counters: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -82,8 +104,15 @@ class Topology:
         for r in self.rnics:
             d = asdict(r)
             rate = d["rate_gbps"]
-            if rate is not None and float(rate).is_integer():
+            if rate is None or not 0 <= rate <= MAX_RATE_GBPS:
+                del d["rate_gbps"]  # unknown: the service's default (0, unknown)
+            elif float(rate).is_integer():
                 d["rate_gbps"] = int(rate)
+            # Not a state ib_core prints (unreadable, odd): not ACTIVE either.
+            state_ok = r.state and len(r.state) <= 32 and _DEVICE_NAME.match(r.state)
+            d["state"] = r.state if state_ok else "UNKNOWN"
+            d["members"] = list(r.members)
+            d["counters"] = dict(r.counters)
             rnics.append(d)
         return {"gpus": [asdict(g) for g in self.gpus], "rnics": rnics}
 
@@ -103,6 +132,7 @@ class Topology:
         return [(r.name, r.port) for r in self.rnics]
 
     def pci_of(self, device: str) -> str | None:
+        """The device's PCI function (None for a soft device, or an unknown name)."""
         for r in self.rnics:
             if r.name == device:
                 return r.pci
@@ -117,9 +147,12 @@ def _cpu_set(text: str | None) -> frozenset[int]:
             continue
         lo, _, hi = part.partition("-")
         try:
-            out.update(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
         except ValueError:
             return frozenset()
+        if not 0 <= first <= last < MAX_CPUS:
+            return frozenset()  # not a list the kernel prints
+        out.update(range(first, last + 1))
     return frozenset(out)
 
 
@@ -138,9 +171,12 @@ class PciTree:
             self._node_cpus = {}
             node_dir = self.root / "devices" / "system" / "node"
             for entry in sorted(node_dir.glob("node[0-9]*")):
+                number = entry.name[4:]
+                if not number.isdigit() or int(number) > MAX_NUMA:
+                    continue
                 cpus = _cpu_set(read_attr(entry / "cpulist"))
                 if cpus:
-                    self._node_cpus[int(entry.name[4:])] = cpus
+                    self._node_cpus[int(number)] = cpus
         local = _cpu_set(read_attr(os.path.join(dev_path, "local_cpulist")))
         for node, cpus in self._node_cpus.items():
             if local and local <= cpus:
@@ -150,7 +186,7 @@ class PciTree:
     def place(self, pci_real_path: str) -> PciPlace:
         rel = os.path.relpath(pci_real_path, self.devices)
         parts = rel.split(os.sep)
-        rc = parts[0] if parts and parts[0].startswith("pci") else None
+        rc = parts[0] if parts and _HOST_BRIDGE.match(parts[0]) else None
         chain = [p for p in parts if PCI_ADDR_RE.match(p)]
         pci = chain[-1] if chain else os.path.basename(pci_real_path)
         # chain = [root port, (switch up, switch down)*, endpoint]. The switch
@@ -168,7 +204,7 @@ class PciTree:
             numa: int | None = int(numa_raw) if numa_raw is not None else None
         except ValueError:
             numa = None
-        if numa is None or numa < 0:
+        if numa is None or not 0 <= numa <= MAX_NUMA:
             numa = self._numa_from_cpus(pci_real_path)
         return PciPlace(pci=pci, numa=numa, pcie_switch=switch, root_complex=rc)
 
@@ -176,13 +212,18 @@ class PciTree:
         return os.path.realpath(self.root / "bus" / "pci" / "devices" / pci)
 
 
-def _class_code(text: str | None) -> int | None:
+def _hex(text: str | None) -> int | None:
     if not text:
         return None
     try:
-        return int(text, 16) >> 8
+        return int(text, 16)
     except ValueError:
         return None
+
+
+def _class_code(text: str | None) -> int | None:
+    code = _hex(text)
+    return None if code is None else code >> 8
 
 
 def _sysfs_gpus(tree: PciTree) -> tuple[list[str], bool]:
@@ -195,9 +236,10 @@ def _sysfs_gpus(tree: PciTree) -> tuple[list[str], bool]:
     except OSError:
         return [], False
     for addr in entries:
+        if not PCI_ADDR_RE.match(addr):
+            continue  # not a name the kernel gives; nothing the service could place
         d = bus / addr
-        vendor = read_attr(d / "vendor")
-        if vendor is None or int(vendor, 16) != NVIDIA_VENDOR:
+        if _hex(read_attr(d / "vendor")) != NVIDIA_VENDOR:
             continue
         cls = _class_code(read_attr(d / "class"))
         if cls in (CLASS_VGA, CLASS_3D):
@@ -236,20 +278,6 @@ def _nvml_gpus() -> list[tuple[int, str, bool | None]] | None:
     return out
 
 
-def _netdev_for(pci_real_path: str, port: int) -> str | None:
-    net = os.path.join(pci_real_path, "net")
-    try:
-        names = sorted(os.listdir(net))
-    except OSError:
-        return None
-    for name in names:
-        # dev_port is the 0-based physical port of a multi-port function.
-        dev_port = read_attr(os.path.join(net, name, "dev_port"))
-        if dev_port is not None and dev_port.isdigit() and int(dev_port) == port - 1:
-            return name
-    return names[0] if len(names) == 1 else None
-
-
 def list_rnic_ports(sysfs_root: Path) -> list[tuple[str, int]]:
     """Every (device, port) under class/infiniband, cheaply."""
     base = Path(sysfs_root) / "class" / "infiniband"
@@ -259,16 +287,68 @@ def list_rnic_ports(sysfs_root: Path) -> list[tuple[str, int]]:
     except OSError:
         return out
     for dev in devs:
+        if not _DEVICE_NAME.match(dev):
+            log.warning("ignoring RDMA device %r: not a name the kernel gives", dev)
+            continue
         try:
-            ports = sorted(int(p) for p in os.listdir(base / dev / "ports") if p.isdigit())
+            ports = sorted(
+                int(p) for p in os.listdir(base / dev / "ports") if p.isdigit() and len(p) <= 3
+            )
         except OSError:
             continue
-        out.extend((dev, p) for p in ports)
+        out.extend((dev, p) for p in ports if 1 <= p <= 255)
     return out
 
 
-def discover(sysfs_root: Path, rail_map: RailMap, use_nvml: bool = True) -> Topology:
-    """The node's GPUs and RNIC ports with their PCIe places and cabling."""
+def _rnic_port(
+    tree: PciTree,
+    sysfs_root: Path,
+    dev: str,
+    port: int,
+    *,
+    rail_map: RailMap,
+    watched: tuple[str, ...],
+) -> RnicPort:
+    where = rdma_device.locate(sysfs_root, dev)
+    place = None if where.pci_path is None else tree.place(where.pci_path)
+    pdir = Path(sysfs_root) / "class" / "infiniband" / dev / "ports" / str(port)
+    state = parse_state(read_attr(pdir / "state"))
+    assign = rail_map.get((dev, port))
+    return RnicPort(
+        name=dev,
+        port=port,
+        pci=where.pci,
+        numa=None if place is None else place.numa,
+        pcie_switch=None if place is None else place.pcie_switch,
+        root_complex=None if place is None else place.root_complex,
+        rate_gbps=parse_rate(read_attr(pdir / "rate")),
+        link_layer=_label(read_attr(pdir / "link_layer")),
+        netdev=rdma_device.port_netdev(sysfs_root, dev, where, port),
+        switch=assign.switch if assign else None,
+        rail=assign.rail if assign else None,
+        state=state[1] if state else None,
+        kind=where.kind,
+        physfn=where.physfn,
+        members=where.members,
+        counters=availability(str(pdir), watched),
+    )
+
+
+def _label(text: str | None) -> str | None:
+    """An attribute the service keeps as a label: one word of at most 32 characters."""
+    if not text or len(text) > 32 or not text.replace("_", "").replace("-", "").isalnum():
+        return None
+    return text
+
+
+def discover(
+    sysfs_root: Path,
+    rail_map: RailMap,
+    use_nvml: bool = True,
+    watched: tuple[str, ...] = (),
+) -> Topology:
+    """The node's GPUs and RNIC ports with their PCIe places and cabling, and whether each
+    ``watched`` counter can count on each port."""
     tree = PciTree(sysfs_root)
     sources = ["sysfs"]
     sysfs_gpus, nvswitch = _sysfs_gpus(tree)
@@ -296,30 +376,10 @@ def discover(sysfs_root: Path, rail_map: RailMap, use_nvml: bool = True) -> Topo
                 )
             )
 
-    rnics: list[RnicPort] = []
-    ib = Path(sysfs_root) / "class" / "infiniband"
-    for dev, port in list_rnic_ports(sysfs_root):
-        pci_path = os.path.realpath(ib / dev / "device")
-        place = tree.place(pci_path)
-        pdir = ib / dev / "ports" / str(port)
-        state = parse_state(read_attr(pdir / "state"))
-        assign = rail_map.get((dev, port))
-        rnics.append(
-            RnicPort(
-                name=dev,
-                port=port,
-                pci=place.pci,
-                numa=place.numa,
-                pcie_switch=place.pcie_switch,
-                root_complex=place.root_complex,
-                rate_gbps=parse_rate(read_attr(pdir / "rate")),
-                link_layer=read_attr(pdir / "link_layer"),
-                netdev=_netdev_for(pci_path, port),
-                switch=assign.switch if assign else None,
-                rail=assign.rail if assign else None,
-                state=state[1] if state else None,
-            )
-        )
+    rnics = [
+        _rnic_port(tree, sysfs_root, dev, port, rail_map=rail_map, watched=watched)
+        for dev, port in list_rnic_ports(sysfs_root)
+    ]
     missing = set(rail_map) - {(r.name, r.port) for r in rnics}
     if missing:
         log.warning(

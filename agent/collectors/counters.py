@@ -1,13 +1,15 @@
 """Counters: RNIC error counters; a rise of a watched one is a ``counter`` event.
 
-Counters are read as data: whatever name the driver exposes under
-``counters/`` or ``hw_counters/`` (mlx5 puts the transport errors in the
-latter), ``N/A (no PMA)`` skipped. Only the watched names
-(RAILOVER_AGENT_COUNTER_EVENTS) are read each poll, which keeps the agent's
-cost per port to a handful of reads.
+Counters are read as data: whatever name the driver exposes under ``counters/``,
+``counters_ext/`` or ``hw_counters/`` (mlx5 puts the transport errors in the
+last), found by the rules in ``agent.counter_files``; one that reads ``N/A (no
+PMA)`` cannot count, and says so once at registration (the topology reports each
+watched counter's availability). Only the watched names
+(RAILOVER_AGENT_COUNTER_EVENTS) are read each poll, which keeps the agent's cost
+per port to a handful of reads.
 
-InfiniBand PMA counters saturate at their field width instead of wrapping
-(IBA 1.4, PortCounters), so a smaller value than last time means the counter
+PMA counters saturate at their field width instead of wrapping, and the 64-bit
+ones never reach theirs, so a smaller value than last time means the counter
 was reset, not that it wrapped: the delta is then the new value itself.
 """
 
@@ -17,31 +19,16 @@ import os
 
 from agent.collectors import names
 from agent.collectors.base import Collected, Collector, CollectorContext, register
+from agent.counter_files import GROUPS, PMA_WIDTH_BITS, CounterFile, resolve
 from agent.sysfs import parse_int, read_attr
 from agent.topology import Topology
 
 STATE_KEY = "counters"
-GROUPS = ("counters", "hw_counters")
-
-# Field widths of the PortCounters attribute; a counter at 2**w - 1 is stuck.
-PMA_WIDTH_BITS = {
-    "symbol_error": 16,
-    "link_error_recovery": 8,
-    "link_downed": 8,
-    "port_rcv_errors": 16,
-    "port_rcv_remote_physical_errors": 16,
-    "port_rcv_switch_relay_errors": 16,
-    "port_xmit_discards": 16,
-    "port_xmit_constraint_errors": 8,
-    "port_rcv_constraint_errors": 8,
-    "local_link_integrity_errors": 4,
-    "excessive_buffer_overrun_errors": 4,
-    "VL15_dropped": 16,
-    "port_xmit_wait": 32,
-}
+__all__ = ["GROUPS", "PMA_WIDTH_BITS", "CountersCollector", "counter_delta", "saturation_value"]
 
 
 def saturation_value(name: str) -> int | None:
+    """Where a PortCounters error counter sticks (None for the ones of no known width)."""
     bits = PMA_WIDTH_BITS.get(name)
     return None if bits is None else (1 << bits) - 1
 
@@ -65,24 +52,15 @@ class CountersCollector(Collector):
         self.last: dict[str, int] = dict(saved) if isinstance(saved, dict) else {}
         self.watched = tuple(ctx.settings.counter_events)
         self.base = os.path.join(ctx.settings.sysfs_root, "class", "infiniband")
-        # (dev, port) -> [(name, group, path)] for the watched names that exist.
-        self._paths: dict[tuple[str, int], list[tuple[str, str, str]]] = {}
-        self._saturated_logged: set[str] = set()
+        # (dev, port) -> the files of the watched names that can count there.
+        self._paths: dict[tuple[str, int], list[CounterFile]] = {}
 
-    def _resolve(self, dev: str, port: int) -> list[tuple[str, str, str]]:
+    def _resolve(self, dev: str, port: int) -> list[CounterFile]:
         found = self._paths.get((dev, port))
         if found is not None:
             return found
         pdir = os.path.join(self.base, dev, "ports", str(port))
-        found = []
-        for group in GROUPS:
-            try:
-                names = set(os.listdir(os.path.join(pdir, group)))
-            except OSError:
-                continue
-            found.extend(
-                (n, group, os.path.join(pdir, group, n)) for n in self.watched if n in names
-            )
+        found = [cf for cf in (resolve(pdir, n)[0] for n in self.watched) if cf is not None]
         self._paths[(dev, port)] = found
         return found
 
@@ -93,8 +71,9 @@ class CountersCollector(Collector):
         for stale in set(self._paths) - set(ports):
             del self._paths[stale]
         for dev, port in ports:
-            for name, group, path in self._resolve(dev, port):
-                cur = parse_int(read_attr(path))
+            for cf in self._resolve(dev, port):
+                name = cf.name
+                cur = parse_int(read_attr(cf.path))
                 if cur is None:
                     continue  # "N/A (no PMA)", or unreadable on this firmware
                 key = f"{dev}/{port}/{name}"
@@ -105,7 +84,7 @@ class CountersCollector(Collector):
                 changed = True
                 if prev is None:
                     continue  # first reading is the baseline
-                delta, reset, saturated = counter_delta(prev, cur, saturation_value(name))
+                delta, reset, saturated = counter_delta(prev, cur, cf.saturation_value(cur))
                 if delta <= 0:
                     continue
                 out.events.append(
@@ -117,7 +96,8 @@ class CountersCollector(Collector):
                         delta=delta,
                         detail={
                             "value": cur,
-                            "group": group,
+                            "group": cf.group,
+                            "width_bits": cf.width_bits,
                             "reset": reset,
                             "saturated": saturated,
                         },

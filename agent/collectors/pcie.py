@@ -31,7 +31,8 @@ class PcieCollector(Collector):
         out: list[tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
         for r in topo.rnics:
-            if r.pci not in seen:
+            # A device with no PCI function (soft) has no link to train down.
+            if r.pci is not None and r.pci not in seen:
                 seen.add(r.pci)
                 out.append((r.pci, {"device": r.name}))
         for g in topo.gpus:

@@ -20,6 +20,12 @@ COST_OTHER_PCIE_SWITCH = 1
 COST_OTHER_ROOT_COMPLEX = 100
 COST_OTHER_NUMA = 200
 
+# What an RDMA device is (the agent's discovery): a PCI function of its own, a scalable
+# function of one, an SR-IOV virtual function, a RoCE LAG bond over several, or a
+# software device (rxe, siw) with no hardware of its own.
+KIND_PHYSICAL = "physical"
+KIND_SOFT = "soft"
+
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
@@ -35,7 +41,7 @@ class Gpu:
 class Rnic:
     name: str
     port: int
-    pci: str = ""
+    pci: str | None = ""
     numa: int | None = None
     pcie_switch: str | None = None
     root_complex: str | None = None
@@ -43,6 +49,9 @@ class Rnic:
     switch: str | None = None
     rail: int | None = None
     state: str = "ACTIVE"
+    kind: str = KIND_PHYSICAL
+    physfn: str | None = None
+    members: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -51,8 +60,20 @@ class Rnic:
 
     @property
     def carries_gpu_traffic(self) -> bool:
-        """Ports cabled into the GPU fabric (with a rail) carry GPU traffic; storage NICs do not."""
-        return self.rail is not None and self.switch is not None
+        """Ports cabled into the GPU fabric (with a rail) carry GPU traffic; storage NICs do
+        not, nor does a software device (its traffic is the CPU's, over another NIC)."""
+        return self.rail is not None and self.switch is not None and self.kind != KIND_SOFT
+
+    @property
+    def functions(self) -> frozenset[str]:
+        """The PCI functions this device's traffic depends on: its own, a VF's physical
+        function, a bond's members."""
+        return frozenset(f for f in (self.pci, self.physfn, *self.members) if f)
+
+    def shares_hardware(self, other: Rnic) -> bool:
+        """Whether one failure can take both: the same device, or a PCI function in common
+        (an SF or VF on the other's function, a bond over it)."""
+        return self.name == other.name or bool(self.functions & other.functions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +160,11 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
     cap = backup_cap_per_switch or default_backup_cap(node)
     candidates = sorted((r for r in node.rnics if r.carries_gpu_traffic), key=lambda r: r.key)
     keys = {id(r): r.key for r in candidates}  # `key` formats a string; build each once
-    warnings: list[str] = []
+    warnings = [
+        f"{r.key} is a software RDMA device (soft: rxe, siw): never a primary or backup"
+        for r in sorted(node.rnics, key=lambda r: r.key)
+        if r.kind == KIND_SOFT
+    ]
     if not candidates:
         warnings.append(f"node {node.name} has no RNIC on the GPU fabric (none in the rail map)")
     primary_load: Counter[str] = Counter()
@@ -156,7 +181,9 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
             plans.append(GpuPaths(gpu.index, None, None, None, None, None, None))
             continue
         primary_load[primary.key] += 1
-        others = [r for r in candidates if r.name != primary.name]
+        # Another port of the primary's card, a function carved from it or a bond over it
+        # fails with it: not a backup.
+        others = [r for r in candidates if not r.shares_hardware(primary)]
         backup = min(
             others,
             key=lambda r: (
@@ -169,9 +196,7 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
             default=None,
         )
         if backup is None:
-            warnings.append(
-                f"GPU {gpu.index} has no backup RNIC: {primary.name} is the only fabric RNIC"
-            )
+            warnings.append(_no_backup(gpu, primary, candidates))
         else:
             if backup_load_switch[backup.pcie_switch] >= cap:
                 warnings.append(
@@ -182,6 +207,17 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
             backup_load_rnic[backup.key] += 1
         plans.append(_gpu_paths(gpu, primary, backup, warnings))
     return NodePlan(node.name, tuple(plans), cap, tuple(warnings))
+
+
+def _no_backup(gpu: Gpu, primary: Rnic, candidates: list[Rnic]) -> str:
+    shared = sorted({r.name for r in candidates if r.name != primary.name})
+    if not shared:
+        return f"GPU {gpu.index} has no backup RNIC: {primary.name} is the only fabric RNIC"
+    return (
+        f"GPU {gpu.index} has no backup RNIC: {', '.join(shared)} share PCI functions "
+        f"with {primary.name} ({', '.join(sorted(primary.functions))}), so one failure "
+        "takes both"
+    )
 
 
 def _gpu_paths(gpu: Gpu, primary: Rnic, backup: Rnic | None, warnings: list[str]) -> GpuPaths:

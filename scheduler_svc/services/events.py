@@ -27,7 +27,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.fleet import EventType, emit
-from scheduler_svc.services import ccl, fabric
+from scheduler_svc.services import ccl, fabric, losses
 from scheduler_svc.store import models as m
 from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
 from scheduler_svc.store.faults import EventRepo, FaultRepo
@@ -138,6 +138,8 @@ def ingest(
 
 def _record(session: Session, e: EventIn, result: IngestResult, settings: Settings) -> set[str]:
     """Record one event's evidence; the nodes (and "@switch"es) whose jobs it touches."""
+    if e.kind == EventKind.DEVICE_LOST:
+        return _record_lost(session, e, result)
     faults = FaultRepo(session)
     device = e.device or ""
     kind = _fault_kind(e)
@@ -187,6 +189,18 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
         # A switch inferred failed clears once its port faults have (clear_switches).
         return {e.node}
     return set()
+
+
+def _record_lost(session: Session, e: EventIn, result: IngestResult) -> set[str]:
+    """A GPU or RNIC gone from the node's sysfs: its topology-loss fault, opened once."""
+    fault = losses.reported_lost(
+        session, e.node, device=e.device, gpu=e.gpu, at=e.observed_at, event_id=e.event_id
+    )
+    if fault is None:
+        return set()
+    EventRepo(session).set_fault([e.event_id], fault.id)
+    result.faults_opened.append(fault)
+    return {e.node}
 
 
 def record_progress(session: Session, events: list[EventIn]) -> int:

@@ -48,6 +48,9 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
             r.switch,
             r.rail,
             r.state,
+            r.kind,
+            r.physfn,
+            tuple(r.members or ()),
         )
         for r in node.rnics
     ]
@@ -62,7 +65,7 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
             for row in f.detail.get("ports") or []:
                 key = (row["name"], row["port"])
                 if key not in have_rnics:
-                    rnics.append(Rnic(**row))
+                    rnics.append(Rnic(**{**row, "members": tuple(row.get("members") or ())}))
                     have_rnics.add(key)
     return NodeTopology(
         name=node.name,

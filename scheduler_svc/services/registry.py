@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -15,14 +14,12 @@ from scheduler_svc.api.schemas.nodes import NodeIn
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
-from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.engine.state import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.services import commands, reconciler
+from scheduler_svc.services import commands, losses, reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo, NodeLook
 from scheduler_svc.store.coordination import CoordinationRepo
-from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.jobs import DecisionRepo, JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.types import CommandKind, CommandState, JobMode
@@ -48,134 +45,13 @@ def register_node(
     node, changed = repo.replace_topology(name, gpus, rnics, now)
     new_gpus = {g["index"] for g in gpus}
     new_rnics = {(r["name"], r["port"]) for r in rnics}
-    touched = _close_returned(session, name, new_gpus, new_rnics, now=now)
+    touched = losses.close_returned(session, name, new_gpus, new_rnics, now=now)
     if changed and before is not None:
-        touched |= _gpus_lost(session, name, old_gpus, new_gpus, now=now)
-        touched |= _rnics_lost(session, name, old_rnics, new_rnics, now=now)
+        touched |= losses.gpus_lost(session, name, old_gpus, new_gpus, now=now)
+        touched |= losses.rnics_lost(session, name, old_rnics, new_rnics, now=now)
     if touched or changed:
         reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
     return node
-
-
-def _close_returned(
-    session: Session,
-    name: str,
-    new_gpus: set[int],
-    new_rnics: set[tuple[str, int]],
-    *,
-    now: datetime,
-) -> bool:
-    """Close the node's losses whose part is registered again, and its unreachability (its
-    agent is back); whether any closed."""
-    faults = FaultRepo(session)
-    touched = False
-    for f in faults.unresolved([name]):
-        back = (f.kind == FaultKind.GPU_LOST and f.port in new_gpus) or (
-            f.kind == FaultKind.RNIC_LOST and any(d == f.device for d, _ in new_rnics)
-        )
-        if back or f.kind == FaultKind.UNREACHABLE:
-            # Registered again (or its agent is back): the loss is over.
-            faults.close(f, now, "registered again", None)
-            touched = True
-    return touched
-
-
-def _gpus_lost(
-    session: Session, name: str, old_gpus: dict[int, m.Gpu], new_gpus: set[int], *, now: datetime
-) -> bool:
-    """A fault for each GPU the node had and registers no more; whether any opened."""
-    touched = False
-    for index, g in sorted(old_gpus.items()):
-        if index not in new_gpus:
-            touched |= _lost(
-                session,
-                name,
-                f"gpu{index}",
-                index,
-                kind=FaultKind.GPU_LOST,
-                now=now,
-                detail={
-                    "was": {
-                        "index": g.index,
-                        "pci": g.pci,
-                        "numa": g.numa,
-                        "pcie_switch": g.pcie_switch,
-                        "root_complex": g.root_complex,
-                        "nvlink": g.nvlink,
-                    }
-                },
-            )
-    return touched
-
-
-def _rnics_lost(
-    session: Session,
-    name: str,
-    old_rnics: dict[tuple[str, int], m.Rnic],
-    new_rnics: set[tuple[str, int]],
-    *,
-    now: datetime,
-) -> bool:
-    """A fault for each RNIC the node had and registers no more (with every port it had);
-    whether any opened."""
-    touched = False
-    gone: dict[str, list[dict[str, Any]]] = {}
-    for (dev, _port), r in sorted(old_rnics.items()):
-        if not any(d == dev for d, _ in new_rnics):
-            gone.setdefault(dev, []).append(
-                {
-                    "name": r.name,
-                    "port": r.port,
-                    "pci": r.pci,
-                    "numa": r.numa,
-                    "pcie_switch": r.pcie_switch,
-                    "root_complex": r.root_complex,
-                    "rate_gbps": r.rate_gbps,
-                    "switch": r.switch,
-                    "rail": r.rail,
-                    "state": "DOWN",
-                }
-            )
-    for dev, ports in gone.items():
-        touched |= _lost(
-            session,
-            name,
-            dev,
-            WHOLE_DEVICE,
-            kind=FaultKind.RNIC_LOST,
-            now=now,
-            detail={"ports": ports},
-        )
-    return touched
-
-
-def _lost(
-    session: Session,
-    node: str,
-    device: str,
-    port: int,
-    *,
-    kind: FaultKind,
-    now: datetime,
-    detail: dict[str, Any],
-) -> bool:
-    fault = FaultRepo(session).open_if_new(
-        m.Fault(
-            node=node,
-            device=device,
-            port=port,
-            kind=kind.value,
-            opened_at=now,
-            last_error_at=now,
-            # The node is the row's own column: a 253-character name must not overflow this.
-            first_event_id=f"registration:{now.isoformat()}",
-            detail=detail,
-        )
-    )
-    if fault is None:
-        return False
-    metrics.FAULTS_OPENED.labels(kind=kind.value).inc()
-    return True
 
 
 def get_node(session: Session, name: str) -> m.Node:

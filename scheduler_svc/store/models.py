@@ -96,7 +96,7 @@ class Rnic(Base):
     node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(64))
     port: Mapped[int]
-    pci: Mapped[str] = mapped_column(String(32), default="")
+    pci: Mapped[str | None] = mapped_column(String(32))  # null: none (a soft device)
     numa: Mapped[int | None]
     pcie_switch: Mapped[str | None] = mapped_column(String(64))
     root_complex: Mapped[str | None] = mapped_column(String(64))
@@ -109,6 +109,11 @@ class Rnic(Base):
     # When `state` was observed (the agent's clock): the port's level. A report observed
     # before it changes nothing but the history. Null: as registered, never reported.
     observed_at: Mapped[datetime | None]
+    # engine.paths' kind, a VF's PF, a bond's members; each watched counter's availability.
+    kind: Mapped[str] = mapped_column(String(16), default="physical", server_default="physical")
+    physfn: Mapped[str | None] = mapped_column(String(32))
+    members: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    counters: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
 
 
 class Job(Base):

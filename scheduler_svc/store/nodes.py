@@ -91,6 +91,13 @@ class NodeRepo:
             node.gpus.extend(m.Gpu(node=name, **g) for g in gpus)
             node.rnics.extend(m.Rnic(node=name, **r) for r in rnics)
             node.topology_version += 1
+        else:
+            # Which counters can count is what the agent sees now, not a topology change.
+            now_counters = {(r["name"], r["port"]): r.get("counters") or {} for r in rnics}
+            for row in node.rnics:
+                counters = now_counters.get((row.name, row.port), {})
+                if row.counters != counters:
+                    row.counters = counters
         self.s.flush()
         return node, changed
 
@@ -168,6 +175,9 @@ RNIC_FIELDS = (
     "switch",
     "rail",
     "state",
+    "kind",
+    "physfn",
+    "members",
 )
 
 

@@ -39,6 +39,10 @@ def test_registers_topology(
             "switch": "rail0-a",
             "rail": 0,
             "state": "ACTIVE",
+            "kind": "physical",
+            "physfn": None,
+            "members": [],
+            "counters": dict.fromkeys(a.settings.counter_events, "available"),
         }
         storage = [r for r in body["rnics"] if r["switch"] is None]
         assert sorted(r["name"] for r in storage) == ["mlx5_8", "mlx5_9"]

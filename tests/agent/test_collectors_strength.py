@@ -230,7 +230,8 @@ def test_an_edited_rail_map_is_reloaded_and_logged(
     t = TopologyCollector(ctx)
     with caplog.at_level(logging.INFO, logger="agent.collectors.topology"):
         first = t.collect(None).topology  # the map it started with: not re-read
-    assert caplog.records == []
+    # (The RoCE storage NICs' counters that cannot count are logged, once: not the map.)
+    assert [r.getMessage() for r in caplog.records if "rail map" in r.getMessage()] == []
     assert first is not None and first.rnics[0].switch == "rail0-a"
     edited = node.rail_map()
     edited["mlx5_0/1"] = {"switch": "rail0-b", "rail": 0}
@@ -242,7 +243,9 @@ def test_an_edited_rail_map_is_reloaded_and_logged(
     assert t.rail_map[("mlx5_0", 1)].switch == "rail0-b"
     assert reloaded is not None and reloaded.rnics[0].switch == "rail0-b"
     assert first.rnics[0].switch == "rail0-a"  # the old snapshot is not changed under its holders
-    assert [r.getMessage() for r in caplog.records] == [f"rail map {rails} reloaded"]
+    assert [r.getMessage() for r in caplog.records if "rail map" in r.getMessage()] == [
+        f"rail map {rails} reloaded"
+    ]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="agent.collectors.topology"):
         t.collect(reloaded)  # unchanged file: not re-read

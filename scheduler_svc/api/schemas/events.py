@@ -11,6 +11,7 @@ from scheduler_svc.api.schemas.fields import (
     JSON_INT_MAX,
     Count,
     DeviceName,
+    GpuNo,
     Incarnation,
     JobId,
     Label,
@@ -34,6 +35,7 @@ class EventKind(enum.StrEnum):
     PROGRESS = "progress"
     COMMUNICATOR = "communicator"
     STALL = "stall"
+    DEVICE_LOST = "device_lost"
 
 
 class EventIn(Strict):
@@ -79,6 +81,9 @@ class EventIn(Strict):
     )
     seq_number: CommId | None = Field(
         default=None, description="stall: the CCL's sequence number of the open collective"
+    )
+    gpu: GpuNo | None = Field(
+        default=None, description="device_lost: the index of the GPU that is gone from sysfs"
     )
     observed_at: UtcTime = Field(
         description="When the agent saw it; at most observed_at_future_skew_s ahead of the "
@@ -165,6 +170,19 @@ class StallEvent(EventIn):
     seq_number: CommId
 
 
+class DeviceLostEvent(EventIn):
+    """A GPU (``gpu``) or an RNIC (``device``) the node had is gone from its sysfs: a
+    topology-loss fault at once, before the node registers what is left."""
+
+    kind: Literal[EventKind.DEVICE_LOST]
+
+    @model_validator(mode="after")
+    def _one_part(self) -> DeviceLostEvent:
+        if (self.gpu is None) == (self.device is None):
+            raise ValueError("device_lost names exactly one of device (an RNIC) or gpu")
+        return self
+
+
 AnyEvent = Annotated[
     PortDownEvent
     | PortUpEvent
@@ -176,7 +194,8 @@ AnyEvent = Annotated[
     | PathSwitchEvent
     | ProgressEvent
     | CommunicatorEvent
-    | StallEvent,
+    | StallEvent
+    | DeviceLostEvent,
     Field(discriminator="kind"),
 ]
 

@@ -28,10 +28,45 @@ class GpuIn(Strict):
     nvlink: StrictBool = False
 
 
+RnicKind = Literal["physical", "sf", "vf", "bond", "soft"]
+# A counter as a port's counters/, counters_ext/ or hw_counters/ names it.
+CounterName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+]
+CounterAvailability = Annotated[
+    str,
+    Field(max_length=128, pattern=r"^(available|unavailable \([\x20-\x7e]{1,110}\))$"),
+]
+
+
+def _blank_is_null(value: object) -> object:
+    # Agents before RNIC kinds sent "" for "no PCI function".
+    return None if value == "" else value
+
+
 class RnicIn(Strict):
     name: DeviceName
     port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)] = 1
-    pci: PciAddress | Literal[""] = ""
+    pci: Annotated[PciAddress | None, BeforeValidator(_blank_is_null)] = Field(
+        default=None,
+        description="The nearest PCI function (an SF's parent, a bond's first member); null "
+        "for a soft device or one whose sysfs names none",
+    )
+    kind: RnicKind = Field(
+        default="physical",
+        description="physical; sf (a scalable function of `pci`); vf (an SR-IOV virtual "
+        "function, `physfn` its physical one); bond (a RoCE LAG bond over `members`); soft "
+        "(rxe, siw: never a primary or backup)",
+    )
+    physfn: PciAddress | None = Field(default=None, description="vf: its physical function")
+    members: Annotated[list[PciAddress], Field(max_length=16)] = Field(
+        default_factory=list, description="bond: its member PCI functions"
+    )
+    counters: Annotated[dict[CounterName, CounterAvailability], Field(max_length=64)] = Field(
+        default_factory=dict,
+        description='Each watched counter: "available", or "unavailable (why)" (e.g. '
+        '"unavailable (N/A (no PMA))"): a rise there can never be reported',
+    )
     numa: Numa | None = None
     pcie_switch: Label | None = None
     root_complex: Label | None = None
@@ -45,6 +80,16 @@ class RnicIn(Strict):
         Annotated[int, Field(strict=True, ge=0, le=RAIL_MAX), BeforeValidator(whole_number)] | None
     ) = None
     state: Annotated[Label, Field(max_length=32)] = "ACTIVE"
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> RnicIn:
+        if self.kind == "soft" and self.pci is not None:
+            raise ValueError("pci: a soft device (rxe, siw) has no PCI function; send null")
+        if self.physfn is not None and self.kind != "vf":
+            raise ValueError(f"physfn: only a vf has a physical function, not a {self.kind}")
+        if self.members and self.kind != "bond":
+            raise ValueError(f"members: only a bond has member functions, not a {self.kind}")
+        return self
 
 
 class NodeIn(Strict):
