@@ -24,14 +24,12 @@ KINDS = frozenset(
         "device_fatal",
         "communicator",
         "stall",
-        "device_lost",
     }
 )
 # Samples the service can do without: the next one supersedes them. These are
 # what a full spool drops first; everything else is a fault or a state change.
 DROPPABLE_KINDS = frozenset({"progress"})
 
-Event = dict[str, Any]
 # The order in which waiting events go to the service: port and device state first, then
 # the other faults and evidence, samples last. Within a lane, the order they happened in. A
 # flood of one lane (CQE noise, progress) never holds back a lower-numbered one.
@@ -89,6 +87,7 @@ def coalesce(older: Event, newer: Event) -> Event:
     return merged
 
 
+Event = dict[str, Any]
 
 
 def rfc3339(ts: datetime | None = None) -> str:
