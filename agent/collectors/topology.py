@@ -30,9 +30,11 @@ STATE_KEY = "topology_devices"
 
 
 def _devices(topo: Topology) -> dict[str, Any]:
-    """What a lost-device report compares: GPU index -> PCI address, RNIC -> PCI or None."""
+    """What a lost-device report compares: GPU PCI address -> index, RNIC -> PCI or None.
+    GPUs by address: without NVML their indexes follow bus order, so the GPUs after a lost
+    one move down an index, and the one to report is the address gone, by its old index."""
     return {
-        "gpus": {str(g.index): g.pci for g in topo.gpus},
+        "gpus": {g.pci: g.index for g in topo.gpus},
         "rnics": {r.name: r.pci for r in topo.rnics},
     }
 
@@ -89,10 +91,10 @@ class TopologyCollector(Collector):
             return []
         events: list[Event] = []
         old_gpus, old_rnics = before.get("gpus") or {}, before.get("rnics") or {}
-        for index, pci in sorted(old_gpus.items()):
-            if index not in now["gpus"] and str(index).isdigit():
+        for pci, index in sorted(old_gpus.items()):
+            if pci not in now["gpus"] and isinstance(index, int):
                 log.warning("GPU %s (%s) is gone from sysfs", index, pci)
-                events.append(self.ctx.event("device_lost", gpu=int(index), detail={"pci": pci}))
+                events.append(self.ctx.event("device_lost", gpu=index, detail={"pci": pci}))
         for dev, pci in sorted(old_rnics.items()):
             if dev not in now["rnics"]:
                 log.warning("RDMA device %s (%s) is gone from sysfs", dev, pci)

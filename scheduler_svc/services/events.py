@@ -194,7 +194,13 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
 def _record_lost(session: Session, e: EventIn, result: IngestResult) -> set[str]:
     """A GPU or RNIC gone from the node's sysfs: its topology-loss fault, opened once."""
     fault = losses.reported_lost(
-        session, e.node, device=e.device, gpu=e.gpu, at=e.observed_at, event_id=e.event_id
+        session,
+        e.node,
+        device=e.device,
+        gpu=e.gpu,
+        at=e.observed_at,
+        event_id=e.event_id,
+        pci=e.detail.get("pci"),
     )
     if fault is None:
         return set()

@@ -60,10 +60,12 @@ def reported_lost(
     gpu: int | None,
     at: datetime,
     event_id: str,
+    pci: object = None,
 ) -> m.Fault | None:
     """The fault an agent's ``device_lost`` report opens: on the part as registered. None
     when the part is not registered, when the node registered after the report was
-    observed (the registration says what is there now) or when its loss is open already."""
+    observed (the registration says what is there now), when the GPU at that index has
+    another address than the one reported (``pci``) or when its loss is open already."""
     row = NodeRepo(session).get(node)
     if row is None or row.updated_at > at:
         # Registered after the agent saw it gone (it came back, or the smaller
@@ -71,7 +73,8 @@ def reported_lost(
         return None
     if gpu is not None:
         g = next((g for g in row.gpus if g.index == gpu), None)
-        if g is None:
+        if g is None or (pci is not None and pci != g.pci):
+            # Not the GPU registered at that index (the agent's indexes follow bus order).
             return None
         return _open(
             session,
