@@ -41,9 +41,9 @@ KINDS = (PHYSICAL, SF, VF, BOND, SOFT)
 # The names the kernel's soft drivers give (rxe0, siw0, siw_eth0); as ``rdma link add``
 # names them by convention too.
 _SOFT_NAME = re.compile(r"^(rxe|siw)")
-_BOND_NAME = re.compile(r"_bond_[0-9]+$")
-_SF_NAME = re.compile(r"\.sf\.[0-9]+$")
-_NETDEV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}$")
+_BOND_NAME = re.compile(r"_bond_[0-9]+\Z")
+_SF_NAME = re.compile(r"\.sf\.[0-9]+\Z")
+_NETDEV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,14}\Z")
 
 
 @dataclass(frozen=True)

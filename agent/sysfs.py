@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 # domain:bus:device.function as the kernel prints it (%04x:%02x:%02x.%d): a device number
-# has five bits (00-1f), the domain more than four digits behind VMD or Hyper-V.
-PCI_ADDR_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")
+# has five bits (00-1f), the domain more than four digits behind VMD or Hyper-V. \Z, not
+# $: a name with a trailing newline is not one.
+PCI_ADDR_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]\Z")
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _SPEED_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 

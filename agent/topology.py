@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 NVIDIA_VENDOR = 0x10DE
 # An RDMA device name as the kernel gives it (at most 63 characters, no slash).
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 # PCI class codes (upper 16 bits of the class attribute).
 CLASS_VGA = 0x0300
 CLASS_3D = 0x0302
@@ -38,7 +38,8 @@ CLASS_OTHER_BRIDGE = 0x0680
 
 
 # A host bridge (root complex) as the kernel names it: pci<domain>:<bus>.
-_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}\Z")
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}\Z")
 # Linux's NR_CPUS limit; a cpulist beyond it is not one the kernel prints.
 MAX_CPUS = 8192
 # The highest NUMA node number the service accepts.
@@ -109,7 +110,7 @@ class Topology:
             elif float(rate).is_integer():
                 d["rate_gbps"] = int(rate)
             # Not a state ib_core prints (unreadable, odd): not ACTIVE either.
-            state_ok = r.state and len(r.state) <= 32 and _DEVICE_NAME.match(r.state)
+            state_ok = r.state and _LABEL.match(r.state)
             d["state"] = r.state if state_ok else "UNKNOWN"
             d["members"] = list(r.members)
             d["counters"] = dict(r.counters)
@@ -336,9 +337,7 @@ def _rnic_port(
 
 def _label(text: str | None) -> str | None:
     """An attribute the service keeps as a label: one word of at most 32 characters."""
-    if not text or len(text) > 32 or not text.replace("_", "").replace("-", "").isalnum():
-        return None
-    return text
+    return text if text and _LABEL.match(text) else None
 
 
 def discover(
