@@ -9,6 +9,7 @@ import logging
 import math
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -20,8 +21,9 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from scheduler_svc.engine.decision import Policy
-from scheduler_svc.twin.cluster import ClusterSpec
-from scheduler_svc.twin.loop import CAUSES, Twin, TwinResult
+from scheduler_svc.twin.books import CAUSES, TwinResult
+from scheduler_svc.twin.cluster import ClusterSpec, Reports
+from scheduler_svc.twin.loop import Twin
 
 HELP = (
     "Run the real service in closed loop with a simulated cluster, on a manual clock: "
@@ -43,6 +45,18 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
     seed: Annotated[int, typer.Option(min=0, help="The first seed")] = 1,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy (for the interval)")] = 1,
     fault_scale: Annotated[float, typer.Option(min=0, help="Multiplies every fault rate")] = 1.0,
+    delay_p: Annotated[
+        float, typer.Option(min=0, max=1, help="Share of reports held back (up to --max-delay-s)")
+    ] = 0.0,
+    duplicate_p: Annotated[
+        float, typer.Option(min=0, max=1, help="Share of reports sent a second time")
+    ] = 0.0,
+    max_delay_s: Annotated[
+        float, typer.Option(min=0, max=86400, help="Longest hold-back or resend, seconds")
+    ] = 30.0,
+    skew_s: Annotated[
+        float, typer.Option(min=0, max=86400, help="Node clocks off by up to this, seconds")
+    ] = 0.0,
     policy: Annotated[
         list[Policy] | None, typer.Option(help="A policy to run (repeat it); default: all four")
     ] = None,
@@ -54,6 +68,9 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
     logging.getLogger("railover").setLevel(logging.ERROR)
     try:
         spec = ClusterSpec(nodes=nodes, spares=spares, nodes_per_leaf=nodes_per_leaf, jobs=jobs)
+        reports = Reports(
+            delay_p=delay_p, duplicate_p=duplicate_p, max_delay_s=max_delay_s, skew_s=skew_s
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     policies = policy or list(Policy)
@@ -70,10 +87,21 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
                     fault_scale=fault_scale,
                     policy=p,
                     progress=partial(_advance, bar, task),
+                    reports=reports,
                 )
                 results.append(twin.run())
                 bar.remove_task(task)
-    Console(width=max(Console().width, 150)).print(table(results))
+    out = Console(width=max(Console().width, 180))
+    out.print(table(results))
+    sent = Counter[str]()
+    for r in results[: len(results) // len(policies)]:  # the first policy's runs: one per trace
+        sent.update(r.reports)
+    out.print(
+        "reports per trace: "
+        + ", ".join(f"{sent[k]} {k}" for k in ("late", "twice", "held", "overtaken"))
+        + " (late: held back; twice: sent again; held: by a cut-off agent; overtaken: "
+        "reached the service after a newer report of the same port)"
+    )
     if json_out is not None:
         json_out.write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n")
     broken = sum(sum(r.violations.values()) for r in results)

@@ -29,11 +29,46 @@ class FaultKind(StrEnum):
     FLAP = "flap"  # port_down and port_up a few seconds apart
     CQE = "cqe"  # CQE errors (retry exceeded) with no port change
     LEAF = "leaf"  # a leaf switch: every node on it loses that rail within a spread
+    # The node's agent cannot reach the service for `repair_s`: its reports wait in its
+    # spool and go in order when it is back; its commands wait for it too.
+    PARTITION = "partition"
 
 
-# Per component (a link, an RNIC, a leaf) and hour, as a multiple of the link rate; LEAF
-# uses the switch rate itself.
-KIND_SCALE = {FaultKind.LINK: 1.0, FaultKind.RNIC: 0.5, FaultKind.FLAP: 4.0, FaultKind.CQE: 2.0}
+# Per component (a link, an RNIC, a leaf; a node for PARTITION) and hour, as a multiple of
+# the link rate; LEAF uses the switch rate itself.
+KIND_SCALE = {
+    FaultKind.LINK: 1.0,
+    FaultKind.RNIC: 0.5,
+    FaultKind.FLAP: 4.0,
+    FaultKind.CQE: 2.0,
+    FaultKind.PARTITION: 4.0,
+}
+# How long an agent stays cut off: uniform in this range, seconds.
+PARTITION_S = (30.0, 900.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Reports:
+    """How the agents' reports reach the service: each report (one POST of a node's
+    events) is held back with probability `delay_p` for up to `max_delay_s` (so a later
+    one may overtake it), sent a second time (the same event ids, up to `max_delay_s`
+    later) with probability `duplicate_p`, and stamped by a node clock off by up to
+    `skew_s` either way (each node's offset drawn once, within the service's bound)."""
+
+    delay_p: float = 0.0
+    duplicate_p: float = 0.0
+    max_delay_s: float = 30.0
+    skew_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("delay_p", "duplicate_p"):
+            p = getattr(self, name)
+            if not (math.isfinite(p) and 0 <= p <= 1):
+                raise ValueError(f"{name}: a probability in [0, 1], got {p}")
+        for name in ("max_delay_s", "skew_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and 0 <= v <= 86400):
+                raise ValueError(f"{name}: seconds in [0, 86400], got {v}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +170,8 @@ def trace(
 ) -> list[Fault]:
     """Independent Poisson processes per component kind, seeded: the same trace for every
     policy. A LINK, RNIC or LEAF fault is repaired after an exponential time of mean
-    repair_h; a FLAP comes back within seconds; a CQE burst needs no repair."""
+    repair_h; a FLAP comes back within seconds; a CQE burst needs no repair; a PARTITION
+    lasts PARTITION_S (one node's agent, so its rate is per node, not per link)."""
     if not (days > 0 and math.isfinite(days)):
         raise ValueError(f"days: must be a positive number, got {days}")
     if not (fault_scale >= 0 and math.isfinite(fault_scale)):
@@ -145,6 +181,9 @@ def trace(
     links = spec.nodes * RAILS
     leaves = RAILS * math.ceil(spec.nodes / spec.nodes_per_leaf)
     rates = {kind: links * model.link_rate_per_h * scale for kind, scale in KIND_SCALE.items()}
+    rates[FaultKind.PARTITION] = (
+        spec.nodes * model.link_rate_per_h * KIND_SCALE[FaultKind.PARTITION]
+    )
     rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
     out: list[Fault] = []
     for kind, per_h in rates.items():
@@ -158,6 +197,8 @@ def trace(
             repair = float(rng.exponential(model.repair_h * 3600.0))
             if kind == FaultKind.FLAP:
                 repair = float(rng.uniform(1.0, 10.0))
+            elif kind == FaultKind.PARTITION:
+                repair = float(rng.uniform(*PARTITION_S))
             leaf = leaf_of(node, rail, spec.nodes_per_leaf) if kind == FaultKind.LEAF else None
             out.append(Fault(t, kind, node, rail, repair, leaf))
     return sorted(out)

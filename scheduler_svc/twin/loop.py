@@ -11,10 +11,15 @@ runs in minutes. The twin decides nothing: it reports what happened
   lost work: progress rolled back to the checkpoint; reload; degraded: running failed
   over at the job's true k, (1 - 1/k) of the time; waiting: aborted, not yet placed
   again), and the total, elapsed minus progress, which the causes must sum to;
-- the invariants, counted: no command moves a rank onto a port whose newest report is
-  down; a command names its job, the job's current incarnation and ranks the job has on
+- the invariants, counted: no command moves a rank onto a port whose newest report
+  (by its observation time, among those the service has received) is down; a command
+  names its job, the job's current incarnation and ranks the job has on
   the node; (job, communicator, epoch) names one plan; a job restarts at most once per
-  fault evidence per placement; every event is stored once.
+  fault evidence per placement; every event is stored once, however often it is sent.
+
+Reports may be late, sent twice and out of order, stamped by skewed node clocks
+(`Reports`), and an agent may be cut off (a PARTITION fault): the service must decide
+on the newest observation of each port, not on the order reports arrive in.
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI
 
 from scheduler_svc.api.schemas.commands import CommandOut
@@ -42,13 +47,14 @@ from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.main import create_app
 from scheduler_svc.planning.params import JobModel
+from scheduler_svc.twin.books import CAUSES, Invariants, TwinJob, TwinResult
 from scheduler_svc.twin.cluster import (
     GPUS,
     RAILS,
     ClusterSpec,
     Fault,
     FaultKind,
-    JobSpec,
+    Reports,
     job_mix,
     leaf_names,
     leaf_of,
@@ -63,125 +69,10 @@ log = logging.getLogger(__name__)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 COMM_ID = 1000  # job j's communicator over all its ranks: COMM_ID + j
 LEAF_SPREAD_S = 2.0  # the nodes on a failed leaf report within this long
-CAUSES = ("hang", "lost_work", "reload", "degraded", "waiting")
 # How often a FlowCheck job (a checkpoint every iteration) tells the service: the newest
 # one is all the service reads, and a failover is followed by one an iteration later
 # (the checkpoint at which the service may restart the job).
 FLOWCHECK_POST_S = 1800.0
-
-
-@dataclass
-class TwinJob:
-    """One job as the twin runs it: where it is, how far it got, what it lost."""
-
-    spec: JobSpec
-    comm_id: int
-    nodes: list[str]
-    incarnation: int = 1
-    mode: str = "normal"  # as the service last said
-    # Its processes: "up", "hung" until hung_until (then "down" if aborted), "down"
-    # (aborted, waiting for the fleet manager to place it again), "reloading" until
-    # ready_at.
-    state: str = "up"
-    aborted: bool = False
-    hung_until: float = 0.0
-    ready_at: float = 0.0
-    progress: float = 0.0  # work-seconds done
-    accounted_to: float = 0.0
-    checkpoint_progress: float = 0.0
-    checkpoint_at: float = 0.0
-    generation: int = 0  # bumped at each restart: stale checkpoint events are dropped
-    lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
-    on_backup: set[int] = field(default_factory=set)  # ranks the applied commands moved
-
-    def rank_of(self, node: str, gpu: int) -> int:
-        return self.nodes.index(node) * GPUS + gpu
-
-    def accrue(self, t: float) -> None:
-        """Progress and losses from `accounted_to` up to `t`, state by state."""
-        while self.accounted_to < t:
-            start = self.accounted_to
-            if self.state == "hung":
-                end = min(t, self.hung_until)
-                self.lost["hang"] += end - start
-                if end >= self.hung_until:
-                    self.state = "down" if self.aborted else "up"
-            elif self.state == "reloading":
-                end = min(t, self.ready_at)
-                self.lost["reload"] += end - start
-                if end >= self.ready_at:
-                    self.state = "up"
-            elif self.state == "down":
-                end = t
-                self.lost["waiting"] += end - start
-            else:
-                end = t
-                if self.mode == "failed_over":
-                    self.progress += (end - start) / self.spec.k
-                    self.lost["degraded"] += (end - start) * (1 - 1 / self.spec.k)
-                else:
-                    self.progress += end - start
-            self.accounted_to = end
-
-    def checkpoint_now(self) -> None:
-        if self.spec.checkpoint == "flowcheck":  # every iteration
-            it = self.spec.interval_s
-            self.checkpoint_progress = self.progress - self.progress % it
-        else:
-            self.checkpoint_progress = self.progress
-
-    def roll_back(self) -> None:
-        """A restart: the work since the checkpoint is lost."""
-        if self.spec.checkpoint == "flowcheck":
-            self.checkpoint_now()
-        self.lost["lost_work"] += self.progress - self.checkpoint_progress
-        self.progress = self.checkpoint_progress
-
-
-@dataclass
-class Invariants:
-    counts: Counter[str] = field(default_factory=Counter)
-    first: dict[str, str] = field(default_factory=dict)
-
-    def broken(self, name: str, what: str) -> None:
-        self.counts[name] += 1
-        self.first.setdefault(name, what)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-@dataclass(frozen=True, slots=True)
-class TwinResult:
-    policy: str
-    seed: int
-    days: float
-    wall_s: float
-    faults: dict[str, int]
-    decisions: dict[str, int]
-    events: int
-    gpu_hours_lost: dict[str, float]  # by cause, all jobs
-    gpu_hours_total: float  # elapsed minus progress, all jobs
-    gpu_hours: float  # the cluster's jobs' GPU-hours in the simulated time
-    violations: dict[str, int]
-    first_violation: dict[str, str]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "seed": self.seed,
-            "days": self.days,
-            "wall_s": round(self.wall_s, 3),
-            "faults": self.faults,
-            "decisions": self.decisions,
-            "events": self.events,
-            "gpu_hours_lost": self.gpu_hours_lost,
-            "gpu_hours_lost_total": self.gpu_hours_total,
-            "gpu_hours": self.gpu_hours,
-            "violations": self.violations,
-            "first_violation": self.first_violation,
-        }
 
 
 def twin_settings(policy: Policy, db_url: str | None, tmp: Path) -> Settings:
@@ -222,8 +113,16 @@ class Twin:
         faults: list[Fault] | None = None,
         db_url: str | None = None,
         progress: Callable[[float], None] | None = None,
+        reports: Reports | None = None,
     ) -> None:
         self.spec = spec
+        self.reports = reports or Reports()
+        # Its own stream, so that the fault trace is the same whatever the reports do.
+        self.rng = np.random.default_rng([seed, 1])
+        bound = self.reports.skew_s
+        self.skew = {
+            node_name(i): float(self.rng.uniform(-bound, bound)) for i in range(spec.nodes)
+        }
         self.model = model or JobModel()
         self.days = days
         self.seed = seed
@@ -241,11 +140,20 @@ class Twin:
         self.down: Counter[tuple[str, int]] = Counter()  # (node, rail) -> reasons it is down
         self.decisions: Counter[str] = Counter()
         self.fault_counts: Counter[str] = Counter(f.kind.value for f in self.faults)
+        self.validate_skew()
         self.events = 0
         self.plans: dict[tuple[str, int, int], tuple[Any, ...]] = {}
         self.restarts: set[tuple[str, frozenset[str], frozenset[str]]] = set()
         self.seen: set[str] = set()  # decision ids counted
         self.bursts: list[tuple[str, int, float]] = []  # CQE bursts: node, rail, when
+        # (node, rail) -> (observed_at, down) of the newest port report the service has
+        self.reported: dict[tuple[str, int], tuple[str, bool]] = {}
+        self.stored: set[str] = set()  # event ids the service has accepted
+        # reports: late (held back), twice (sent again), held (by a cut-off agent),
+        # overtaken (a port's report that reached the service after a newer one of it)
+        self.report_counts: Counter[str] = Counter()
+        self.cut_off: dict[str, list[list[dict[str, Any]]]] = {}  # partitioned: held reports
+        self.waiting: list[TwinJob] = []  # aborted, no spare free for a broken node
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.now_s = 0.0
@@ -277,6 +185,14 @@ class Twin:
                 for job in self.jobs.values():
                     job.accrue(horizon)
         return self.result(time.perf_counter() - started, horizon)
+
+    def validate_skew(self) -> None:
+        bound = Settings.model_fields["observed_at_future_skew_s"].default
+        if self.reports.skew_s > bound:
+            raise ValueError(
+                f"skew_s: at most the service's observed_at_future_skew_s ({bound:g} s), "
+                f"got {self.reports.skew_s:g}"
+            )
 
     def at(self, t: float, act: Callable[[], None]) -> None:
         heapq.heappush(self.queue, (t, next(self.seq), act))
@@ -367,6 +283,8 @@ class Twin:
                 self.at(self.now_s + f.repair_s + spread, partial(self.port, i, f.rail, True))
         elif f.kind == FaultKind.CQE:
             self.cqe(f.node, f.rail)
+        elif f.kind == FaultKind.PARTITION:
+            self.partition(node_name(f.node), f.repair_s)
         else:
             self.port(f.node, f.rail, False, fatal=f.kind == FaultKind.RNIC)
             self.at(self.now_s + f.repair_s, lambda: self.port(f.node, f.rail, True))
@@ -386,6 +304,8 @@ class Twin:
         if not up:
             self.hit(node, rail)
         self.report(node, [event])
+        if up:
+            self.retry_waiting()
 
     def cqe(self, i: int, rail: int) -> None:
         node = node_name(i)
@@ -406,16 +326,35 @@ class Twin:
                 job.state, job.hung_until = "hung", self.now_s + job.spec.timeout_s
 
     def report(self, node: str, events: list[dict[str, Any]]) -> None:
-        """The node's agent posts its events, each with an id of its own."""
+        """The node's agent sends its events, each with an id of its own and the node's
+        clock, now, late or twice as `Reports` says; a cut-off agent keeps them."""
         stamped = [
             {
                 "event_id": f"twin-{next(self.seq)}",
                 "node": node,
-                "observed_at": self.when(self.now_s),
+                "observed_at": self.when(self.now_s + self.skew[node]),
             }
             | e
             for e in events
         ]
+        if node in self.cut_off:
+            self.report_counts["held"] += 1
+            self.cut_off[node].append(stamped)
+            return
+        r = self.reports
+        if r.delay_p and self.rng.random() < r.delay_p:
+            self.report_counts["late"] += 1
+            later = self.now_s + self.rng.uniform(0, r.max_delay_s)
+            self.at(later, partial(self.post, node, stamped))
+        else:
+            self.post(node, stamped)
+        if r.duplicate_p and self.rng.random() < r.duplicate_p:
+            self.report_counts["twice"] += 1
+            later = self.now_s + self.rng.uniform(0, r.max_delay_s)
+            self.at(later, partial(self.post, node, stamped))
+
+    def post(self, node: str, stamped: list[dict[str, Any]]) -> None:
+        """One POST of the node's events; the service must store each id once."""
         for job in self.jobs.values():  # FlowCheck jobs say their newest checkpoint first
             if node in job.nodes and job.spec.checkpoint == "flowcheck" and job.state == "up":
                 job.accrue(self.now_s)
@@ -424,14 +363,39 @@ class Twin:
                 )
         out = self.rv.report_events(stamped)
         self.events += len(stamped)
-        if (out.accepted, out.duplicates) != (len(stamped), 0):
+        ids = [e["event_id"] for e in stamped]
+        new = len(set(ids) - self.stored)
+        self.stored.update(ids)
+        if (out.accepted, out.duplicates) != (new, len(ids) - new):
             self.invariants.broken(
                 "event stored once",
-                f"{node}: {len(stamped)} new events, {out.accepted} accepted, "
+                f"{node}: {new} new events of {len(ids)}, {out.accepted} accepted, "
                 f"{out.duplicates} duplicates",
             )
+        for e in stamped:
+            if e["kind"] in ("port_down", "port_up", "device_fatal"):
+                key = (node, int(e["device"].removeprefix("mlx5_")))
+                newest = self.reported.get(key)
+                if newest is None or newest[0] < e["observed_at"]:
+                    self.reported[key] = (e["observed_at"], e["kind"] != "port_up")
+                elif newest[0] > e["observed_at"]:
+                    self.report_counts["overtaken"] += 1
         self.deliver([j for j in self.jobs.values() if node in j.nodes])
         self.deadlines()
+
+    def partition(self, node: str, seconds: float) -> None:
+        """The node's agent is cut off for `seconds`: then it sends what it kept, in order,
+        and takes its commands."""
+        if node in self.cut_off:
+            return
+        self.cut_off[node] = []
+
+        def back() -> None:
+            for stamped in self.cut_off.pop(node):
+                self.post(node, stamped)
+            self.deliver([j for j in self.jobs.values() if node in j.nodes])
+
+        self.at(self.now_s + seconds, back)
 
     # --- what the service says --------------------------------------------------------
 
@@ -439,7 +403,7 @@ class Twin:
         """Each job's agents take the commands waiting for them and the ranks apply them."""
         for job in jobs:
             waiting = {c.node for c in self.rv.job_commands(job.spec.job_id) if c.state == "issued"}
-            for node in sorted(waiting):
+            for node in sorted(waiting - self.cut_off.keys()):
                 for c in self.rv.node_commands(node):
                     self.apply(c)
             self.refresh(job)
@@ -472,13 +436,17 @@ class Twin:
             self.aborted(job)
 
     def onto(self, job: TwinJob, c: CommandOut, rank: int, *, backup: bool) -> None:
+        """Check the port `rank` moves onto. The rank may live on another node than the
+        command's: a communicator's FAILBACK tells every member which ranks return."""
+        node = job.nodes[rank // GPUS]
         gpu = rank % GPUS
         rail = gpu ^ 1 if backup else gpu
-        if self.down[(c.node, rail)] > 0:
+        newest = self.reported.get((node, rail))
+        if newest is not None and newest[1]:
             self.invariants.broken(
                 "no rank onto a dead port",
-                f"{c.kind} {c.command_id} of {job.spec.job_id} puts rank {rank} on "
-                f"{c.node}/mlx5_{rail}, which is down",
+                f"{c.kind} {c.command_id} (to {c.node}) of {job.spec.job_id} puts rank {rank} "
+                f"on {node}/mlx5_{rail}, whose newest report ({newest[0]}) says down",
             )
 
     def refresh(self, job: TwinJob) -> None:
@@ -527,6 +495,8 @@ class Twin:
         self.at(job.hung_until, lambda: self.requeue(job))
 
     def requeue(self, job: TwinJob) -> None:
+        """Place the job again from its checkpoint, a free node in place of each broken
+        one; with too few free, it waits (still down) for a repair."""
         job.accrue(self.now_s)
         taken = {n for j in self.jobs.values() for n in j.nodes}
         free = [
@@ -534,12 +504,24 @@ class Twin:
             for i in range(self.spec.nodes)
             if node_name(i) not in taken and not self.broken(node_name(i))
         ]
-        job.nodes = [free.pop(0) if self.broken(n) and free else n for n in job.nodes]
+        broken = [n for n in job.nodes if self.broken(n)]
+        if len(broken) > len(free):
+            if job not in self.waiting:
+                self.waiting.append(job)
+            return
+        if job in self.waiting:
+            self.waiting.remove(job)
+        job.nodes = [free.pop(0) if self.broken(n) else n for n in job.nodes]
         job.incarnation += 1
         job.aborted = False
         job.state, job.ready_at = "reloading", self.now_s + job.spec.reload_s
         self.post_job(job)
         self.schedule_checkpoint(job, job.spec.reload_s + job.spec.interval_s)
+
+    def retry_waiting(self) -> None:
+        """A repair may have freed what a waiting job needs: the first waiting first."""
+        for job in list(self.waiting):
+            self.requeue(job)
 
     def evidence(self, job: TwinJob) -> frozenset[str]:
         """What is broken on the job's nodes now, as the twin broke it: the ports down and
@@ -581,4 +563,5 @@ class Twin:
             gpu_hours=gpu_s / 3600,
             violations=dict(self.invariants.counts),
             first_violation=dict(self.invariants.first),
+            reports=dict(self.report_counts),
         )

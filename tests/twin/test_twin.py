@@ -12,8 +12,9 @@ import pytest
 
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.planning.params import JobModel
-from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, job_mix, trace
-from scheduler_svc.twin.loop import CAUSES, Twin, TwinResult
+from scheduler_svc.twin.books import CAUSES, TwinResult
+from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, Reports, job_mix, trace
+from scheduler_svc.twin.loop import Twin
 
 DAY = 86400.0
 # 64 nodes, 16 per leaf and rail; 4 spares; job-0 (interval checkpoints) on n00000-n00029,
@@ -99,3 +100,57 @@ def test_a_cluster_that_cannot_be_is_refused_naming_the_option(
 
 def test_every_cause_is_named() -> None:
     assert CAUSES == ("hang", "lost_work", "reload", "degraded", "waiting")
+
+
+def test_late_twice_sent_and_reordered_reports_and_a_cut_off_agent_keep_every_invariant() -> None:
+    """Half the reports held back up to a minute (so a flap's port_up often reaches the
+    service before its port_down), half sent twice, node clocks 10 s apart, and node 3's
+    agent cut off for ten minutes across a failure of one of its NICs: the service still
+    stores every event once and never moves a rank onto a port whose newest report is down."""
+    flaps = [Fault(1800.0 * h, FaultKind.FLAP, h % 30, h % 8, 5.0) for h in range(1, 7)]
+    faults = sorted(
+        [
+            *flaps,
+            Fault(2 * 3600 + 600, FaultKind.PARTITION, 3, 0, 600.0),
+            Fault(2 * 3600 + 660, FaultKind.LINK, 3, 6, 3600.0),
+            Fault(4 * 3600, FaultKind.LEAF, 0, 2, 1800.0, leaf="rail2-leaf0"),
+        ]
+    )
+    reports = Reports(delay_p=0.5, duplicate_p=0.5, max_delay_s=60, skew_s=10)
+    r = Twin(SPEC, days=0.2, seed=2, fault_scale=0, faults=faults, reports=reports).run()
+    assert r.violations == {}, r.first_violation
+    conserved(r)
+    # The run did what it is for: reports overtaken, resent, and kept by the cut-off agent.
+    assert r.reports["overtaken"] >= 1 and r.reports["twice"] >= 1, r.reports
+    assert r.reports["held"] == 1, r.reports  # node 3's port_down, sent when it is back
+    assert r.decisions.get("failover", 0) >= 2
+
+
+def test_a_job_waits_for_a_spare_when_none_is_free() -> None:
+    """One spare: the first broken node's job takes it; when a second node breaks, no
+    healthy node is free, so the job waits, down, until that node's repair, and is placed
+    back on it then. The wait is counted as its own cause. Placed the moment the port is
+    up again, the job starts on its backup (the fault is still damping) and fails back."""
+    spec = ClusterSpec(nodes=16, spares=1, nodes_per_leaf=16, jobs=1)
+    (job,) = job_mix(spec, JobModel())
+    repair = 6 * 3600.0
+    faults = [
+        Fault(5000.0, FaultKind.LINK, 0, 2, 10 * DAY),
+        Fault(20000.0, FaultKind.LINK, 1, 2, repair),
+    ]
+    r = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults, policy=Policy.RESTART_ONLY).run()
+    assert r.violations == {}, r.first_violation
+    assert r.decisions == {"restart": 2, "failover": 1, "failback": 1}
+    conserved(r)
+    # Aborted at 20000, detected after timeout + detect, placed again at the repair.
+    waited = repair - job.timeout_s - job.detect_s
+    assert math.isclose(r.gpu_hours_lost["waiting"], waited * job.gpus / 3600, rel_tol=1e-6)
+
+
+def test_reports_that_cannot_be_are_refused_naming_the_option() -> None:
+    with pytest.raises(ValueError, match=r"^delay_p: "):
+        Reports(delay_p=1.5)
+    with pytest.raises(ValueError, match=r"^skew_s: "):
+        Reports(skew_s=-1)
+    with pytest.raises(ValueError, match=r"^skew_s: at most the service"):
+        Twin(SPEC, days=1, seed=1, fault_scale=0, faults=[], reports=Reports(skew_s=3600))
