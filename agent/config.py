@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.collectors.names import registered_names
 
+# A counter as a port's counters/, counters_ext/ or hw_counters/ names its file.
+_COUNTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,63}\Z")
+MAX_COUNTER_EVENTS = 64
 DEFAULT_COUNTER_EVENTS = (
     "link_downed",
     "local_ack_timeout_err",
@@ -179,7 +182,9 @@ class AgentSettings(BaseSettings):
     # Counters whose rise is reported as an event (names as the driver writes them).
     counter_events: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_COUNTER_EVENTS),
-        description="Counters whose rise is reported as an event (comma list or JSON)",
+        description="Counters whose rise is reported as an event (comma list or JSON, at "
+        "most 64), looked up in counters/, counters_ext/ and hw_counters/; whether each can "
+        "count on each port is registered and exported (railover_agent_counter_available)",
     )
 
     batch_max: int = Field(default=500, ge=1, le=1000, description="Events sent per request")
@@ -225,6 +230,21 @@ class AgentSettings(BaseSettings):
                 raise ValueError(f"not a JSON list ({exc.msg}); or write it as a,b,c") from exc
         if isinstance(v, str):
             return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("counter_events")
+    @classmethod
+    def _counter_names(cls, v: list[str]) -> list[str]:
+        # Each is a key of the registration's counters: a name the service refuses would
+        # keep the whole node out.
+        bad = [n for n in v if not _COUNTER_NAME.match(n)]
+        if bad:
+            raise ValueError(
+                f"{', '.join(map(repr, bad))}: a counter name is letters, digits and '_' "
+                "(at most 64), as the driver names the file"
+            )
+        if len(v) > MAX_COUNTER_EVENTS:
+            raise ValueError(f"{len(v)} counters; at most {MAX_COUNTER_EVENTS}")
         return v
 
     @field_validator("socket_mode", mode="before")

@@ -203,3 +203,18 @@ def test_a_vanished_rnic_or_gpu_is_a_device_lost_event(kn: KindsNode, tmp_path: 
     (ev,) = restarted.collect(None).events
     # GPU 5 of the tree was GPU 4 of the last snapshot (after GPU 3 went).
     assert (ev["kind"], ev["gpu"], ev["detail"]["pci"]) == ("device_lost", 4, kn.node.gpus[5].pci)
+
+
+@pytest.mark.parametrize("names", ["link_downed,port-rcv", "link downed", ",".join(["c"] * 65)])
+def test_a_counter_name_the_service_would_refuse_is_refused_at_start(
+    names: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="counter"):
+        AgentSettings(
+            service_url="http://127.0.0.1:1",
+            node_name="n7",
+            sysfs_root=tmp_path,
+            proc_root=tmp_path,
+            spool_dir=tmp_path / "spool",
+            counter_events=names,
+        )
