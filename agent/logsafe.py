@@ -15,11 +15,10 @@ import time
 def printable(text: object, limit: int = 200) -> str:
     """`text` with control and non-ASCII characters escaped, cut at `limit` characters."""
     s = str(text)
-    if s.isascii() and s.isprintable():
-        out = s
-    else:
-        out = s.encode("ascii", "backslashreplace").decode("ascii")
-        out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in out)
+    # unicode_escape writes a newline as \n, any other control or non-ASCII character as
+    # \xNN or \uNNNN, and a backslash as two: the escaped text reads back unambiguously.
+    plain = s.isascii() and s.isprintable() and "\\" not in s
+    out = s if plain else s.encode("unicode_escape").decode("ascii")
     return out if len(out) <= limit else out[:limit] + "..."
 
 

@@ -83,7 +83,7 @@ class PluginLimits:
 def _device_name(name: str) -> None:
     """Refuse a frame naming a device no kernel would (empty means not given)."""
     if name and not DEVICE_NAME_RE.match(name):
-        raise wire.WireError(f"device name {printable(name)!r} is not an RNIC name")
+        raise wire.WireError(f"device name '{printable(name)}' is not an RNIC name")
 
 
 def _ts(ns: int) -> datetime | None:
@@ -533,7 +533,9 @@ class PluginHub:
         handed = self.handed[req.command_id]
         cmd = handed.command
         ranks = [int(r) for r in cmd.get("ranks") or []]
-        if not client.is_for(cmd, int(cmd.get("comm_id") or 0), ranks):
+        # A connection that said no HELLO gets no command, so it has none to answer.
+        addressed = client.hello and client.takes_commands
+        if not addressed or not client.is_for(cmd, int(cmd.get("comm_id") or 0), ranks):
             self._ack_refused(client, req.command_id, "not_addressed")
             return
         if (req.rank, req.status) in handed.acked:

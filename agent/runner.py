@@ -302,7 +302,7 @@ class Agent:
                 # Clear before looking, so an event spooled between the look
                 # and the wait still wakes us.
                 self._wake.clear()
-                batch = self.spool.peek(self.settings.batch_max)
+                batch = self.spool.peek(self.settings.batch_max, sending=True)
                 if not batch:
                     # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
                     # cancellation that lands as the wait ends (CPython gh-86296), and

@@ -344,9 +344,10 @@ class Spool:
             return True
         return False
 
-    def peek(self, limit: int) -> list[tuple[int, Event]]:
+    def peek(self, limit: int, *, sending: bool = False) -> list[tuple[int, Event]]:
         """The next ``limit`` events to send: the most urgent lane first, in each lane the
-        oldest first.
+        oldest first. ``sending``: they are on their way (until removed, dead-lettered or
+        the next such peek), so a full spool neither folds into nor evicts them.
 
         A row that is not an event is quarantined on the way (and not returned).
         """
@@ -367,7 +368,8 @@ class Spool:
                 self._quarantine(bad)
                 if not out:
                     continue  # only bad rows at the head: look again
-            self._inflight = {seq for seq, _ in out}
+            if sending:
+                self._inflight = {seq for seq, _ in out}
             return out
 
     def _quarantine(self, bad: list[tuple[int, bytes, str]]) -> None:

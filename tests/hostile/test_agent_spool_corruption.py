@@ -1,0 +1,146 @@
+"""A bad spool row or a garbage spool file is set aside loudly; the agent runs on.
+
+Issue 30: one unparsable spool row stopped the agent at every start (a crash loop, the
+row never leaving), and a garbage spool file ended in a traceback. Here the agent starts
+on each, against the real service on loopback, and a port going down still reaches it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from agent.events import new_event
+from agent.spool import FILE, Spool
+from railover_testing.agents import AgentThread, settings_for
+from railover_testing.local import local_service
+from railover_testing.processes import store_rows
+from railover_testing.sysfs_faults import set_port_state
+from railover_testing.sysfs_node import FixtureNode, shape_a, write_rail_map
+from railover_testing.waiting import wait_until
+from scheduler_svc.config import Settings
+
+
+def _metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name, {}) or 0.0
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FixtureNode:
+    return shape_a(tmp_path / "sys")
+
+
+@pytest.fixture
+def service(tmp_path: Path, sqlite_migrated: Path) -> Iterator[tuple[str, str]]:
+    db = tmp_path / "svc.db"
+    shutil.copyfile(sqlite_migrated, db)
+    url = f"sqlite:///{db}"
+    with local_service(Settings(db_url=url, port=0, allow_anonymous_loopback=True)) as base:
+        yield base, url
+
+
+def _kinds(db_url: str) -> list[str]:
+    return [str(k) for (k,) in store_rows(db_url, "SELECT kind FROM events ORDER BY rowid")]
+
+
+def _run_and_fault(node: FixtureNode, tmp_path: Path, base: str, db_url: str) -> AgentThread:
+    rails = write_rail_map(tmp_path / "rails.json", node.rail_map())
+    a = AgentThread(settings_for(node.root, tmp_path / "agent", base, rails)).start()
+    set_port_state(node.root, "mlx5_0", 1, "DOWN")
+    assert wait_until(lambda: "port_down" in _kinds(db_url), timeout=20)
+    return a
+
+
+def test_an_unreadable_row_is_quarantined_and_the_rest_flows(
+    node: FixtureNode,
+    tmp_path: Path,
+    service: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base, db_url = service
+    spool_dir = tmp_path / "agent" / "spool"
+    s = Spool(spool_dir, 1000)
+    good = new_event("n0", "port_up", device="mlx5_3", port=1)
+    s.put([good])
+    s.close()
+    with sqlite3.connect(spool_dir / FILE) as db:
+        # Ahead of the good row (lane 0): a body that is not JSON, one that is not UTF-8,
+        # and JSON that is no event.
+        for i, body in enumerate([b"{not json", b"\xff\xfe\x00", b"[1, 2]"]):
+            db.execute(
+                "INSERT INTO events (seq, event_id, kind, droppable, body, lane) "
+                "VALUES (?, ?, 'port_down', 0, ?, 0)",
+                (-10 + i, f"bad{i}", body),
+            )
+    before = _metric("railover_agent_spool_quarantined_total")
+    with caplog.at_level(logging.ERROR, logger="agent.spool"):
+        a = _run_and_fault(node, tmp_path, base, db_url)
+    try:
+        assert wait_until(lambda: "port_up" in _kinds(db_url), timeout=10)
+        assert _metric("railover_agent_spool_quarantined_total") - before == 3
+        kept = a.call(a.agent.spool.quarantined)
+        assert [(seq, body) for seq, body, _ in kept] == [
+            (-10, b"{not json"),
+            (-9, b"\xff\xfe\x00"),
+            (-8, b"[1, 2]"),
+        ]
+        lines = [
+            r.getMessage() for r in caplog.records if "quarantined spool row" in r.getMessage()
+        ]
+        assert len(lines) == 3
+        assert all("\n" not in line for line in lines)
+    finally:
+        a.stop()
+    # And again: the rows do not come back at the next start.
+    a = AgentThread(a.settings).start()
+    try:
+        assert a.agent.spool.depth() == 0
+    finally:
+        a.stop()
+
+
+def test_a_garbage_spool_file_is_moved_aside_and_a_fresh_one_made(
+    node: FixtureNode,
+    tmp_path: Path,
+    service: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base, db_url = service
+    spool_dir = tmp_path / "agent" / "spool"
+    spool_dir.mkdir(parents=True)
+    garbage = b"this is not an SQLite database\n" * 200
+    (spool_dir / FILE).write_bytes(garbage)
+    before = _metric("railover_agent_spool_resets_total")
+    with caplog.at_level(logging.ERROR, logger="agent.spool"):
+        a = _run_and_fault(node, tmp_path, base, db_url)
+    try:
+        assert _metric("railover_agent_spool_resets_total") - before == 1
+        (aside,) = spool_dir.glob(f"{FILE}.corrupt-*")
+        assert aside.read_bytes() == garbage
+        assert any("SPOOL FILE CORRUPT" in r.getMessage() for r in caplog.records)
+    finally:
+        a.stop()
+
+
+def test_a_truncated_spool_file_is_moved_aside(tmp_path: Path) -> None:
+    """A real spool cut short (a full disk, a bad copy): its pages no longer add up."""
+    s = Spool(tmp_path, 10_000)
+    s.put([new_event("n0", "cqe_error", device="mlx5_0", wc_status=12) for _ in range(2000)])
+    s.close()
+    for extra in tmp_path.glob(f"{FILE}-*"):
+        extra.unlink()
+    data = (tmp_path / FILE).read_bytes()
+    (tmp_path / FILE).write_bytes(data[: len(data) // 2])
+    s = Spool(tmp_path, 10_000)
+    try:
+        assert s.depth() == 0
+        assert s.put([new_event("n0", "port_down", device="mlx5_0", port=1)]) == 1
+        assert len(list(tmp_path.glob(f"{FILE}.corrupt-*"))) == 1
+    finally:
+        s.close()
