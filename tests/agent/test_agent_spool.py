@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -95,3 +96,151 @@ def test_one_agent_per_spool(tmp_path: Path) -> None:
         Spool(tmp_path, 100)
     s.close()
     Spool(tmp_path, 100).close()
+
+
+def _cqe(dev: str = "mlx5_0", status: int = 12) -> dict[str, object]:
+    return new_event("n0", "cqe_error", device=dev, port=1, wc_status=status, detail={"qp": 1})
+
+
+def _count(ev: dict[str, object]) -> int:
+    detail = ev.get("detail")
+    return int(detail.get("coalesced", 1)) if isinstance(detail, dict) else 1
+
+
+def test_lanes_state_then_faults_then_samples(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    p = new_event("n0", "progress", comm_id=1, ops_done=1)
+    c1, c2 = _cqe(), _cqe("mlx5_1")
+    down = new_event("n0", "port_down", device="mlx5_0", port=1)
+    s.put([p, c1])
+    s.put([c2, down])
+    assert [e["event_id"] for _, e in s.peek(10)] == [
+        down["event_id"], c1["event_id"], c2["event_id"], p["event_id"]
+    ]  # fmt: skip
+    assert [e["event_id"] for _, e in s.peek(2)] == [down["event_id"], c1["event_id"]]
+    s.close()
+
+
+def test_full_folds_noise_into_its_component(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    first = _cqe()
+    s.put([first] + [_cqe("mlx5_1") for _ in range(99)])
+    late = _cqe() | {"detail": {"qp": 9}}
+    assert s.put([late]) == 1
+    assert s.depth() == 100
+    rows = {e["event_id"]: e for _, e in s.peek(1000)}
+    folded = rows[first["event_id"]]
+    assert folded["detail"] == {"qp": 9, "coalesced": 2, "first_observed_at": first["observed_at"]}
+    assert folded["observed_at"] == late["observed_at"]
+    # A counter's deltas add up.
+    s2 = Spool(tmp_path / "c", 100)
+    rise = new_event("n0", "counter", device="mlx5_0", port=1, counter="symbol_error", delta=3)
+    s2.put([rise] + [_cqe(f"mlx5_{i}", i) for i in range(99)])
+    s2.put([rise | {"event_id": "x", "delta": 4}])
+    (c,) = [e for _, e in s2.peek(1000) if e["kind"] == "counter"]
+    assert (c["delta"], c["event_id"], _count(c)) == (7, rise["event_id"], 2)
+    s.close()
+    s2.close()
+
+
+def test_full_folds_every_component_to_make_room_for_a_fault(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    s.put([_cqe("mlx5_0") for _ in range(60)] + [_cqe("mlx5_1") for _ in range(40)])
+    down = new_event("n0", "port_down", device="mlx5_2", port=1)
+    assert s.put([down]) == 1
+    assert s.depth() == 3
+    kept = [e for _, e in s.peek(10)]
+    assert kept[0]["event_id"] == down["event_id"]
+    assert sorted((e["device"], _count(e)) for e in kept[1:]) == [("mlx5_0", 60), ("mlx5_1", 40)]
+    s.close()
+
+
+def test_full_of_distinct_noise_evicts_the_oldest_for_a_fault(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = Spool(tmp_path, 100)
+    noise = [_cqe("mlx5_0", status) for status in range(100)]
+    s.put(noise)
+    evicted = (
+        REGISTRY.get_sample_value(
+            "railover_agent_events_dropped_total", {"kind": "cqe_error", "reason": "spool_full"}
+        )
+        or 0.0
+    )
+    down = new_event("n0", "port_down", device="mlx5_2", port=1)
+    assert s.put([down]) == 1
+    ids = [e["event_id"] for _, e in s.peek(1000)]
+    assert noise[0]["event_id"] not in ids and noise[1]["event_id"] in ids
+    assert down["event_id"] in ids and s.depth() == 100
+    # New noise of a component with nothing waiting is what is refused now.
+    with caplog.at_level(logging.WARNING, logger="agent.spool"):
+        assert s.put([_cqe("mlx5_3", 200)]) == 0
+    assert "nothing of its component waits to fold into" in caplog.text
+    assert _dropped("cqe_error") - evicted == 2
+    s.close()
+
+
+def test_rows_being_sent_are_neither_folded_into_nor_evicted(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    s.put([_cqe("mlx5_0")] + [_cqe("mlx5_1", i) for i in range(99)])
+    sending = s.peek(100, sending=True)
+    assert len(sending) == 100
+    # Everything waits on the wire: nothing to fold into, nothing to evict.
+    assert s.put([_cqe("mlx5_0")]) == 0
+    assert s.put([new_event("n0", "port_down", device="mlx5_2", port=1)]) == 0
+    s.remove([seq for seq, _ in sending[:1]])
+    assert s.put([new_event("n0", "port_down", device="mlx5_2", port=1)]) == 1
+    # The next round's batch is what is held back now; a look from elsewhere holds nothing.
+    assert [e["kind"] for _, e in s.peek(1, sending=True)] == ["port_down"]
+    s.peek(1000)
+    assert s.put([_cqe("mlx5_1", 98)]) == 1
+    s.close()
+
+
+def test_dead_letters_and_quarantine_keep_the_newest(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 1000, max_dead_letters=10, max_quarantined=10)
+    evs = [_cqe(f"mlx5_{i}", i) for i in range(15)]
+    s.put(evs)
+    for seq, ev in s.peek(15):
+        s.dead_letter(seq, ev, "HTTP 422")
+    assert [e["event_id"] for e, _ in s.dead_letters()] == [e["event_id"] for e in evs[5:]]
+    import sqlite3
+
+    with sqlite3.connect(s.path) as db:
+        db.executemany(
+            "INSERT INTO events (event_id, kind, droppable, body, lane) VALUES (?, 'x', 0, '{', 0)",
+            [(f"bad{i}",) for i in range(15)],
+        )
+    assert s.peek(5) == []
+    assert [seq for seq, _, _ in s.quarantined()] == list(range(21, 31))
+    assert s.depth() == 0
+    s.close()
+
+
+def test_an_older_spool_file_gains_lanes(tmp_path: Path) -> None:
+    import sqlite3
+
+    progress = new_event("n0", "progress", comm_id=1, ops_done=1)
+    down = new_event("n0", "port_down", device="mlx5_0", port=1)
+    with sqlite3.connect(tmp_path / "spool.sqlite3") as db:
+        db.execute(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL "
+            "UNIQUE, kind TEXT NOT NULL, droppable INTEGER NOT NULL, body TEXT NOT NULL)"
+        )
+        for ev in (progress, down):
+            db.execute(
+                "INSERT INTO events (event_id, kind, droppable, body) VALUES (?, ?, ?, ?)",
+                (ev["event_id"], ev["kind"], int(ev["kind"] == "progress"), json.dumps(ev)),
+            )
+    s = Spool(tmp_path, 100)
+    assert [e["kind"] for _, e in s.peek(10)] == ["port_down", "progress"]
+    s.close()
+
+
+def test_unreadable_state_is_dropped_not_fatal(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 100)
+    s.set_state("ports", {"a": 1})
+    s._db.execute("UPDATE state SET value = '{' WHERE key = 'ports'")  # a torn row
+    assert s.get_state("ports") is None
+    assert s.get_state("ports") is None
+    s.close()
