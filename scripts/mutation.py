@@ -96,8 +96,33 @@ TARGETS = (
     ),
     Target(
         "spool",
-        ("agent/spool.py",),
-        ("tests/agent/test_agent_spool.py", "tests/agent/test_spool_strength.py"),
+        ("agent/spool.py", "agent/events.py"),
+        (
+            "tests/agent/test_agent_spool.py",
+            "tests/agent/test_spool_strength.py",
+            "tests/hostile/test_agent_spool_corruption.py",
+        ),
+    ),
+    Target(
+        # The plugin hub's bounds of issue 30 (acks, progress, connections, names), by the
+        # hostile socket tests and the commands' own.
+        "hub",
+        ("agent/plugin.py", "agent/logsafe.py"),
+        (
+            "tests/hostile/test_agent_plugin_socket.py",
+            "tests/agent/test_agent_plugin_commands.py",
+        ),
+        only=(
+            "agent.plugin.xǁPluginHubǁon_ack__mutmut_*",
+            "agent.plugin.xǁPluginHubǁ_pass_ack__mutmut_*",
+            "agent.plugin.xǁPluginHubǁ_release_held__mutmut_*",
+            "agent.plugin.xǁPluginHubǁ_expire_held__mutmut_*",
+            "agent.plugin.xǁPluginHubǁ_progress__mutmut_*",
+            "agent.plugin.xǁPluginHubǁforget__mutmut_*",
+            "agent.plugin.xǁPluginServerǁ_serve__mutmut_*",
+            "agent.plugin.x__device_name__mutmut_*",
+            "agent.logsafe.x_printable__mutmut_*",
+        ),
     ),
     Target(
         "store-idempotency",
