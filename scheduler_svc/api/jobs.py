@@ -137,7 +137,8 @@ def command_out(c: m.Command) -> CommandOut:
 CREATE_JOB_CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {
         "model": ErrorBody,
-        "description": "The job exists and is not restarting; a communicator is another "
+        "description": "The job exists, is not restarting and the post names no newer "
+        "incarnation; a communicator is another "
         "job's; or a rank names a GPU another running job holds: the answer names that "
         "job and the GPU (ranks.N.gpu), and posting with replaces set to that job ends it",
     }
@@ -155,8 +156,10 @@ def create_job(
 ) -> JobOut:
     """Register a job: rank placement, checkpoint settings and where to notify.
 
-    Posting a job that is restarting again is its new incarnation (409 otherwise). A GPU
-    another running job holds is refused (409) unless the post replaces that job."""
+    Posting a job that is restarting again is its new incarnation, and so is a post naming
+    the next incarnation (the fleet manager restarted it for a reason of its own); 409
+    otherwise. A GPU another running job holds is refused (409) unless the post replaces
+    that job."""
     # Deliveries to a notify_url are always signed: without a secret the job is refused
     # here rather than accepted and never notified.
     if body.notify_url is not None and settings.notify_secret is None:

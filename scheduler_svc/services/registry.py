@@ -66,12 +66,22 @@ def list_nodes(session: Session) -> list[m.Node]:
 
 
 def create_job(session: Session, body: JobIn, now: datetime, settings: Settings) -> m.Job:
-    """Register a job; posting a restarting job again is its new incarnation."""
+    """Register a job; posting a restarting job again is its new incarnation, and so is a
+    post naming the next incarnation of a job the service did not restart."""
     jobs = JobRepo(session)
     existing = jobs.lock(body.job_id)
     if existing is not None:
         if existing.mode != JobMode.RESTARTING:
-            raise Conflict(f"job {body.job_id!r} already exists; DELETE it first to re-register")
+            if body.incarnation is None or body.incarnation <= existing.incarnation:
+                raise Conflict(
+                    f"job {body.job_id!r} already exists (incarnation {existing.incarnation}); "
+                    f"post incarnation {existing.incarnation + 1} if the fleet manager "
+                    "restarted it, or DELETE it first to re-register"
+                )
+            # Restarted for a reason the service never saw (a node died, the program
+            # failed): the fleet manager's post naming the next incarnation is its word,
+            # as a restart decision would have been.
+            existing.mode = JobMode.RESTARTING.value
         return _repost(session, existing, body, now, settings)
     # The job is refused whole: nothing of it is stored.
     _validate_ranks(session, body)

@@ -134,3 +134,40 @@ def test_epochs_go_on_across_incarnations(http: httpx.Client) -> None:
     plans = {(c["comm_id"], c["epoch"]): (c["kind"], c["ops_done"]) for c in commands(http, "j")}
     for c in commands(http, "j"):
         assert plans[(c["comm_id"], c["epoch"])] == (c["kind"], c["ops_done"]), c
+
+
+def test_a_job_the_fleet_manager_restarted_on_its_own_is_posted_as_its_next_incarnation(
+    http: httpx.Client,
+) -> None:
+    """A node died (nothing the service saw): the fleet manager requeued the job onto n2 and
+    posts it naming incarnation 2. Its placement is the new one, what was on its way to
+    incarnation 1 never reaches it, and a post that names no newer incarnation (a retry of
+    the first) is still refused. Found by the fleet twin's node losses."""
+    register_nodes(http, ["n0", "n1", "n2"])
+    assert http.post("/v1/jobs", json=body()).status_code == 201
+    post(http, ev("n0", "port_down", T0 + timedelta(seconds=2990)))  # late: failover
+    assert [d["action"] for d in decisions(http, "j")] == ["failover"]
+    assert {c["incarnation"] for c in commands(http, "j")} == {1}
+
+    again = http.post("/v1/jobs", json=body())
+    assert again.status_code == 409 and "post incarnation 2 if the fleet manager" in again.text
+    moved = job_body(
+        "j",
+        ["n2", "n1"],
+        last_checkpoint_at=T0.isoformat(),
+        communicators=[{"comm_id": 77, "channels": 16}],
+        incarnation=2,
+    )
+    r = http.post("/v1/jobs", json=moved)
+    assert (r.status_code, r.json()["incarnation"]) == (201, 2), r.text
+    job = http.get("/v1/jobs/j").json()
+    assert (job["mode"], job["incarnation"]) == ("normal", 2)
+    assert {(r["node"], r["rank"] // 8) for r in job["ranks"]} == {("n2", 0), ("n1", 1)}
+    assert {c["state"] for c in commands(http, "j") if c["incarnation"] == 1} <= {
+        "superseded",
+        "applied",
+        "failed",
+    }
+    for node in ("n0", "n1", "n2"):
+        polled = http.get(f"/v1/nodes/{node}/commands").json()["commands"]
+        assert all(c["incarnation"] == 2 for c in polled), polled
