@@ -181,10 +181,14 @@ RNIC_FIELDS = (
 )
 
 
+_DEFAULTS: dict[str, Any] = {"kind": "physical", "members": []}
+
+
 def _shape(rows: Iterable[Any], fields: Sequence[str]) -> list[tuple[Any, ...]]:
     """Rows (models or dicts) as comparable tuples, to tell a real topology change."""
 
     def get(row: Any, f: str) -> Any:
-        return row.get(f) if isinstance(row, dict) else getattr(row, f)
+        # A dict that leaves a column out means its default, as the insert would store it.
+        return row.get(f, _DEFAULTS.get(f)) if isinstance(row, dict) else getattr(row, f)
 
     return sorted(tuple(str(get(r, f)) for f in fields) for r in rows)

@@ -189,7 +189,7 @@ def _discover_within(root: Path, limit_s: float = 60.0) -> Topology:
 
 
 @settings(
-    max_examples=100,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
