@@ -333,7 +333,8 @@ class Settings(BaseSettings):
         "is refused (422). Subscriptions carry their own secret",
     )
     webhook_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
-        default=10.0, description="Timeout of one webhook delivery"
+        default=10.0,
+        description="Deadline of one webhook delivery attempt, in all (connect, send, answer)",
     )
     # Webhook URLs come from API callers: without these checks a subscription can make the
     # service post to its own loopback ports or a cloud metadata address (169.254.169.254),

@@ -144,6 +144,7 @@ def test_notify_url_without_a_signing_secret_is_refused(tmp_path: Path) -> None:
         db_url=f"sqlite:///{tmp_path / 'b.db'}",
         port=0,
         allow_anonymous_loopback=True,
+        webhook_allow_loopback=True,
         notify_secret="s" * 32,
     )
     with local_service(signed) as url, httpx.Client(base_url=url, timeout=30) as http:

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.api.token_cache import TokenCache
 from scheduler_svc.config import Settings, is_loopback
-from scheduler_svc.errors import Forbidden, Unauthorized
+from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
+from scheduler_svc.fleet import outbound
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.tokens import TokenRepo
@@ -84,6 +85,16 @@ def get_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def check_webhook_url(field: str, url: str, settings: Settings) -> None:
+    """A webhook URL whose host is a forbidden address is refused (422) naming the field;
+    names are checked again after resolution, at each delivery (fleet/outbound.py)."""
+    try:
+        outbound.check_url(url, outbound.policy_of(settings))
+    except ValueError as exc:
+        raise Unprocessable(f"{field}: {exc}") from None
+
 
 bearer_scheme = HTTPBearer(auto_error=False, description="Token from `railover token create`")
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Query, Response
 
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import FleetAuth, SessionDep
+from scheduler_svc.api.deps import FleetAuth, SessionDep, SettingsDep, check_webhook_url
 from scheduler_svc.api.schemas.fields import JSON_INT_MAX, Id64, JobId
 from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
 from scheduler_svc.fleet import admin
@@ -42,9 +42,10 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
     responses=AUTH | VALIDATION,
 )
 def create_subscription(
-    body: SubscriptionIn, session: SessionDep, who: FleetAuth
+    body: SubscriptionIn, session: SessionDep, who: FleetAuth, settings: SettingsDep
 ) -> SubscriptionCreated:
     """Subscribe a URL to signed CloudEvents; the secret is returned only here."""
+    check_webhook_url("url", str(body.url), settings)
     return admin.create_subscription(session, body, who.token_id, datetime.now(UTC))
 
 

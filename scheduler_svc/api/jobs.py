@@ -9,7 +9,14 @@ from fastapi import Query, Response
 from sqlalchemy.orm import Session
 
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import FleetAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.deps import (
+    FleetAuth,
+    NowDep,
+    Reader,
+    SessionDep,
+    SettingsDep,
+    check_webhook_url,
+)
 from scheduler_svc.api.schemas.commands import CommandList, CommandOut
 from scheduler_svc.api.schemas.decisions import (
     DecisionList,
@@ -47,6 +54,7 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
+from scheduler_svc.fleet.outbound import redact
 from scheduler_svc.services import gcpause, reconciler, registry
 from scheduler_svc.store import models as m
 from scheduler_svc.store.ccl import CclRepo
@@ -107,7 +115,7 @@ def job_out(session: Session, job: m.Job, ranks: list[RankIn] | None = None) -> 
         spare_nodes=job.spare_nodes,
         node_replace_s=job.node_replace_s,
         nvl_cap_mb=job.nvl_cap_mb,
-        notify_url=job.notify_url,
+        notify_url=None if job.notify_url is None else redact(job.notify_url),
         mode=JobMode(job.mode),
         incarnation=job.incarnation,
         created_at=job.created_at,
@@ -168,6 +176,8 @@ def create_job(
             "with; set it, or subscribe under /v1/subscriptions (own secret)"
         )
     not_ahead("last_checkpoint_at", body.last_checkpoint_at, now, settings)
+    if body.notify_url is not None:
+        check_webhook_url("notify_url", str(body.notify_url), settings)
     with gcpause.paused():  # a whole job's objects, alive until the answer is built
         return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
 

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.errors import Conflict, NotFound
 from scheduler_svc.fleet.events import WROTE_KEY
+from scheduler_svc.fleet.outbound import redact
 from scheduler_svc.fleet.repositories import DEAD, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.schemas import (
     DeliveryOut,
@@ -22,7 +23,7 @@ from scheduler_svc.store import models as m
 def subscription_out(row: m.Subscription) -> SubscriptionOut:
     return SubscriptionOut(
         subscription_id=row.subscription_id,
-        url=row.url,
+        url=redact(row.url),
         event_types=list(row.event_types),
         job_id=row.job_id,
         description=row.description,
@@ -62,7 +63,7 @@ def delivery_out(d: m.Delivery, e: m.OutboxEvent) -> DeliveryOut:
     return DeliveryOut(
         delivery_id=d.id,
         target=d.target,
-        url=d.url,
+        url=redact(d.url),
         state=d.state,
         attempts=d.attempts,
         next_attempt_at=d.next_attempt_at,

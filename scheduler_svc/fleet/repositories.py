@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from sqlalchemy import and_, or_, select, update
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, aliased
 from scheduler_svc.store import models as m
 
 PENDING, DELIVERED, DEAD, CANCELLED = "pending", "delivered", "dead", "cancelled"
+ACTION_TARGETS = ("k8s", "slurm")
 
 
 class SubscriptionRepo:
@@ -88,7 +89,16 @@ class OutboxRepo:
         rows = self.s.scalars(select(m.OutboxEvent).where(m.OutboxEvent.id.in_(ids))).all()
         return {r.id: r for r in rows}
 
-    def claim(self, *, worker: str, now: datetime, until: datetime, limit: int) -> list[m.Delivery]:
+    def claim(
+        self,
+        *,
+        worker: str,
+        now: datetime,
+        until: datetime,
+        limit: int,
+        actions: bool | None = None,
+        busy_targets: Collection[str] | None = None,
+    ) -> list[m.Delivery]:
         """Claim up to `limit` due deliveries, each the oldest pending one of its lane.
 
         Only a lane's head is ever handed out, so a lane (one target, one job)
@@ -99,6 +109,9 @@ class OutboxRepo:
         call, so no transaction stays open while a receiver is slow. A replica
         that dies mid-delivery leaves a lease that simply expires. SQLite takes
         its write lock at BEGIN (store/db.py), which serialises claims the same way.
+        `actions`: only fleet actions (Kubernetes, Slurm), only webhooks, or (None) both.
+        `busy_targets` given: at most one delivery per target, none of those named (the
+        worker's in flight), so one slow receiver never holds more than one slot.
         """
         d = m.Delivery
         earlier = aliased(m.Delivery)
@@ -107,20 +120,37 @@ class OutboxRepo:
             .where(earlier.lane == d.lane, earlier.state == PENDING, earlier.id < d.id)
             .exists()
         )
+        kinds = (
+            []
+            if actions is None
+            else [d.target.in_(ACTION_TARGETS) if actions else d.target.not_in(ACTION_TARGETS)]
+        )
+        if busy_targets:
+            # In the query, not after it: a busy target's many due lanes would fill the
+            # window of rows read and hide every other target's behind them.
+            kinds.append(d.target.not_in(list(busy_targets)))
         query = (
             select(d)
             .where(
+                *kinds,
                 d.state == PENDING,
                 d.next_attempt_at <= now,
                 or_(d.claimed_until.is_(None), d.claimed_until < now),
                 head,
             )
             .order_by(d.id)
-            .limit(limit)
+            .limit(limit if busy_targets is None else limit * 4)
         )
         if self.s.get_bind().dialect.name == "postgresql":
             query = query.with_for_update(skip_locked=True, of=d)
         rows = list(self.s.scalars(query).all())
+        if busy_targets is not None:
+            taken, first = set(busy_targets), []
+            for r in rows:
+                if r.target not in taken:
+                    taken.add(r.target)
+                    first.append(r)
+            rows = first[:limit]
         for r in rows:
             r.claimed_by, r.claimed_until = worker, until
         self.s.flush()

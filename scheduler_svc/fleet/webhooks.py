@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from scheduler_svc.fleet import outbound
 from scheduler_svc.fleet.events import to_cloudevent
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, sign
 from scheduler_svc.store import models as m
@@ -19,15 +20,25 @@ class DeliveryFailed(Exception):
         self.status = status
 
 
-def post_event(client: httpx.Client, url: str, secret: str, event: m.OutboxEvent) -> int:
-    """POST the event in CloudEvents structured mode; returns the 2xx status or raises."""
+def post_event(
+    client: httpx.Client, url: str, secret: str, event: m.OutboxEvent, deadline_s: float
+) -> int:
+    """POST the event in CloudEvents structured mode; returns the 2xx status or raises.
+
+    The whole attempt ends by `deadline_s` (outbound.deadline: httpx's own timeout is per
+    read, which a trickling receiver never trips); the answer's body is never read."""
     headers, body = to_cloudevent(event)
     headers[SIGNATURE_HEADER] = sign(secret, body)
     headers["User-Agent"] = USER_AGENT
+    bare, auth = outbound.split_credentials(url)
     try:
-        response = client.post(url, content=body, headers=headers)
+        with (
+            outbound.deadline(deadline_s),
+            client.stream("POST", bare, content=body, headers=headers, auth=auth) as response,
+        ):
+            status = response.status_code
     except httpx.HTTPError as exc:
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
-    if not response.is_success:
-        raise DeliveryFailed(f"HTTP {response.status_code}", response.status_code)
-    return response.status_code
+    if not 200 <= status < 300:
+        raise DeliveryFailed(f"HTTP {status}", status)
+    return status

@@ -1,10 +1,14 @@
 """The delivery worker: one per replica, safe to run in all of them at once.
 
-Each cycle claims due lane heads (fleet.repositories.OutboxRepo.claim), sends
-them in parallel (lanes are independent; within a lane there is only ever one
-in flight), and records each outcome in its own short transaction. It wakes at
-once when a request of this replica commits an event, and otherwise re-reads
-the outbox every `delivery_poll_s` for other replicas' events and due retries.
+Each cycle claims due lane heads (fleet.repositories.OutboxRepo.claim), as many as
+there are free slots, and hands each to a pool thread that sends it and records the
+outcome in its own short transaction (lanes are independent; within a lane there is only
+ever one in flight). The cycle does not wait for what it handed out: a slow receiver
+holds one slot, for one attempt's deadline at most, while the others go on. Fleet
+actions (Kubernetes, Slurm) have a pool of their own, so they never queue behind
+webhooks. The loop wakes at once when a request of this replica commits an event or a
+slot frees, and otherwise re-reads the outbox every `delivery_poll_s` for other
+replicas' events and due retries.
 """
 
 from __future__ import annotations
@@ -16,18 +20,17 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
-from scheduler_svc.fleet import actions, slurm
+from scheduler_svc.fleet import actions, outbound, slurm
 from scheduler_svc.fleet.events import WROTE_KEY
 from scheduler_svc.fleet.repositories import DEAD, DELIVERED, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.webhooks import DeliveryFailed, post_event
@@ -35,6 +38,10 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store.uow import unit_of_work
 
 log = logging.getLogger("railover.fleet")
+WEBHOOKS, ACTIONS = "webhooks", "actions"
+# Kubernetes and Slurm calls in flight at once: few targets, each call bounded by its own
+# timeouts (30 s scontrol, the client's), and none ever waits for a webhook slot.
+ACTION_SLOTS = 2
 # A claim outlives any single attempt (HTTP timeout, 30 s scontrol, k8s calls), so
 # two replicas never send the same head at once unless the first one died.
 MIN_LEASE_S = 120.0
@@ -73,6 +80,7 @@ class DeliveryWorker:
         *,
         k8s: Any = None,
         rnd: Callable[[], float] = random.random,
+        resolver: outbound.Resolver = outbound.system_resolver,
     ) -> None:
         self.sessions = sessions
         self.settings = settings
@@ -82,10 +90,17 @@ class DeliveryWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(
-            settings.delivery_concurrency, thread_name_prefix="railover-delivery"
-        )
-        self._http = httpx.Client(timeout=settings.webhook_timeout_s)
+        self._pools = {
+            WEBHOOKS: ThreadPoolExecutor(
+                settings.delivery_concurrency, thread_name_prefix="railover-delivery"
+            ),
+            ACTIONS: ThreadPoolExecutor(ACTION_SLOTS, thread_name_prefix="railover-actions"),
+        }
+        self._slots = {WEBHOOKS: settings.delivery_concurrency, ACTIONS: ACTION_SLOTS}
+        self._busy = {WEBHOOKS: 0, ACTIONS: 0}
+        self._busy_lock = threading.Lock()
+        self._busy_targets: set[str] = set()  # one delivery per target in flight at most
+        self._http = outbound.webhook_client(settings, resolver)
         self._lease = timedelta(seconds=max(MIN_LEASE_S, 3 * settings.webhook_timeout_s))
 
     # --- lifecycle ---------------------------------------------------------------
@@ -102,12 +117,20 @@ class DeliveryWorker:
         if self._thread is not None:
             self._thread.join(timeout_s)
         event.remove(self.sessions, "after_commit", self._after_commit)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
         try:
             with unit_of_work(self.sessions) as s:
                 OutboxRepo(s).release(self.worker_id)
         except Exception:  # the store may already be gone; leases expire anyway
             log.warning("could not release outbox claims on shutdown", exc_info=True)
+        self._http.close()
+
+    def close_unstarted(self) -> None:
+        """Free a worker driven by run_once and never started (stop() removes the commit
+        listener start() adds, and SQLAlchemy refuses to remove one that is not there)."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
         self._http.close()
 
     def wake(self) -> None:
@@ -120,27 +143,53 @@ class DeliveryWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                claimed = self.run_once()
+                handed_out = len(self.dispatch())
             except Exception:
                 log.exception("outbox delivery cycle failed; retrying")
-                claimed = 0
-            if not claimed:
+                handed_out = 0
+            if not handed_out:
                 self._wake.wait(self.settings.delivery_poll_s)
                 self._wake.clear()
 
     # --- one cycle ---------------------------------------------------------------
 
     def run_once(self) -> int:
-        """Claim, send and record one batch; returns how many deliveries it handled."""
-        work = self._claim()
-        if not work:
-            return 0
-        results = list(self._pool.map(self._attempt, work))
-        for item, outcome in zip(work, results, strict=True):
-            self._record(item, outcome)
-        return len(work)
+        """Claim, send and record one batch and wait for it (tests drive the worker so);
+        returns how many deliveries it handled."""
+        futures = self.dispatch()
+        wait(futures)
+        for future in futures:
+            future.result()
+        return len(futures)
 
-    def _claim(self) -> list[Work]:
+    def dispatch(self) -> list[Future[None]]:
+        """Hand each free slot a claimed delivery; the pool records its outcome."""
+        futures = []
+        for kind in (ACTIONS, WEBHOOKS):
+            with self._busy_lock:
+                free = self._slots[kind] - self._busy[kind]
+                busy_targets = set(self._busy_targets)
+            if free <= 0:
+                continue
+            for item in self._claim(kind, free, busy_targets):
+                with self._busy_lock:
+                    self._busy[kind] += 1
+                    self._busy_targets.add(item.target)
+                futures.append(self._pools[kind].submit(self._deliver, kind, item))
+        return futures
+
+    def _deliver(self, kind: str, item: Work) -> None:
+        try:
+            self._record(item, self._attempt(item))
+        except Exception:  # the store may be away: the lease expires, it is retried
+            log.exception("recording delivery %s failed", item.delivery_id)
+        finally:
+            with self._busy_lock:
+                self._busy[kind] -= 1
+                self._busy_targets.discard(item.target)
+            self._wake.set()
+
+    def _claim(self, kind: str, limit: int, busy_targets: set[str]) -> list[Work]:
         now = datetime.now(UTC)
         with unit_of_work(self.sessions) as s:
             repo = OutboxRepo(s)
@@ -148,7 +197,9 @@ class DeliveryWorker:
                 worker=self.worker_id,
                 now=now,
                 until=now + self._lease,
-                limit=self.settings.delivery_concurrency * 4,
+                limit=limit,
+                actions=kind == ACTIONS,
+                busy_targets=busy_targets,
             )
             if not rows:
                 return []
@@ -173,7 +224,9 @@ class DeliveryWorker:
                 return 0
             if item.secret is None:
                 return DeliveryFailed("no signing secret for this target (deleted or unset)")
-            return post_event(self._http, item.url, item.secret, item.event)
+            return post_event(
+                self._http, item.url, item.secret, item.event, self.settings.webhook_timeout_s
+            )
         except DeliveryFailed as exc:
             return exc
         except Exception as exc:  # a bug in one target must not stall the others

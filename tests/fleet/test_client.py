@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_client_registers_reports_and_waits(db_url: str) -> None:
-    settings = Settings(db_url=db_url, port=0, allow_anonymous_loopback=True)
+    settings = Settings(
+        db_url=db_url, port=0, allow_anonymous_loopback=True, webhook_allow_loopback=True
+    )
     with local_service(settings) as url, RailoverClient(url) as rv:
         register_nodes(rv._http, ["n0", "n1"])
         job = JobIn.model_validate(job_body("j1", ["n0", "n1"]))

@@ -7,6 +7,7 @@ a real store (SQLite and PostgreSQL), a real loopback receiver.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -80,8 +81,7 @@ def close(w: DeliveryWorker) -> None:
     (DeliveryWorker.stop() expects start() first: it removes the commit listener
     that start() adds, and SQLAlchemy refuses to remove one that is not there.)
     """
-    w._pool.shutdown(wait=True)
-    w._http.close()
+    w.close_unstarted()
 
 
 def test_backoff_is_exponential_capped_and_half_jittered() -> None:
@@ -201,14 +201,14 @@ def test_wakes_on_a_commit_that_queued_an_event(
     subscribe(sessions, receiver.url)
     w = worker(sessions, db_url, delivery_poll_s=60.0)
     cycles: list[int] = []
-    inner = w.run_once
+    inner = w.dispatch
 
-    def counted() -> int:
-        n = inner()
-        cycles.append(n)
-        return n
+    def counted() -> list[Future[None]]:
+        handed_out = inner()
+        cycles.append(len(handed_out))
+        return handed_out
 
-    w.run_once = counted  # type: ignore[method-assign]
+    w.dispatch = counted  # type: ignore[method-assign]
     w.start()
     try:
         # The first cycle found nothing: the thread now idles until woken or 60 s pass.
@@ -231,16 +231,16 @@ def test_post_event_answers_and_failures(
         ev = s.scalars(select(m.OutboxEvent)).one()
     assert ev.event_id == event_id
     with httpx.Client(timeout=5) as client:
-        assert post_event(client, receiver.url, SECRET, ev) == 200
+        assert post_event(client, receiver.url, SECRET, ev, 5.0) == 200
         (r,) = receiver.requests
         assert r.headers["user-agent"] == USER_AGENT == "railover-webhooks/1"
         assert r.headers["content-type"] == "application/cloudevents+json"
         assert verify(SECRET, r.headers["railover-signature"], r.body) > 0
         receiver.fail = lambda _e: True
         with pytest.raises(DeliveryFailed) as refused:
-            post_event(client, receiver.url, SECRET, ev)
+            post_event(client, receiver.url, SECRET, ev, 5.0)
         assert (str(refused.value), refused.value.status) == ("HTTP 500", 500)
         with pytest.raises(DeliveryFailed) as unreachable:
-            post_event(client, f"http://127.0.0.1:{free_port()}/", SECRET, ev)
+            post_event(client, f"http://127.0.0.1:{free_port()}/", SECRET, ev, 5.0)
         assert str(unreachable.value).startswith("ConnectError: ")
         assert unreachable.value.status is None
