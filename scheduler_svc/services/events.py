@@ -127,7 +127,10 @@ def ingest(
         closed = fabric.close_cleared(
             session, now, settings, {n for n in touched if not n.startswith("@")}
         )
-        touched |= {f"@{sw}" for sw in fabric.clear_switches(session, closed, now)}
+        touched |= {
+            f"@{sw}"
+            for sw in fabric.clear_switches(session, closed, now, settings.correlation_window_s)
+        }
         nodes = {n for n in touched if not n.startswith("@")}
         for sw in (n[1:] for n in touched if n.startswith("@")):
             nodes |= {n for n, _, _ in NodeRepo(session).ports_on_switch(sw)}

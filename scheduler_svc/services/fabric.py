@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -225,16 +225,29 @@ def close_cleared(
     return closed
 
 
-def clear_switches(session: Session, closed: Iterable[m.Fault], now: datetime) -> list[str]:
-    """Close the switch failures whose evidence is gone: no fault on the switch is open.
+def clear_switches(
+    session: Session, closed: Iterable[m.Fault], now: datetime, window_s: float
+) -> list[str]:
+    """Close the switch failures whose evidence is gone: no fault on the switch that was
+    observed since the correlated set began (`window_s` before the failure was inferred)
+    is open.
 
     Each port fault clears by its own damped rule, so the switch clears only once the
     last port under it has been up for the damping period, never on the first port up.
+    A port that had failed on its own before the switch did (a cable, an RNIC) keeps its
+    own fault, and no longer the whole switch's: found by the fleet twin, where one
+    node's day-long cable fault held a leaf failed for hours after its repair, so every
+    flap on another rail of that leaf left GPUs with no path and restarted the job.
     """
     repo = FaultRepo(session)
     cleared = []
     for switch in sorted({f.switch for f in closed if f.switch is not None}):
-        if not repo.switch_has_open_faults(switch) and repo.clear_switch_fault(switch, now):
+        row = repo.switch_fault_on(switch)
+        if row is None:
+            continue
+        since = row.opened_at - timedelta(seconds=window_s)
+        if not repo.switch_has_open_faults(switch, since):
+            row.cleared_at = now
             cleared.append(switch)
     return cleared
 

@@ -42,7 +42,7 @@ def resolve_fault(
     if fault.resolved_at is not None:
         raise Conflict(f"fault {fault_id} was already closed at {fault.resolved_at.isoformat()}")
     repo.close(fault, now, f"resolved by an operator: {reason}", by)
-    switches = fabric.clear_switches(session, [fault], now)
+    switches = fabric.clear_switches(session, [fault], now, settings.correlation_window_s)
     nodes = fabric.nodes_touched(session, [fault], switches)
     decisions = reconciler.reconcile_jobs(
         session, JobRepo(session).job_ids_on_nodes(nodes), now, settings

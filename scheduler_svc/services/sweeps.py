@@ -58,7 +58,7 @@ def sweep_once(
     if due:
         with unit_of_work(sessions) as session:
             closed = fabric.close_cleared(session, now, settings)
-            switches = fabric.clear_switches(session, closed, now)
+            switches = fabric.clear_switches(session, closed, now, settings.correlation_window_s)
             nodes = fabric.nodes_touched(session, closed, switches)
             if nodes:
                 reconciler.reconcile_jobs(

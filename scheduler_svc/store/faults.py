@@ -159,21 +159,30 @@ class FaultRepo:
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
         return insert_unless_taken(self.s, row)
 
-    def switch_has_open_faults(self, switch: str) -> bool:
-        """Whether some fault on a port cabled to `switch` is still evidence."""
+    def switch_has_open_faults(self, switch: str, since: datetime) -> bool:
+        """Whether some fault on a port cabled to `switch`, observed at `since` or later,
+        is still evidence."""
         found = self.s.scalar(
             select(m.Fault.id)
-            .where(m.Fault.switch == switch, m.Fault.resolved_at.is_(None))
+            .where(
+                m.Fault.switch == switch,
+                m.Fault.resolved_at.is_(None),
+                m.Fault.opened_at >= since,
+            )
             .limit(1)
         )
         return found is not None
 
-    def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
-        row = self.s.scalar(
+    def switch_fault_on(self, switch: str) -> m.SwitchFault | None:
+        """The switch's failure still open, if any."""
+        return self.s.scalar(
             select(m.SwitchFault).where(
                 m.SwitchFault.switch == switch, m.SwitchFault.cleared_at.is_(None)
             )
         )
+
+    def clear_switch_fault(self, switch: str, now: datetime) -> m.SwitchFault | None:
+        row = self.switch_fault_on(switch)
         if row is not None:
             row.cleared_at = now
         return row

@@ -123,6 +123,41 @@ def test_an_inferred_switch_clears_only_once_every_port_under_it_has_damped(
     assert [d["action"] for d in decisions(http, "big")] == ["failback"] + ["failover"] * 3
 
 
+def test_a_port_that_failed_on_its_own_before_the_switch_does_not_hold_the_switch_failed(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    """n4's cable on rail3-leaf broke ten minutes before the switch did, and stays broken. The
+    switch's own failure (n0-n2 within the window) clears once those ports are back and
+    damped: n3's rank fails back with theirs, n4's stays on its backup under its own fault.
+    Found by the fleet twin: a day-long cable fault held a leaf failed for hours after its
+    repair, and every flap on another rail of that leaf then left GPUs with no path."""
+    t0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    clock = ManualClock(t0)
+    http = make_service(clock=clock, coordinator_interval_s=0.05, failback_damping_s=60)
+    nodes = ["n0", "n1", "n2", "n3", "n4"]
+    register_nodes(http, nodes)
+    r = http.post("/v1/jobs", json=job_body("big", nodes, last_checkpoint_at=t0.isoformat()))
+    assert r.status_code == 201, r.text
+    clock.advance(2900)
+    post(http, ev("n4", "port_down", clock()))
+    clock.advance(600)
+    for i, n in enumerate(["n0", "n1", "n2"]):
+        post(http, ev(n, "port_down", clock() + timedelta(seconds=0.5 * i)))
+    assert len(http.get("/v1/fabric").json()["switch_faults"]) == 1
+
+    def failed_over() -> list[int]:
+        got: list[int] = http.get("/v1/jobs/big/paths").json()["failed_over_ranks"]
+        return got
+
+    assert failed_over() == [3, 11, 19, 27, 35]
+    post(http, *(ev(n, "port_up", clock() + timedelta(seconds=5)) for n in ["n0", "n1", "n2"]))
+    clock.advance(70)
+    wait_for(lambda: http.get("/v1/fabric").json()["switch_faults"] == [])
+    wait_for(lambda: failed_over() == [35])
+    still = http.get("/v1/faults", params={"open": "true"}).json()["faults"]
+    assert [f["node"] for f in still] == ["n4"]
+
+
 def test_single_short_flap_fails_over_and_back(make_service: Callable[..., httpx.Client]) -> None:
     http = make_service()
     register_nodes(http, ["n0", "n1"])
