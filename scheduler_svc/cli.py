@@ -20,15 +20,10 @@ from pydantic import ValidationError
 
 from scheduler_svc import __version__, errors
 from scheduler_svc.api.schemas.tokens import Role
-from scheduler_svc.config import (
-    Settings,
-    describe_errors,
-    is_loopback,
-    service_variable_warnings,
-    sqlite_path,
-)
+from scheduler_svc.config import Settings, service_variable_warnings
 from scheduler_svc.errors import refuse
 from scheduler_svc.planning import cli as planning_cli
+from scheduler_svc.settings_env import describe_errors, is_loopback, sqlite_path
 from scheduler_svc.twin import cli as twin_cli
 
 app = typer.Typer(

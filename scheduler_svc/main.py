@@ -31,11 +31,12 @@ from scheduler_svc.api import fleet as fleet_api
 from scheduler_svc.api.deps import Principal
 from scheduler_svc.api.error_handlers import LimitBody, document_errors, install_error_handlers
 from scheduler_svc.api.token_cache import TokenCache, watch_token_writes
-from scheduler_svc.config import Settings, get_settings, is_loopback
+from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.fleet.service import AuditRequests, Fleet
 from scheduler_svc.services.delivery import CommandListener, CommandNotifier, CommandWatermark
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
+from scheduler_svc.settings_env import is_loopback
 from scheduler_svc.store.db import (
     make_engine,
     make_read_sessionmaker,

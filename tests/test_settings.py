@@ -14,7 +14,8 @@ from pydantic_settings import BaseSettings
 from agent.config import AgentSettings
 from agent.config import unknown_variables as agent_unknown
 from scheduler_svc import config
-from scheduler_svc.config import Settings, env_names, service_variable_warnings
+from scheduler_svc.config import Settings, service_variable_warnings
+from scheduler_svc.settings_env import env_names
 
 REPO = Path(__file__).resolve().parents[1]
 RAILOVER = Path(sys.executable).with_name("railover")

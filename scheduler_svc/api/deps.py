@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.api.token_cache import TokenCache
-from scheduler_svc.config import Settings, is_loopback
+from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
 from scheduler_svc.fleet import outbound
 from scheduler_svc.services.passes import ReconcilePasses
+from scheduler_svc.settings_env import is_loopback
 from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.tokens import TokenRepo
 from scheduler_svc.store.uow import bind_notify, commit
