@@ -53,7 +53,13 @@ extern const rvn_profiler_v6 ncclProfiler_v6;
 #define NRANKS_B 4
 #define PROGRESS_OPS 100
 #define PACE 1000 /* a multiple of PROGRESS_OPS */
-#define WAIT_LIMIT_S 120 /* generous: sanitizer builds on a loaded machine */
+/* Generous: sanitizer builds on a loaded machine. RAILOVER_TEST_WAIT_S shortens it
+ * (the mutation runs, where a mutant that never reports should fail fast). */
+static int wait_limit_s(void) {
+  const char* v = getenv("RAILOVER_TEST_WAIT_S");
+  return v && atoi(v) > 0 ? atoi(v) : 120;
+}
+#define WAIT_LIMIT_S wait_limit_s()
 
 /* ------------------------------------------------------------ fake agent */
 
