@@ -11,6 +11,10 @@ time alone, so every replica reaches the same answer at the same `now`:
   DOWN is failed whatever came before;
 - CQE, counter and PCIe faults clear after a quiet period with the port
   ACTIVE and no new error;
+- a degradation (a port rate below its registered rate, a PCIe link trained below its
+  maximum, error counters rising above their limit) takes nothing out of service: it
+  says what share of its bandwidth the part has left (`FabricHealth.degraded`), for as
+  long as its level still shows it and then for the quiet period;
 - a quarantine (a port that flapped too often, or an operator's flag) clears
   only when an operator clears it;
 - a topology loss (a GPU or RNIC gone from a registration) clears when the
@@ -50,6 +54,7 @@ class FaultKind(enum.StrEnum):
     GPU_LOST = "gpu_lost"
     RNIC_LOST = "rnic_lost"
     UNREACHABLE = "unreachable"  # commands to the node went unacknowledged
+    DEGRADED = "degraded"  # works at part of its bandwidth: rebalanced, not failed over
 
 
 class ClearRule(enum.StrEnum):
@@ -68,6 +73,7 @@ CLEAR_RULE: dict[FaultKind, ClearRule] = {
     FaultKind.GPU_LOST: ClearRule.REGISTERED,
     FaultKind.RNIC_LOST: ClearRule.REGISTERED,
     FaultKind.UNREACHABLE: ClearRule.CONTACT,
+    FaultKind.DEGRADED: ClearRule.QUIET,
 }
 
 
@@ -104,6 +110,11 @@ class FaultEvidence:
     port_since: datetime | None = None
     switch: str | None = None
     note: str = ""  # what the service recorded about it (why a node is unreachable)
+    # DEGRADED: the share of its bandwidth the part has left, and whether a level (the
+    # port's rate, the PCIe link) still shows the degradation; `recovered_at` is when the
+    # last such level was seen restored. `note` is the measured figure.
+    share: float = 1.0
+    degraded_level: bool = False
 
     @property
     def label(self) -> str:
@@ -235,10 +246,16 @@ def fault_health(f: FaultEvidence, now: datetime, rules: ClearingRules) -> Fault
             )
         return FaultHealth(f, Health.HEALTHY, f"up and quiet for {rules.damping_s:g} s", ready)
     if rule == ClearRule.QUIET:
+        if f.kind == FaultKind.DEGRADED and f.degraded_level:
+            return FaultHealth(f, Health.FAILED, f"degraded: {f.note}")
         if not f.port_active:
             return FaultHealth(f, Health.FAILED, "port is not ACTIVE")
-        # Quiet with the port ACTIVE: from the newest error, and from the port's return.
-        since = max(x for x in (f.opened_at, f.last_error_at, f.port_since) if x is not None)
+        # Quiet with the port ACTIVE: from the newest error, from the port's return, and
+        # (a degradation) from the level seen restored.
+        marks: tuple[datetime | None, ...] = (f.opened_at, f.last_error_at, f.port_since)
+        if f.kind == FaultKind.DEGRADED:
+            marks += (f.recovered_at,)
+        since = max(x for x in marks if x is not None)
         ready = since + timedelta(seconds=rules.quiet_s)
         if now < ready:
             return FaultHealth(
@@ -284,6 +301,17 @@ class Unhealthy:
 
 
 @dataclass(frozen=True, slots=True)
+class Degraded:
+    """A part that works at part of its bandwidth (a DEGRADED fault not yet cleared)."""
+
+    key: str  # fault:<id>
+    label: str
+    share: float  # of its bandwidth left, 0 to 1
+    figure: str  # what was measured, for the decision's reason
+    restored: bool = False  # the level is back; waiting out the quiet period
+
+
+@dataclass(frozen=True, slots=True)
 class FabricHealth:
     failed: FailedSet
     unhealthy: tuple[Unhealthy, ...]
@@ -295,6 +323,8 @@ class FabricHealth:
     # Maintenance windows announced but not yet moving jobs: nothing is out of service for
     # them yet, but a restart decided now knows of them.
     scheduled: tuple[Unhealthy, ...] = ()
+    # (node, device, port) -> the degradation of that port (port 0: every port of the RNIC).
+    degraded: dict[tuple[str, str, int], Degraded] = field(default_factory=dict)
 
 
 def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHealth:
@@ -323,6 +353,7 @@ def assess(evidence: Evidence, now: datetime, rules: ClearingRules) -> FabricHea
         cleared=tuple(out.cleared),
         next_change_at=out.next_change,
         healths=out.healths,
+        degraded=out.degraded,
     )
 
 
@@ -338,6 +369,7 @@ class _OutOfService:
     scheduled: list[Unhealthy] = field(default_factory=list)
     cleared: list[FaultHealth] = field(default_factory=list)
     healths: dict[int, FaultHealth] = field(default_factory=dict)
+    degraded: dict[tuple[str, str, int], Degraded] = field(default_factory=dict)
     next_change: datetime | None = None
 
     def fault(self, f: FaultEvidence, h: FaultHealth) -> None:
@@ -351,6 +383,13 @@ class _OutOfService:
             self.gpus.add((f.node, f.port))
         elif f.kind == FaultKind.UNREACHABLE:
             self.rnics.add((f.node, "*"))
+        elif f.kind == FaultKind.DEGRADED:
+            # In service at part of its bandwidth: the weakest degradation of a part counts.
+            was = self.degraded.get((f.node, f.device, f.port))
+            if was is None or f.share < was.share:
+                self.degraded[(f.node, f.device, f.port)] = Degraded(
+                    f"fault:{f.id}", f.label, f.share, f.note, h.health == Health.RECOVERING
+                )
         elif f.port == WHOLE_DEVICE:
             self.rnics.add((f.node, f.device))
         else:

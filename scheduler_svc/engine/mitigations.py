@@ -11,7 +11,7 @@ the desired state; `describe` is how a decision shows them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,18 +44,58 @@ class CommPlan:
     transit: Mapping[int, int] = field(default_factory=dict)
 
 
-def channel_weights(channel_rnics: Sequence[str | None]) -> tuple[float, ...]:
-    """R²CCL-Balance per channel: every RNIC still carrying traffic gets an equal share.
+def channel_weights(
+    channel_rnics: Sequence[str | None], shares: Mapping[str, float] | None = None
+) -> tuple[float, ...]:
+    """R²CCL-Balance per channel: every RNIC still carrying traffic gets an equal share,
+    a degraded one that share scaled by the bandwidth it has left (`shares`, RNIC -> 0..1).
 
     Channel c leaves the node through ``channel_rnics[c]`` (None: nowhere). An RNIC's
     share is split evenly among its channels, so a backup RNIC that also carries a
     failed rail's channels gives each of them less, and the node's traffic is in
-    proportion to the bandwidth left (each surviving RNIC has the same).
+    proportion to the bandwidth left. What a degraded RNIC gives up goes to the RNICs at
+    full bandwidth, evenly (all degraded: each in proportion to what it has left).
     """
     per_rnic = Counter(k for k in channel_rnics if k is not None)
     if not per_rnic:
         return ()
-    return tuple(0.0 if k is None else 1.0 / (len(per_rnic) * per_rnic[k]) for k in channel_rnics)
+    left = {k: min(1.0, max(0.0, x)) for k, x in (shares or {}).items() if k in per_rnic}
+    if all(x >= 1.0 for x in left.values()):
+        return tuple(
+            0.0 if k is None else 1.0 / (len(per_rnic) * per_rnic[k]) for k in channel_rnics
+        )
+    share = {k: left.get(k, 1.0) / len(per_rnic) for k in per_rnic}
+    full = [k for k in per_rnic if left.get(k, 1.0) >= 1.0]
+    freed = 1.0 - sum(share.values())
+    if full:
+        for k in full:
+            share[k] += freed / len(full)
+    else:
+        total = sum(share.values())
+        if total <= 0:
+            return ()
+        share = {k: w / total for k, w in share.items()}
+    return tuple(0.0 if k is None else share[k] / per_rnic[k] for k in channel_rnics)
+
+
+def rnic_shares(fabric: FabricView, node: str, rnics: Iterable[str | None]) -> dict[str, float]:
+    """The bandwidth each of `rnics` ("device/port") of `node` has left, where degraded."""
+    out: dict[str, float] = {}
+    for key in rnics:
+        if key is None:
+            continue
+        dev, _, port = key.partition("/")
+        found = [
+            d.share
+            for d in (
+                fabric.degraded.get((node, dev, int(port or 0))),
+                fabric.degraded.get((node, dev, 0)),
+            )
+            if d is not None
+        ]
+        if found:
+            out[key] = min(found)
+    return out
 
 
 def transit_gpus(
@@ -114,7 +154,7 @@ def _comm_plan(
     job: JobState, fabric: FabricView, options: Options, comm: CommSpec, seen: _Members
 ) -> CommPlan:
     """The mitigation chosen for one communicator, and its channel plan."""
-    ranks, failed_by_node, _, at_worst, _, _ = seen
+    ranks, failed_by_node, worst, at_worst, _, _ = seen
     rails = sorted({r.rail for r in at_worst}, key=lambda x: (x is None, x))
     plan, transit = _predicted(job, fabric, options, comm, seen=seen, rails=rails)
     failed_rails = {rail for rails_ in failed_by_node.values() for rail in rails_}
@@ -134,7 +174,8 @@ def _comm_plan(
     if chosen == coord.Mitigation.BALANCE and comm.comm_id not in no_balance:
         # Where each rail of the worst node sends now: its primary, or its backup.
         out_of = {r.rail: r.active for r in at_worst}
-        weights = channel_weights([out_of.get(rails[c % len(rails)]) for c in range(comm.channels)])
+        through = [out_of.get(rails[c % len(rails)]) for c in range(comm.channels)]
+        weights = channel_weights(through, rnic_shares(fabric, worst, through))
         split = float(plan.chosen.detail.get("allreduce_handoff", 0.0))  # type: ignore[arg-type]  # a float in the detail
     return CommPlan(
         comm.comm_id,

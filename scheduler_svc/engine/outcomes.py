@@ -148,7 +148,8 @@ def _ask_cost_model(p: ReconcilePass, *, at: datetime, planned: bool) -> _Asked:
 
 def _concurrent_faults(p: ReconcilePass) -> int:
     """The faults that touch the job, counted for k."""
-    affecting = [u for u in p.evidence if affects(u, p.conn, p.fabric)]
+    # A degraded part is no fault for k: it is rebalanced around, or counted failed.
+    affecting = [u for u in p.evidence if u.kind != "degraded" and affects(u, p.conn, p.fabric)]
     # Port faults on a switch known to have failed are that one failure, not more.
     failed_switches = {u.switch for u in affecting if u.kind == "switch"}
     return len([u for u in affecting if u.kind == "switch" or u.switch not in failed_switches])
@@ -491,6 +492,12 @@ def _restart_at(p: ReconcilePass, prev: Desired, k: float, remaining: float) -> 
         reason = (
             "keep running degraded: a restart was already decided for this evidence, and "
             "the job came back on it"
+        )
+    elif restart and any(u.kind == "switch" for u in p.evidence):
+        restart = False
+        reason = (
+            "keep running degraded: a restart cannot escape a switch failure (every node "
+            f"under the switch would need a spare): {reason}"
         )
     elif restart and not (job.spare_nodes or (job.allow_scaling and scaled_plan(job, p.conn))):
         restart = False

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from scheduler_svc.engine import coordination as coord
+from scheduler_svc.engine import degradation
 from scheduler_svc.engine.evidence import (
     evidence_for,
     fault_note,
@@ -81,7 +82,11 @@ def reconcile(
     fail-back stay on their backup until it is tried again; neither is a restart.
     """
     no_transit, held = refusals(now, job, options)
-    out = _reconcile_paths(now, job, _holding_back(job, fabric, held), options, index)
+    fabric = _holding_back(job, fabric, held)
+    if fabric.degraded:
+        # A degraded RNIC cheaper to fail over than to run on counts failed for this job.
+        fabric = degradation.failing_over(job, fabric, routes_of(job, fabric, index))
+    out = _reconcile_paths(now, job, fabric, options, index)
     out = _with_refusals(out, job, no_transit, held, options)
     wanted = checkpoint_request(job)
     if out.desired.checkpoint_after == wanted:
@@ -276,6 +281,11 @@ def _reconcile_paths(
     # 2. Ranks whose primary is healthy again return to it; the others stay on backup.
     if returning:
         return failback(p, prev, base, moved, returning)
+    # 3. Nobody off a primary: the channels follow the bandwidth each RNIC has left.
+    if not moved:
+        rebalanced = degradation.rebalanced(p, prev, base)
+        if rebalanced is not None:
+            return rebalanced
     return _while_failed_over(s)
 
 
@@ -353,6 +363,10 @@ def _broken(s: _Found, newly_moved: list[int]) -> Reconciled:
         return Reconciled(s.base, None, p.conn, p.warnings)  # said already: nothing changed
     if restarted_for_it:
         return _back_on_what_it_was_restarted_for(s)
+    if new and not isolated and all(u.kind == "degraded" for u in new):
+        # Degraded parts cheaper to leave than to run on: nothing failed, no restart to weigh.
+        why = degradation.failover_note(new, p.fabric, p.job.comm_share)
+        return failover(p, s.base, s.moved, note=why)
     if not new and not isolated:
         # Paths moved without new evidence (a plan changed under re-registration, or a
         # restarted job starts on the paths its open faults leave): no cost question.

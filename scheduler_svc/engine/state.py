@@ -17,7 +17,7 @@ from typing import Any
 
 from scheduler_svc.engine import decision as cost
 from scheduler_svc.engine import nccl
-from scheduler_svc.engine.fabric import Unhealthy
+from scheduler_svc.engine.fabric import Degraded, Unhealthy
 from scheduler_svc.engine.paths import FailedSet, NodePlan, NodeTopology
 from scheduler_svc.engine.routes import Connectivity
 
@@ -38,6 +38,8 @@ class Action(enum.StrEnum):
     RESTART_SCALED = "restart_scaled"
     NONE = "none"
     FAILBACK = "failback"
+    # Channels reweighted by the bandwidth each RNIC has left; nobody moves.
+    REBALANCE = "rebalance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +315,8 @@ class FabricView:
     fabric_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
     # Maintenance windows announced and not yet moving jobs (engine.fabric.FabricHealth).
     scheduled: tuple[Unhealthy, ...] = ()
+    # Parts working at part of their bandwidth (engine.fabric.FabricHealth.degraded).
+    degraded: Mapping[tuple[str, str, int], Degraded] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
