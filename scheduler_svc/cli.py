@@ -119,9 +119,8 @@ def serve(
     ] = False,
 ) -> None:
     """Run the service (migrates the store first)."""
-    import uvicorn
-
     from scheduler_svc.main import PollEndingServer, create_app
+    from scheduler_svc.serving import raise_fd_limit, server_config
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
     from scheduler_svc.store.tokens import TokenRepo
 
@@ -144,11 +143,9 @@ def serve(
     if not is_loopback(settings.host):
         settings = settings.model_copy(update={"allow_anonymous_loopback": False})
     app = create_app(settings, migrate=False)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
+    raise_fd_limit(settings)
+    config = server_config(
+        app, settings, host=settings.host, port=settings.port, log_level=settings.log_level.lower()
     )
     # uvicorn says where it listens only for sockets it bound itself.
     bound_host, bound_port = listener.getsockname()[:2]

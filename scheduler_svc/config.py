@@ -135,6 +135,34 @@ class Settings(BaseSettings):
         description="Events observed further ahead of the service's clock are refused; old "
         "ones are accepted and decided as old",
     )
+    # --- HTTP server limits (scheduler_svc/serving.py) ---
+    http_header_timeout_s: Annotated[float, Field(gt=0, le=300)] = Field(
+        default=10.0,
+        description="A request's headers must arrive within this of its first byte (or of "
+        "the connection's opening); otherwise 408 and the connection is closed",
+    )
+    http_body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=60.0,
+        description="A request's body must arrive within this of its headers (a body "
+        "trickled, or shorter than its Content-Length); otherwise 408 and closed",
+    )
+    http_max_header_bytes: Annotated[int, Field(ge=4096, le=2**20)] = Field(
+        default=64 * 1024,
+        description="Request line and headers over this many bytes: 431, closed unread",
+    )
+    http_max_connections: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
+        default=4096,
+        description="Open connections (agents' command streams included); one more is "
+        "answered 503 and closed at once. The descriptor limit is raised to fit it",
+    )
+    http_max_connections_per_peer: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=512,
+        description="Open connections from one address (raise it behind a proxy that "
+        "forwards every agent from one address); one more is answered 503",
+    )
+    http_keep_alive_s: Annotated[int, Field(ge=1, le=600)] = Field(
+        default=5, description="An idle kept-alive connection is closed after this"
+    )
     ready_probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
         default=2.0,
         description="/readyz commits a probe write: waited for longer than this (the store "
@@ -176,6 +204,25 @@ class Settings(BaseSettings):
         default=600.0,
         description="CQE, counter and PCIe faults close after this long with the port ACTIVE "
         "and no new error (a link down closes on its port up, after the damping period)",
+    )
+    degraded_counter_limits: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(
+            "symbol_error=10",
+            "link_error_recovery=5",
+            "link_downed=3",
+            "port_rcv_errors=10",
+            "excessive_buffer_overrun_errors=10",
+        ),
+        description="counter=N, comma-separated: a port whose counter rises by more than N "
+        "within the degraded window opens a degraded fault (rebalanced, not failed over)",
+    )
+    degraded_window_s: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=300.0, description="The window the degraded counter limits count over"
+    )
+    degraded_error_share: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.5,
+        description="The bandwidth share a port over a counter limit is planned to carry "
+        "(a port rate or PCIe link below its maximum counts what it measures)",
     )
     flap_max: Annotated[int, Field(ge=1)] = Field(
         default=4,
@@ -322,6 +369,27 @@ class Settings(BaseSettings):
     @classmethod
     def _k_list(cls, value: object) -> object:
         return parse_list(value)
+
+    @field_validator("degraded_counter_limits", mode="before")
+    @classmethod
+    def _limit_list(cls, value: object) -> object:
+        return parse_list(value)
+
+    @field_validator("degraded_counter_limits")
+    @classmethod
+    def _limits(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            name, _, limit = item.partition("=")
+            if not name.strip() or not limit.strip().isdigit():
+                raise ValueError(f"degraded_counter_limits: {item!r} is not counter=N")
+        return value
+
+    def counter_limits(self) -> dict[str, int]:
+        """degraded_counter_limits as counter -> the rise over the window that degrades."""
+        return {
+            n.strip(): int(x)
+            for n, _, x in (i.partition("=") for i in self.degraded_counter_limits)
+        }
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -195,3 +195,12 @@ COMMAND_STREAMS = Gauge("railover_command_streams", "Command streams open on thi
 COMMAND_STREAM_ENDS = Counter(
     "railover_command_stream_ends_total", "Command streams ended, by reason", ["reason"]
 )
+
+# reason: connections | connections_per_peer | header_timeout | body_timeout |
+# headers_too_large | invalid | concurrency (scheduler_svc/serving.py: refused before the
+# app sees them)
+HTTP_REFUSED = Counter(
+    "railover_http_refused_total",
+    "Connections and requests the HTTP server refused before the app, by reason",
+    ["reason"],
+)

@@ -13,11 +13,12 @@ import logging
 import re
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -146,6 +147,12 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = str(exc.detail)
         code = _STATUS_CODES.get(status, "error" if status < 500 else "internal_error")
         return _render(status, ErrorBody(error=code, detail=detail), headers or None)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> Response:
+        # The client went, or the server's body deadline closed it (serving.py): no one
+        # reads an answer, and a traceback per such connection would flood the log.
+        return Response(status_code=400)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)

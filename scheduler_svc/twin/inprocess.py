@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from scheduler_svc.config import Settings
 from scheduler_svc.main import create_app
+from scheduler_svc.serving import server_config
 from scheduler_svc.store.uow import Clock, system_clock
 
 # Ports below the kernel's ephemeral range: a port handed out here is closed again before
@@ -104,7 +105,9 @@ def served_app(
     """Serve an app built by `create_app` (a test may add routes or swap parts of its
     state first) on loopback over real HTTP, once it answers /readyz; yields its URL."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = server_config(
+        app, app.state.settings, host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
     server = _Server(config)
     thread = threading.Thread(target=server.run, name=f"railover-svc-{port}", daemon=True)
     thread.start()
