@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
 from tests.engine.stories import Story, at, down
 
@@ -306,6 +307,27 @@ def test_a_restart_that_cannot_escape_the_fault_is_not_decided() -> None:
     assert d.reason.startswith(
         "keep running degraded: a restart cannot escape the fault (no spare node to take "
         "the faulty one's place, and no scaled restart): restart at this checkpoint"
+    )
+    assert s.mode == Mode.FAILED_OVER
+
+
+def test_a_restart_cannot_escape_a_switch_failure_so_the_checkpoint_keeps_running() -> None:
+    """A leaf fails under both nodes with a day's repair ahead: a restart would need a spare
+    for every node under it, and placed back on them the job fails over again, so the
+    checkpoint keeps it running degraded (the fleet twin's leaf failures restarted jobs
+    onto nothing but a wait for the repair)."""
+    s = Story(["n0", "n1"], job_kw={"repair_estimate_s": 86400})
+    s.faults[1] = down(1, "n0", "mlx5_5", 3000, switch="rail5-leaf")
+    s.faults[2] = down(2, "n1", "mlx5_5", 3000.4, switch="rail5-leaf")
+    s.switches[1] = SwitchEvidence(1, "rail5-leaf", at(3000.6), "2 nodes lost their port")
+    first = s.step(3001).decision
+    assert first is not None and first.action == Action.FAILOVER
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.reason.startswith(
+        "keep running degraded: a restart cannot escape a switch failure (every node under "
+        "the switch would need a spare): restart at this checkpoint"
     )
     assert s.mode == Mode.FAILED_OVER
 
