@@ -244,3 +244,72 @@ def test_unreadable_state_is_dropped_not_fatal(tmp_path: Path) -> None:
     assert s.get_state("ports") is None
     assert s.get_state("ports") is None
     s.close()
+
+
+def test_why_a_row_is_quarantined(tmp_path: Path) -> None:
+    import sqlite3
+
+    s = Spool(tmp_path, 100)
+    bodies = [
+        b"{not json",
+        b"[1, 2]",
+        b'{"kind": "port_down"}',
+        b'{"event_id": "", "kind": "port_down"}',
+        b'{"event_id": 7, "kind": "port_down"}',
+        b'{"event_id": "a", "kind": "bogus\\n"}',
+        b'{"event_id": "b"}',
+    ]
+    with sqlite3.connect(s.path) as db:
+        db.executemany(
+            "INSERT INTO events (event_id, kind, droppable, body, lane) VALUES (?, 'x', 0, ?, 0)",
+            [(f"bad{i}", b) for i, b in enumerate(bodies)],
+        )
+    good = new_event("n0", "port_down", device="mlx5_0", port=1)
+    s.put([good])
+    assert [e for _, e in s.peek(10)] == [good]
+    reasons = [why for _, _, why in s.quarantined()]
+    assert reasons[0].startswith("not JSON: Expecting property name")
+    assert reasons[1:] == [
+        "not an object but list",
+        "no event_id",
+        "no event_id",
+        "no event_id",
+        "unknown kind bogus\\n",
+        "unknown kind None",
+    ]
+    s.close()
+
+
+def test_coalesce_keys_name_the_component() -> None:
+    from agent.events import LANE_FAULT, coalesce_key, lane_of
+
+    a = new_event("n0", "cqe_error", device="mlx5_0", port=1, wc_status=12, comm_id=5, rank=2)
+    assert coalesce_key(a) == "cqe_error|mlx5_0|1|12|5|2"
+    assert coalesce_key(new_event("n0", "cqe_error", device="mlx5_0", wc_status=12)) == (
+        "cqe_error|mlx5_0||12||"
+    )
+    assert coalesce_key(new_event("n0", "stall", comm_id=5, rank=2)) == "stall|5|2"
+    rise = new_event("n0", "counter", device="mlx5_0", port=1, counter="symbol_error", delta=1)
+    assert coalesce_key(rise) == "counter|mlx5_0|1|symbol_error"
+    assert coalesce_key(new_event("n0", "port_down", device="mlx5_0", port=1)) is None
+    assert lane_of("not_a_kind") == LANE_FAULT
+
+
+def test_coalesce_keeps_counts_and_the_first_time() -> None:
+    from agent.events import coalesce
+
+    older = {"event_id": "o", "kind": "stall", "observed_at": "t1", "detail": "x"}
+    newer = {"event_id": "n", "kind": "stall", "observed_at": "t2", "detail": None}
+    once = coalesce(older, newer)
+    assert once == {
+        "event_id": "o",
+        "kind": "stall",
+        "observed_at": "t2",
+        "detail": {"coalesced": 2, "first_observed_at": "t1"},
+    }
+    third = {"event_id": "m", "kind": "stall", "observed_at": "t3", "detail": {"coalesced": 3}}
+    assert coalesce(once, third)["detail"] == {"coalesced": 5, "first_observed_at": "t1"}
+    assert newer["detail"] is None and older["detail"] == "x"  # neither changed
+    rise = {"event_id": "c", "kind": "counter", "observed_at": "t1", "delta": None}
+    assert coalesce(rise, rise | {"delta": 2})["delta"] == 2
+    assert "delta" not in coalesce(older, newer)
