@@ -27,7 +27,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.fabric import WHOLE_DEVICE, FaultKind
 from scheduler_svc.fleet import EventType, emit
-from scheduler_svc.services import ccl, fabric, losses
+from scheduler_svc.services import ccl, degradation, fabric, losses
 from scheduler_svc.store import models as m
 from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
 from scheduler_svc.store.faults import EventRepo, FaultRepo
@@ -154,6 +154,7 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
             # Observed before the port's newest report (a late or reordered one): it is
             # history, and the level that came after it stands.
             return set()
+        degradation.make_room(session, e.node, device, port, e.observed_at)
         fault = faults.open_if_new(
             m.Fault(
                 node=e.node,
@@ -183,6 +184,11 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
         switch_fault = infer_switch(session, fault, settings)
         if switch_fault is not None:
             touched.add(f"@{switch_fault.switch}")
+        return touched
+    if e.kind in degradation.KINDS:
+        touched, opened = degradation.record(session, e, settings)
+        if opened is not None:
+            result.faults_opened.append(opened)
         return touched
     if _recovers(e):
         port = e.port or 1

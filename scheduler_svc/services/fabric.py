@@ -14,6 +14,7 @@ from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.state import FabricView
+from scheduler_svc.services import degradation
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.maintenance import MaintenanceRepo
@@ -133,6 +134,20 @@ def _evidence_of(
     f: m.Fault, port_states: Mapping[tuple[str, str, int], tuple[str, datetime | None]]
 ) -> health.FaultEvidence:
     state, since = port_states.get((f.node, f.device, f.port or 1), (ACTIVE, None))
+    if f.kind == health.FaultKind.DEGRADED.value:
+        return health.FaultEvidence(
+            id=f.id,
+            node=f.node,
+            device=f.device,
+            port=f.port,
+            kind=health.FaultKind.DEGRADED,
+            opened_at=f.opened_at,
+            last_error_at=f.last_error_at,
+            port_active=state == ACTIVE,
+            port_since=since,
+            switch=f.switch,
+            **degradation.evidence_fields(f),
+        )
     return health.FaultEvidence(
         id=f.id,
         node=f.node,
@@ -314,6 +329,7 @@ def view_for(
             unhealthy=assessed.unhealthy,
             fabric_ports=ports,
             scheduled=assessed.scheduled,
+            degraded=assessed.degraded,
         ),
         assessed,
     )

@@ -79,7 +79,7 @@ class DecisionInputsOut(BaseModel):
 class DecisionOut(BaseModel):
     decision_id: str
     job_id: str
-    action: Literal["failover", "restart", "restart_scaled", "none", "failback"]
+    action: Literal["failover", "restart", "restart_scaled", "none", "failback", "rebalance"]
     reason: str
     inputs: DecisionInputsOut
     costs_s: dict[str, float | None]

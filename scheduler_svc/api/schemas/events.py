@@ -36,6 +36,7 @@ class EventKind(enum.StrEnum):
     COMMUNICATOR = "communicator"
     STALL = "stall"
     DEVICE_LOST = "device_lost"
+    PORT_RATE = "port_rate"
 
 
 class EventIn(Strict):
@@ -84,6 +85,11 @@ class EventIn(Strict):
     )
     gpu: GpuNo | None = Field(
         default=None, description="device_lost: the index of the GPU that is gone from sysfs"
+    )
+    rate_gbps: Annotated[float, Field(strict=True, ge=0, le=10000)] | None = Field(
+        default=None,
+        description="port_rate: the port's rate now (speed x width, Gb/s); below the rate it "
+        "registered with, a degraded fault",
     )
     observed_at: UtcTime = Field(
         description="When the agent saw it; at most observed_at_future_skew_s ahead of the "
@@ -183,6 +189,15 @@ class DeviceLostEvent(EventIn):
         return self
 
 
+class PortRateEvent(_OnDevice):
+    """A port's rate changed (renegotiated): the newest report by observation time is the
+    port's rate; one below the registered rate is a degradation, one back at it restores."""
+
+    kind: Literal[EventKind.PORT_RATE]
+    port: Annotated[int, Field(strict=True, ge=1, le=255), BeforeValidator(whole_number)]
+    rate_gbps: Annotated[float, Field(strict=True, ge=0, le=10000)]
+
+
 AnyEvent = Annotated[
     PortDownEvent
     | PortUpEvent
@@ -195,7 +210,8 @@ AnyEvent = Annotated[
     | ProgressEvent
     | CommunicatorEvent
     | StallEvent
-    | DeviceLostEvent,
+    | DeviceLostEvent
+    | PortRateEvent,
     Field(discriminator="kind"),
 ]
 

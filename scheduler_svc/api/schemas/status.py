@@ -31,7 +31,7 @@ class NodeStatusOut(BaseModel):
 
 class DecisionBriefOut(BaseModel):
     decision_id: str
-    action: Literal["failover", "restart", "restart_scaled", "none", "failback"]
+    action: Literal["failover", "restart", "restart_scaled", "none", "failback", "rebalance"]
     reason: str
     trigger: str
     created_at: datetime
