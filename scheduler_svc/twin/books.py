@@ -4,6 +4,7 @@ counts, and what one run returns (scheduler_svc.twin.loop keeps them)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,7 @@ class TwinResult:
     violations: dict[str, int]
     first_violation: dict[str, str]
     reports: dict[str, int]  # late, twice, held, overtaken (see Twin.report_counts)
+    fleet_aborts: int  # jobs with a dead rank the fleet manager aborted, the service not
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -125,4 +127,19 @@ class TwinResult:
             "violations": self.violations,
             "first_violation": self.first_violation,
             "reports": self.reports,
+            "fleet_aborts": self.fleet_aborts,
         }
+
+
+def gpu_hours(jobs: Iterable[TwinJob], horizon: float) -> tuple[dict[str, float], float, float]:
+    """GPU-hours lost by cause, lost in all (elapsed minus progress, kept apart from the
+    causes, which must sum to it) and run, over `horizon` seconds."""
+    lost = dict.fromkeys(CAUSES, 0.0)
+    total = gpu_s = 0.0
+    for job in jobs:
+        gpus = job.spec.gpus
+        for cause, s in job.lost.items():
+            lost[cause] += s * gpus
+        total += (horizon - job.progress) * gpus
+        gpu_s += horizon * gpus
+    return {c: s / 3600 for c, s in lost.items()}, total / 3600, gpu_s / 3600

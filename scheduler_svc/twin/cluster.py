@@ -32,6 +32,12 @@ class FaultKind(StrEnum):
     # The node's agent cannot reach the service for `repair_s`: its reports wait in its
     # spool and go in order when it is back; its commands wait for it too.
     PARTITION = "partition"
+    # A GPU falls off the bus (`rail` is its index): its rank dies, the agent reports it
+    # lost; the node registers it again after the repair.
+    GPU = "gpu"
+    # The node dies: its ranks with it, its agent silent; it registers again after the
+    # repair (its agent's spool kept what it saw).
+    NODE = "node"
 
 
 # Per component (a link, an RNIC, a leaf; a node for PARTITION) and hour, as a multiple of
@@ -42,7 +48,11 @@ KIND_SCALE = {
     FaultKind.FLAP: 4.0,
     FaultKind.CQE: 2.0,
     FaultKind.PARTITION: 4.0,
+    FaultKind.GPU: 0.5,
+    FaultKind.NODE: 2.0,
 }
+# Kinds whose rate is per node rather than per link (or GPU: one per link)
+PER_NODE = (FaultKind.PARTITION, FaultKind.NODE)
 # How long an agent stays cut off: uniform in this range, seconds.
 PARTITION_S = (30.0, 900.0)
 
@@ -171,7 +181,8 @@ def trace(
     """Independent Poisson processes per component kind, seeded: the same trace for every
     policy. A LINK, RNIC or LEAF fault is repaired after an exponential time of mean
     repair_h; a FLAP comes back within seconds; a CQE burst needs no repair; a PARTITION
-    lasts PARTITION_S (one node's agent, so its rate is per node, not per link)."""
+    lasts PARTITION_S; GPU and NODE are repaired like a link. PARTITION and NODE happen
+    per node, the others per link (a GPU: one per link)."""
     if not (days > 0 and math.isfinite(days)):
         raise ValueError(f"days: must be a positive number, got {days}")
     if not (fault_scale >= 0 and math.isfinite(fault_scale)):
@@ -181,9 +192,8 @@ def trace(
     links = spec.nodes * RAILS
     leaves = RAILS * math.ceil(spec.nodes / spec.nodes_per_leaf)
     rates = {kind: links * model.link_rate_per_h * scale for kind, scale in KIND_SCALE.items()}
-    rates[FaultKind.PARTITION] = (
-        spec.nodes * model.link_rate_per_h * KIND_SCALE[FaultKind.PARTITION]
-    )
+    for kind in PER_NODE:
+        rates[kind] = spec.nodes * model.link_rate_per_h * KIND_SCALE[kind]
     rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
     out: list[Fault] = []
     for kind, per_h in rates.items():

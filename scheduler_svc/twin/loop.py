@@ -30,24 +30,18 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from fastapi import FastAPI
-
 from scheduler_svc.api.schemas.commands import CommandOut
 from scheduler_svc.api.schemas.jobs import JobIn
-from scheduler_svc.config import Settings
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
-from scheduler_svc.main import create_app
 from scheduler_svc.planning.params import JobModel
-from scheduler_svc.twin.books import CAUSES, Invariants, TwinJob, TwinResult
+from scheduler_svc.twin.books import Invariants, TwinJob, TwinResult, gpu_hours
 from scheduler_svc.twin.cluster import (
     GPUS,
     RAILS,
@@ -62,7 +56,8 @@ from scheduler_svc.twin.cluster import (
     trace,
 )
 from scheduler_svc.twin.hardware import hgx_node
-from scheduler_svc.twin.inprocess import ManualClock, served_app
+from scheduler_svc.twin.harness import service, twin_settings
+from scheduler_svc.twin.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -73,29 +68,6 @@ LEAF_SPREAD_S = 2.0  # the nodes on a failed leaf report within this long
 # one is all the service reads, and a failover is followed by one an iteration later
 # (the checkpoint at which the service may restart the job).
 FLOWCHECK_POST_S = 1800.0
-
-
-def twin_settings(policy: Policy, db_url: str | None, tmp: Path) -> Settings:
-    """The service's settings in the twin: its defaults, the policy under study, a store of
-    its own (SQLite in `tmp`; `db_url` must name an empty one), and no coordinator thread
-    (the twin sweeps after each move of its clock)."""
-    return Settings(
-        db_url=db_url or f"sqlite:///{tmp / 'twin.db'}",
-        port=0,
-        allow_anonymous_loopback=True,  # the twin's agents and driver call it without tokens
-        policy=policy,
-        coordinator=False,
-        command_ack_timeout_s=10**6,  # the twin's agents answer at once
-    )
-
-
-@contextmanager
-def service(settings: Settings) -> Iterator[tuple[FastAPI, str, ManualClock]]:
-    """The real service on loopback, on a manual clock at T0."""
-    clock = ManualClock(T0)
-    app = create_app(settings, clock=clock)
-    with served_app(app) as base_url:
-        yield app, base_url, clock
 
 
 class Twin:
@@ -116,13 +88,9 @@ class Twin:
         reports: Reports | None = None,
     ) -> None:
         self.spec = spec
-        self.reports = reports or Reports()
-        # Its own stream, so that the fault trace is the same whatever the reports do.
-        self.rng = np.random.default_rng([seed, 1])
-        bound = self.reports.skew_s
-        self.skew = {
-            node_name(i): float(self.rng.uniform(-bound, bound)) for i in range(spec.nodes)
-        }
+        self.net = Network(
+            reports or Reports(), seed=seed, nodes=spec.nodes, at=self.at, deliver=self.post
+        )
         self.model = model or JobModel()
         self.days = days
         self.seed = seed
@@ -140,7 +108,6 @@ class Twin:
         self.down: Counter[tuple[str, int]] = Counter()  # (node, rail) -> reasons it is down
         self.decisions: Counter[str] = Counter()
         self.fault_counts: Counter[str] = Counter(f.kind.value for f in self.faults)
-        self.validate_skew()
         self.events = 0
         self.plans: dict[tuple[str, int, int], tuple[Any, ...]] = {}
         self.restarts: set[tuple[str, frozenset[str], frozenset[str]]] = set()
@@ -149,11 +116,10 @@ class Twin:
         # (node, rail) -> (observed_at, down) of the newest port report the service has
         self.reported: dict[tuple[str, int], tuple[str, bool]] = {}
         self.stored: set[str] = set()  # event ids the service has accepted
-        # reports: late (held back), twice (sent again), held (by a cut-off agent),
-        # overtaken (a port's report that reached the service after a newer one of it)
-        self.report_counts: Counter[str] = Counter()
-        self.cut_off: dict[str, list[list[dict[str, Any]]]] = {}  # partitioned: held reports
         self.waiting: list[TwinJob] = []  # aborted, no spare free for a broken node
+        self.dead_gpus: set[tuple[str, int]] = set()
+        self.dead_nodes: set[str] = set()
+        self.fleet_aborts = 0  # jobs the fleet manager aborted itself (a rank died)
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.now_s = 0.0
@@ -165,7 +131,7 @@ class Twin:
         horizon = self.days * 86400.0
         with (
             tempfile.TemporaryDirectory(prefix="railover-twin-") as tmp,
-            service(twin_settings(self.policy, self.db_url, Path(tmp))) as (app, url, clock),
+            service(twin_settings(self.policy, self.db_url, Path(tmp)), T0) as (app, url, clock),
         ):
             self.app, self.clock, self.settings = app, clock, app.state.settings
             with RailoverClient(url, retries=0, timeout_s=120) as rv:
@@ -185,14 +151,6 @@ class Twin:
                 for job in self.jobs.values():
                     job.accrue(horizon)
         return self.result(time.perf_counter() - started, horizon)
-
-    def validate_skew(self) -> None:
-        bound = Settings.model_fields["observed_at_future_skew_s"].default
-        if self.reports.skew_s > bound:
-            raise ValueError(
-                f"skew_s: at most the service's observed_at_future_skew_s ({bound:g} s), "
-                f"got {self.reports.skew_s:g}"
-            )
 
     def at(self, t: float, act: Callable[[], None]) -> None:
         heapq.heappush(self.queue, (t, next(self.seq), act))
@@ -219,10 +177,14 @@ class Twin:
 
     def register(self) -> None:
         for i in range(self.spec.nodes):
-            body = hgx_node(switch_name=leaf_names(i, self.spec.nodes_per_leaf))
-            self.rv.register_node(node_name(i), body)
+            self.rv.register_node(node_name(i), self.node_body(node_name(i)))
         for job in self.jobs.values():
             self.post_job(job)
+
+    def node_body(self, node: str) -> dict[str, Any]:
+        """The node's registration: every GPU and RNIC (the twin registers a node only when
+        all of it works)."""
+        return hgx_node(switch_name=leaf_names(int(node[1:]), self.spec.nodes_per_leaf))
 
     def post_job(self, job: TwinJob) -> None:
         ranks = [
@@ -242,6 +204,10 @@ class Twin:
                 "slowdown_k": job.spec.k,
                 "communicators": [{"comm_id": job.comm_id, "channels": 16}],
                 "incarnation": job.incarnation,
+                # What the fleet manager knows when it posts: whether a healthy node is
+                # free to replace a broken one, and else how long getting one takes.
+                "spare_nodes": bool(self.free_nodes()),
+                "node_replace_s": self.model.node_replace_h * 3600,
             }
         )
         out = self.rv.register_job(body)
@@ -285,6 +251,10 @@ class Twin:
             self.cqe(f.node, f.rail)
         elif f.kind == FaultKind.PARTITION:
             self.partition(node_name(f.node), f.repair_s)
+        elif f.kind == FaultKind.GPU:
+            self.gpu_lost(node_name(f.node), f.rail, f.repair_s)
+        elif f.kind == FaultKind.NODE:
+            self.node_lost(node_name(f.node), f.repair_s)
         else:
             self.port(f.node, f.rail, False, fatal=f.kind == FaultKind.RNIC)
             self.at(self.now_s + f.repair_s, lambda: self.port(f.node, f.rail, True))
@@ -326,32 +296,14 @@ class Twin:
                 job.state, job.hung_until = "hung", self.now_s + job.spec.timeout_s
 
     def report(self, node: str, events: list[dict[str, Any]]) -> None:
-        """The node's agent sends its events, each with an id of its own and the node's
-        clock, now, late or twice as `Reports` says; a cut-off agent keeps them."""
+        """The node's agent reports its events, each with an id of its own and the node's
+        clock; the network (`Reports`) says when they arrive."""
+        at = self.net.clock(node, self.clock()).isoformat()
         stamped = [
-            {
-                "event_id": f"twin-{next(self.seq)}",
-                "node": node,
-                "observed_at": self.when(self.now_s + self.skew[node]),
-            }
-            | e
+            {"event_id": f"twin-{next(self.seq)}", "node": node, "observed_at": at} | e
             for e in events
         ]
-        if node in self.cut_off:
-            self.report_counts["held"] += 1
-            self.cut_off[node].append(stamped)
-            return
-        r = self.reports
-        if r.delay_p and self.rng.random() < r.delay_p:
-            self.report_counts["late"] += 1
-            later = self.now_s + self.rng.uniform(0, r.max_delay_s)
-            self.at(later, partial(self.post, node, stamped))
-        else:
-            self.post(node, stamped)
-        if r.duplicate_p and self.rng.random() < r.duplicate_p:
-            self.report_counts["twice"] += 1
-            later = self.now_s + self.rng.uniform(0, r.max_delay_s)
-            self.at(later, partial(self.post, node, stamped))
+        self.net.send(node, stamped, self.now_s)
 
     def post(self, node: str, stamped: list[dict[str, Any]]) -> None:
         """One POST of the node's events; the service must store each id once."""
@@ -379,23 +331,83 @@ class Twin:
                 if newest is None or newest[0] < e["observed_at"]:
                     self.reported[key] = (e["observed_at"], e["kind"] != "port_up")
                 elif newest[0] > e["observed_at"]:
-                    self.report_counts["overtaken"] += 1
+                    self.net.counts["overtaken"] += 1
         self.deliver([j for j in self.jobs.values() if node in j.nodes])
         self.deadlines()
 
     def partition(self, node: str, seconds: float) -> None:
         """The node's agent is cut off for `seconds`: then it sends what it kept, in order,
         and takes its commands."""
-        if node in self.cut_off:
+        if not self.net.cut(node):
             return
-        self.cut_off[node] = []
 
         def back() -> None:
-            for stamped in self.cut_off.pop(node):
-                self.post(node, stamped)
-            self.deliver([j for j in self.jobs.values() if node in j.nodes])
+            if node not in self.dead_nodes:  # else it comes back with its repair
+                self.reconnect(node)
 
         self.at(self.now_s + seconds, back)
+
+    def reconnect(self, node: str) -> None:
+        self.net.heal(node)
+        self.deliver([j for j in self.jobs.values() if node in j.nodes])
+
+    def gpu_lost(self, node: str, gpu: int, repair_s: float) -> None:
+        """A GPU falls off the bus: its rank dies and the agent says so; the node registers
+        it again after the repair."""
+        if (node, gpu) in self.dead_gpus or node in self.dead_nodes:
+            return
+        self.dead_gpus.add((node, gpu))
+        self.ranks_die(node, {gpu})
+        self.report(node, [{"kind": "device_lost", "gpu": gpu}])
+
+        def repaired() -> None:
+            self.dead_gpus.discard((node, gpu))
+            if node not in self.dead_nodes:
+                self.rv.register_node(node, self.node_body(node))
+            self.retry_waiting()
+
+        self.at(self.now_s + repair_s, repaired)
+
+    def node_lost(self, node: str, repair_s: float) -> None:
+        """The node dies: its ranks with it, its agent silent (its spool on disk keeps what
+        it saw). After the repair it registers again and its agent sends the spool."""
+        if node in self.dead_nodes:
+            return
+        self.dead_nodes.add(node)
+        self.net.cut(node)
+        self.ranks_die(node, set(range(GPUS)))
+
+        def repaired() -> None:
+            self.dead_nodes.discard(node)
+            self.rv.register_node(node, self.node_body(node))
+            self.reconnect(node)
+            self.retry_waiting()
+
+        self.at(self.now_s + repair_s, repaired)
+
+    def ranks_die(self, node: str, gpus: set[int]) -> None:
+        """Jobs with a rank on these GPUs hang until their collective's timeout and the
+        launcher's detection; the fleet manager then aborts the job itself, unless the
+        service has had it aborted by then."""
+        for job in self.jobs.values():
+            if node not in job.nodes or job.state == "down" or job.aborted:
+                continue
+            job.accrue(self.now_s)
+            until = self.now_s + job.spec.timeout_s + job.spec.detect_s
+            job.state, job.hung_until = "hung", max(job.hung_until, until)
+            self.at(job.hung_until, partial(self.fleet_abort, job, job.generation))
+
+    def fleet_abort(self, job: TwinJob, generation: int) -> None:
+        if job.aborted or generation != job.generation:
+            return  # the service had it restarted, or it was placed again since
+        job.accrue(self.now_s)
+        self.fleet_aborts += 1
+        job.roll_back()
+        job.generation += 1
+        job.aborted = True
+        job.state = "down"
+        job.on_backup = set()
+        self.requeue(job)
 
     # --- what the service says --------------------------------------------------------
 
@@ -403,7 +415,7 @@ class Twin:
         """Each job's agents take the commands waiting for them and the ranks apply them."""
         for job in jobs:
             waiting = {c.node for c in self.rv.job_commands(job.spec.job_id) if c.state == "issued"}
-            for node in sorted(waiting - self.cut_off.keys()):
+            for node in sorted(n for n in waiting if not self.net.is_cut(n)):
                 for c in self.rv.node_commands(node):
                     self.apply(c)
             self.refresh(job)
@@ -494,16 +506,20 @@ class Twin:
         job.on_backup = set()
         self.at(job.hung_until, lambda: self.requeue(job))
 
-    def requeue(self, job: TwinJob) -> None:
-        """Place the job again from its checkpoint, a free node in place of each broken
-        one; with too few free, it waits (still down) for a repair."""
-        job.accrue(self.now_s)
+    def free_nodes(self) -> list[str]:
+        """Healthy nodes no job holds, in order."""
         taken = {n for j in self.jobs.values() for n in j.nodes}
-        free = [
+        return [
             node_name(i)
             for i in range(self.spec.nodes)
             if node_name(i) not in taken and not self.broken(node_name(i))
         ]
+
+    def requeue(self, job: TwinJob) -> None:
+        """Place the job again from its checkpoint, a free node in place of each broken
+        one; with too few free, it waits (still down) for a repair."""
+        job.accrue(self.now_s)
+        free = self.free_nodes()
         broken = [n for n in job.nodes if self.broken(n)]
         if len(broken) > len(free):
             if job not in self.waiting:
@@ -536,20 +552,16 @@ class Twin:
         return frozenset(down | cqe)
 
     def broken(self, node: str) -> bool:
-        return any(self.down[(node, r)] > 0 for r in range(RAILS))
+        return (
+            node in self.dead_nodes
+            or any(n == node for n, _ in self.dead_gpus)
+            or any(self.down[(node, r)] > 0 for r in range(RAILS))
+        )
 
     # --- the books ---------------------------------------------------------------------
 
     def result(self, wall_s: float, horizon: float) -> TwinResult:
-        lost = dict.fromkeys(CAUSES, 0.0)
-        total = 0.0
-        gpu_s = 0.0
-        for job in self.jobs.values():
-            gpus = job.spec.gpus
-            for cause, s in job.lost.items():
-                lost[cause] += s * gpus
-            total += (horizon - job.progress) * gpus
-            gpu_s += horizon * gpus
+        lost, total, gpu_h = gpu_hours(self.jobs.values(), horizon)
         return TwinResult(
             policy=self.policy.value,
             seed=self.seed,
@@ -558,10 +570,11 @@ class Twin:
             faults=dict(self.fault_counts),
             decisions=dict(self.decisions),
             events=self.events,
-            gpu_hours_lost={c: s / 3600 for c, s in lost.items()},
-            gpu_hours_total=total / 3600,
-            gpu_hours=gpu_s / 3600,
+            gpu_hours_lost=lost,
+            gpu_hours_total=total,
+            gpu_hours=gpu_h,
             violations=dict(self.invariants.counts),
             first_violation=dict(self.invariants.first),
-            reports=dict(self.report_counts),
+            reports=dict(self.net.counts),
+            fleet_aborts=self.fleet_aborts,
         )

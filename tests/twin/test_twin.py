@@ -107,7 +107,8 @@ def test_late_twice_sent_and_reordered_reports_and_a_cut_off_agent_keep_every_in
     service before its port_down), half sent twice, node clocks 10 s apart, and node 3's
     agent cut off for ten minutes across a failure of one of its NICs: the service still
     stores every event once and never moves a rank onto a port whose newest report is down."""
-    flaps = [Fault(1800.0 * h, FaultKind.FLAP, h % 30, h % 8, 5.0) for h in range(1, 7)]
+    small = ClusterSpec(nodes=16, spares=2, nodes_per_leaf=8, jobs=2)  # jobs of 7 nodes
+    flaps = [Fault(1800.0 * h, FaultKind.FLAP, h % 14, h % 8, 5.0) for h in range(1, 7)]
     faults = sorted(
         [
             *flaps,
@@ -117,7 +118,7 @@ def test_late_twice_sent_and_reordered_reports_and_a_cut_off_agent_keep_every_in
         ]
     )
     reports = Reports(delay_p=0.5, duplicate_p=0.5, max_delay_s=60, skew_s=10)
-    r = Twin(SPEC, days=0.2, seed=2, fault_scale=0, faults=faults, reports=reports).run()
+    r = Twin(small, days=0.2, seed=2, fault_scale=0, faults=faults, reports=reports).run()
     assert r.violations == {}, r.first_violation
     conserved(r)
     # The run did what it is for: reports overtaken, resent, and kept by the cut-off agent.
@@ -154,3 +155,22 @@ def test_reports_that_cannot_be_are_refused_naming_the_option() -> None:
         Reports(skew_s=-1)
     with pytest.raises(ValueError, match=r"^skew_s: at most the service"):
         Twin(SPEC, days=1, seed=1, fault_scale=0, faults=[], reports=Reports(skew_s=3600))
+
+
+def test_a_lost_gpu_restarts_its_job_and_a_dead_node_is_requeued_by_the_fleet_manager() -> None:
+    """Node 5's GPU 3 falls off the bus: its agent reports it lost and the service restarts
+    job-0 onto a spare. Node 40 dies with its agent: the service hears nothing, so the fleet
+    manager aborts job-1 once its launcher notices (timeout and detection) and posts it as
+    its next incarnation on a spare; the node registers again after its repair."""
+    faults = [
+        Fault(5000.0, FaultKind.GPU, 5, 3, 6 * 3600.0),
+        Fault(20000.0, FaultKind.NODE, 40, 0, 2 * 3600.0),
+    ]
+    r = Twin(SPEC, days=0.5, seed=1, fault_scale=0, faults=faults).run()
+    assert r.violations == {}, r.first_violation
+    conserved(r)
+    assert r.faults == {"gpu": 1, "node": 1}
+    assert r.decisions.get("restart", 0) == 1  # the GPU's; the dead node decided nothing
+    assert r.fleet_aborts == 1
+    assert r.gpu_hours_lost["hang"] > 0 and r.gpu_hours_lost["reload"] > 0
+    assert r.gpu_hours_lost["waiting"] == 0  # four spares for two broken nodes
