@@ -24,6 +24,8 @@ KINDS = frozenset(
         "device_fatal",
         "communicator",
         "stall",
+        "device_lost",
+        "port_rate",
     }
 )
 # Samples the service can do without: the next one supersedes them. These are
@@ -41,6 +43,7 @@ LANES: dict[str, int] = {
     "device_fatal": LANE_STATE,
     "device_lost": LANE_STATE,
     "pcie_degraded": LANE_STATE,
+    "port_rate": LANE_STATE,
     "path_switch": LANE_STATE,
     "cqe_error": LANE_FAULT,
     "counter": LANE_FAULT,

@@ -37,6 +37,11 @@ def set_port_state(
     _atomic_put(d / "phys_state", f"{PHYS_STATES[phys_state]}: {phys_state}")
 
 
+def set_port_rate(root: Path, device: str, port: int, gbps: float, width: str = "4X") -> None:
+    """Set a port's rate as ib_core prints it, e.g. 200 -> "200 Gb/sec (4X)"."""
+    _atomic_put(_port_dir(root, device, port) / "rate", f"{gbps:g} Gb/sec ({width})")
+
+
 def read_counter(root: Path, device: str, port: int, name: str, hw: bool = False) -> str:
     d = _port_dir(root, device, port) / ("hw_counters" if hw else "counters")
     return (d / name).read_text().strip()

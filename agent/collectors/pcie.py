@@ -1,4 +1,6 @@
-"""PCIe: a GPU's or RNIC's link that trained down (width or speed below max)."""
+"""PCIe: a GPU's or RNIC's link that trained down (width or speed below max), and the
+same link back at its maximum (a ``pcie_degraded`` report whose figures are the maximum:
+the service keeps the newest report of a link as its level)."""
 
 from __future__ import annotations
 
@@ -53,14 +55,14 @@ class PcieCollector(Collector):
             sig = f"x{cw}@{cs:g}GT/s"
             is_degraded = cw < mw or cs < ms
             prev = self.degraded.get(pci)
-            if not is_degraded:
-                if prev is not None:
-                    del self.degraded[pci]
-                    changed = True
+            if not is_degraded and prev is None:
                 continue
-            if prev == sig:
+            if is_degraded and prev == sig:
                 continue
-            self.degraded[pci] = sig
+            if is_degraded:
+                self.degraded[pci] = sig
+            else:
+                del self.degraded[pci]
             changed = True
             detail: dict[str, Any] = {
                 "pci": pci,
@@ -68,6 +70,7 @@ class PcieCollector(Collector):
                 "max_width": mw,
                 "current_speed_gts": cs,
                 "max_speed_gts": ms,
+                "restored": not is_degraded,
             }
             if "detail_gpu" in who:
                 detail["gpu"] = who["detail_gpu"]

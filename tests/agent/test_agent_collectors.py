@@ -23,7 +23,7 @@ from agent.collectors.supervise import Supervisor
 from agent.collectors.topology import TopologyCollector
 from agent.config import AgentSettings
 from agent.railmap import RailMapError, load_rail_map
-from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state
+from agent.sysfs import parse_int, parse_link_speed, parse_rate, parse_state, read_attr
 from agent.topology import Topology
 from railover_testing.agents import AgentThread, StandInService, settings_for
 from railover_testing.sysfs_faults import (
@@ -31,6 +31,7 @@ from railover_testing.sysfs_faults import (
     degrade_pcie_link,
     restore_pcie_link,
     set_counter,
+    set_port_rate,
     set_port_state,
 )
 from railover_testing.sysfs_node import FixtureNode
@@ -139,6 +140,34 @@ def test_port_down_and_up(node_a: FixtureNode, tmp_path: Path) -> None:
     )
 
 
+def test_port_rate_changes_are_reported_while_the_port_is_active(
+    node_a: FixtureNode, tmp_path: Path
+) -> None:
+    ctx, topo = _ctx(node_a, tmp_path)
+    ports = PortsCollector(ctx)
+    assert ports.collect(topo).events == []  # baseline: the registration carries the rate
+    was = parse_rate(read_attr(str(node_a.root / "class/infiniband/mlx5_3/ports/1/rate")))
+    set_port_rate(node_a.root, "mlx5_3", 1, 200)
+    (ev,) = ports.collect(topo).events
+    assert (ev["kind"], ev["device"], ev["port"], ev["rate_gbps"]) == (
+        "port_rate",
+        "mlx5_3",
+        1,
+        200,
+    )
+    assert ev["detail"] == {"previous_gbps": was}
+    assert ports.collect(topo).events == []
+    # Down, a port's rate says nothing; back up at full rate, that is reported.
+    set_port_state(node_a.root, "mlx5_3", 1, "DOWN")
+    set_port_rate(node_a.root, "mlx5_3", 1, 10)
+    assert [e["kind"] for e in ports.collect(topo).events] == ["port_down"]
+    set_port_state(node_a.root, "mlx5_3", 1, "ACTIVE")
+    assert was is not None
+    set_port_rate(node_a.root, "mlx5_3", 1, was)
+    got = ports.collect(topo).events
+    assert [(e["kind"], e.get("rate_gbps")) for e in got] == [("port_rate", was), ("port_up", None)]
+
+
 def test_port_state_survives_restart(node_a: FixtureNode, tmp_path: Path) -> None:
     ctx, topo = _ctx(node_a, tmp_path)
     saved = PortsCollector(ctx).collect(topo).state
@@ -197,6 +226,8 @@ def test_pcie_degrade(node_a: FixtureNode, tmp_path: Path) -> None:
     (ev,) = p.collect(topo).events  # trained down further: a new event
     assert ev["detail"]["current_speed_gts"] == 16.0
     restore_pcie_link(node_a.root, rnic.pci)
+    (ev,) = p.collect(topo).events  # back at x16: the link's level, once
+    assert (ev["detail"]["current_width"], ev["detail"]["restored"]) == (16, True)
     assert p.collect(topo).events == []
     gpu = node_a.gpus[3]
     degrade_pcie_link(node_a.root, gpu.pci, width=4)

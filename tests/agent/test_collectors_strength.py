@@ -169,6 +169,7 @@ def test_a_dual_port_card_is_one_pcie_device(node: FixtureNode, tmp_path: Path) 
         "max_width": 16,
         "current_speed_gts": 32.0,
         "max_speed_gts": 32.0,
+        "restored": False,
     }
     assert got.state == {"pcie": {card: "x8@32GT/s"}}
     assert p.collect(topo).state == {}  # unchanged
@@ -185,9 +186,12 @@ def test_a_dual_port_card_is_one_pcie_device(node: FixtureNode, tmp_path: Path) 
     topo = discovered(restarted)
     again = PcieCollector(restarted)
     assert again.collect(topo).events == []
-    # Back to full width: no event, and the saved state forgets it.
+    # Back to full width: one report of the link's level, and the saved state forgets it.
     (node.root / "bus" / "pci" / "devices" / card / "current_link_width").write_text("16\n")
-    assert again.collect(topo) == Collected(events=[], state={"pcie": {}})
+    back = again.collect(topo)
+    assert [(e["device"], e["detail"]["restored"]) for e in back.events] == [("mlx5_0", True)]
+    assert back.state == {"pcie": {}}
+    assert again.collect(topo) == Collected(events=[], state={})
 
 
 def test_a_function_without_link_attributes_is_skipped_not_the_rest(
