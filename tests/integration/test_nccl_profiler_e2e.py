@@ -1,12 +1,17 @@
 """Stock NCCL end to end: the real profiler plugin, a real agent, the real service.
 
 The test process stands in for NCCL: it loads libnccl-profiler-railover.so with
-ctypes and calls the exported ncclProfiler_v5 table in NCCL's order (init per
-communicator and rank, startEvent/stopEvent per collective, finalize). The
-plugin talks to an in-process agent over its unix socket; the agent reports to
-the service over loopback HTTP. The job declared no communicator: it learns it
-from the announcements, and the API then shows it, each rank's ops_done and the
-one collective left open.
+ctypes and calls the exported ncclProfiler_v5 table in NCCL's order: init per
+communicator and rank; per collective its startEvent (announcing its channels)
+and stopEvent (enqueued), then, as its kernel runs, one KernelCh child per
+channel (parent: the collective) started, its stop state recorded and stopped;
+finalize. With RAILOVER_NCCL_TRACK_KERNEL=0 the plugin asks for collectives
+only, NCCL sends no children, and a collective counts at its stop. The plugin
+talks to an in-process agent over its unix socket; the agent reports to the
+service over loopback HTTP. The job declared no communicator: it learns it from
+the announcements, and the API then shows it, each rank's ops_done and the one
+collective left open (with kernel tracking, its kernel never finished one
+channel; without, it was never stopped).
 """
 
 from __future__ import annotations
@@ -35,23 +40,46 @@ JOB = "nccl-job"
 # NCCL's commId is a 64-bit hash; this one is above 2**63, as half of them are.
 COMM = 0x9E3779B97F4A7C15
 PAIRS = 300
+CHANNELS = 2
 PROFILE_COLL = 1 << 1
 PROFILE_KERNEL_CH = 1 << 6
+KERNEL_CH_STOP = 22  # ncclProfilerKernelChStop: recordEventState before a child's stop
 
 
-class CollHead(ctypes.Structure):
-    _fields_ = (("seq_number", ctypes.c_uint64), ("func", ctypes.c_char_p))
+class Coll(ctypes.Structure):
+    # NCCL's v5 collective member, whole; the plugin reads seqNumber, func and nChannels.
+    _fields_ = (
+        ("seq_number", ctypes.c_uint64),
+        ("func", ctypes.c_char_p),
+        ("send_buff", ctypes.c_void_p),
+        ("recv_buff", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("root", ctypes.c_int),
+        ("datatype", ctypes.c_char_p),
+        ("n_channels", ctypes.c_uint8),
+        ("n_warps", ctypes.c_uint8),
+        ("algo", ctypes.c_char_p),
+        ("proto", ctypes.c_char_p),
+        ("parent_group", ctypes.c_void_p),
+    )
+
+
+class KernelCh(ctypes.Structure):
+    _fields_ = (("channel_id", ctypes.c_uint8), ("p_timer", ctypes.c_uint64))
+
+
+class DescrUnion(ctypes.Union):
+    # The collective is the union's largest member, so this is NCCL's size.
+    _fields_ = (("coll", Coll), ("kernel_ch", KernelCh))
 
 
 class DescrV5(ctypes.Structure):
-    # type, parentObj, rank, then the union; NCCL's union is larger, the plugin
-    # reads only the collective's leading {seqNumber, func}.
+    # ncclProfilerEventDescr_v5_t: type, parentObj, rank, then the union.
     _fields_ = (
         ("type", ctypes.c_uint64),
         ("parent_obj", ctypes.c_void_p),
         ("rank", ctypes.c_int),
-        ("coll", CollHead),
-        ("rest", ctypes.c_uint64 * 16),
+        ("u", DescrUnion),
     )
 
 
@@ -70,7 +98,9 @@ START = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(DescrV5)
 )
 STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+RECORD = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)
+)
 FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
@@ -116,10 +146,18 @@ def stack(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, AgentThre
             agent.stop()
 
 
+def test_descriptor_is_laid_out_as_nccls() -> None:
+    # LP64 numbers from NCCL's headers (native_plugin/tests/nccl_facts.h).
+    assert ctypes.sizeof(DescrV5) == 112
+    assert DescrV5.u.offset + Coll.n_channels.offset == 80
+
+
+@pytest.mark.parametrize("track_kernel", [True, False], ids=["kernel-ch", "collectives-only"])
 def test_nccl_profiler_reports_communicators_progress_and_a_stall(
     profiler: ProfilerV5,
     stack: tuple[httpx.Client, AgentThread],
     monkeypatch: pytest.MonkeyPatch,
+    track_kernel: bool,
 ) -> None:
     http, agent = stack
     body = {
@@ -144,6 +182,7 @@ def test_nccl_profiler_reports_communicators_progress_and_a_stall(
     monkeypatch.setenv("RAILOVER_NCCL_STALL_MS", "300")
     monkeypatch.setenv("RAILOVER_NCCL_PROGRESS_MS", "20")
     monkeypatch.setenv("RAILOVER_JOB_ID", JOB)
+    monkeypatch.setenv("RAILOVER_NCCL_TRACK_KERNEL", "1" if track_kernel else "0")
 
     # One process, two ranks of one communicator (as ncclCommInitAll makes them).
     contexts = []
@@ -152,20 +191,61 @@ def test_nccl_profiler_reports_communicators_progress_and_a_stall(
         mask = ctypes.c_int(0)
         rc = profiler.init(ctypes.byref(ctx), COMM, ctypes.byref(mask), b"world", 1, 2, rank, None)
         assert rc == 0
-        assert mask.value == PROFILE_COLL | PROFILE_KERNEL_CH
+        assert mask.value == (PROFILE_COLL | PROFILE_KERNEL_CH if track_kernel else PROFILE_COLL)
         contexts.append(ctx)
 
     def start(rank: int, seq: int) -> ctypes.c_void_p:
-        d = DescrV5(type=PROFILE_COLL, rank=rank, coll=CollHead(seq, b"AllReduce"))
+        d = DescrV5(type=PROFILE_COLL, rank=rank)
+        d.u.coll = Coll(
+            seq_number=seq,
+            func=b"AllReduce",
+            count=1 << 20,
+            datatype=b"ncclFloat32",
+            n_channels=CHANNELS,
+            n_warps=16,
+            algo=b"Ring",
+            proto=b"Simple",
+        )
         handle = ctypes.c_void_p()
         assert profiler.start_event(contexts[rank], ctypes.byref(handle), ctypes.byref(d)) == 0
         assert handle.value
         return handle
 
+    def kernel_start(rank: int, parent: ctypes.c_void_p, channel: int) -> ctypes.c_void_p:
+        d = DescrV5(type=PROFILE_KERNEL_CH, parent_obj=parent, rank=rank)
+        d.u.kernel_ch = KernelCh(channel_id=channel, p_timer=123456789)
+        handle = ctypes.c_void_p()
+        assert profiler.start_event(contexts[rank], ctypes.byref(handle), ctypes.byref(d)) == 0
+        assert handle.value
+        return handle
+
+    def kernel_stop(handle: ctypes.c_void_p) -> None:
+        p_timer = ctypes.c_uint64(987654321)
+        assert profiler.record_event_state(handle, KERNEL_CH_STOP, ctypes.byref(p_timer)) == 0
+        assert profiler.stop_event(handle) == 0
+
+    def collective(rank: int, seq: int, finished: int = CHANNELS) -> list[ctypes.c_void_p]:
+        """One collective as NCCL reports it: enqueued (its stop), then, when the
+        plugin asked for them, a KernelCh child per channel as the kernel runs,
+        `finished` of which stop; returns the children still running."""
+        handle = start(rank, seq)
+        assert profiler.stop_event(handle) == 0
+        if not track_kernel:
+            return []
+        children = [kernel_start(rank, handle, channel) for channel in range(CHANNELS)]
+        for child in children[:finished]:
+            kernel_stop(child)
+        return children[finished:]
+
     for seq in range(PAIRS):
         for rank in (0, 1):
-            assert profiler.stop_event(start(rank, seq)) == 0
-    left_open = start(1, PAIRS)
+            assert collective(rank, seq) == []
+    # Left open: with kernel tracking, enqueued but its kernel never finishes
+    # one channel; without, never stopped.
+    if track_kernel:
+        (left_open,) = collective(1, PAIRS, finished=CHANNELS - 1)
+    else:
+        left_open = start(1, PAIRS)
 
     def progress() -> dict[str, Any]:
         r = http.get(f"/v1/jobs/{JOB}/progress")
@@ -174,7 +254,10 @@ def test_nccl_profiler_reports_communicators_progress_and_a_stall(
         return out
 
     wait_for("the stall to reach the service", lambda: bool(progress()["stalls"]), progress)
-    assert profiler.stop_event(left_open) == 0
+    if track_kernel:
+        kernel_stop(left_open)
+    else:
+        assert profiler.stop_event(left_open) == 0
     for ctx in contexts:
         assert profiler.finalize(ctx) == 0
 
