@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         description="Longest a command stream stays open (each ends 0-10 % sooner, spread); "
         "the agent reconnects at once, and its token is checked again",
     )
+    commands_streams_per_node: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=4,
+        description="Command streams one node may hold open on a replica; a newer one ends "
+        "the oldest (reason replaced)",
+    )
     max_events_per_request: Annotated[int, Field(ge=1, le=1000)] = Field(
         default=1000,
         description="Events one agent request may carry (the schema caps a batch at 1000)",

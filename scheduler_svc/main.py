@@ -33,7 +33,12 @@ from scheduler_svc.api.error_handlers import LimitBody, document_errors, install
 from scheduler_svc.api.token_cache import TokenCache, watch_token_writes
 from scheduler_svc.config import Settings, get_settings
 from scheduler_svc.fleet.service import AuditRequests, Fleet
-from scheduler_svc.services.delivery import CommandListener, CommandNotifier, CommandWatermark
+from scheduler_svc.services.delivery import (
+    CommandListener,
+    CommandNotifier,
+    CommandWatermark,
+    StreamSlots,
+)
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.settings_env import is_loopback
@@ -180,6 +185,7 @@ def create_app(
     app.state.settings = settings
     app.state.clock = clock
     app.state.notifier = CommandNotifier()
+    app.state.streams = StreamSlots(settings.commands_streams_per_node)
     app.state.anonymous_allowed = False
     app.state.token_cache = TokenCache[Principal](settings.auth_cache_s)
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):

@@ -26,7 +26,14 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc import metrics
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import AgentAuth, NowDep, Principal, SessionDep, SettingsDep
+from scheduler_svc.api.deps import (
+    AgentAuth,
+    NowDep,
+    Principal,
+    SessionDep,
+    SettingsDep,
+    still_authorized,
+)
 from scheduler_svc.api.jobs import command_out
 from scheduler_svc.api.schemas.commands import (
     AckIn,
@@ -48,6 +55,7 @@ from scheduler_svc.errors import (
     responses,
 )
 from scheduler_svc.services import acks, reach, registry
+from scheduler_svc.services.delivery import CommandNotifier, StreamSlot
 from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.uow import Clock, Notify, unit_of_work
 
@@ -249,19 +257,23 @@ async def stream_commands(
     heard = _heard(who, node, reach.How.STREAM, "opened its command stream")
     first = await _look(app, node, include_unacked, heard)
     return EventStream(
-        _stream(app, node, first, heartbeat_s),
+        _stream(request, who, node, first, heartbeat_s),
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
 async def _stream(
-    app: FastAPI, node: str, cmds: list[CommandOut], heartbeat_s: float
+    request: Request, who: Principal, node: str, cmds: list[CommandOut], heartbeat_s: float
 ) -> AsyncIterator[bytes]:
+    app = request.app
     notifier = app.state.notifier
     loop = asyncio.get_running_loop()
     lasts = app.state.settings.commands_stream_max_s * (1 - STREAM_SPREAD * random.random())  # noqa: S311
     ends = loop.time() + lasts
     reason: StreamEndReason | None = None  # None: the client left first
+    slot, replaced = app.state.streams.open(node)
+    if replaced:
+        notifier.notify([node])  # the replaced streams end at their next turn
     metrics.COMMAND_STREAMS.inc()
     try:
         yield sse("ready", StreamReady(heartbeat_s=heartbeat_s, ends_in_s=round(lasts, 3)))
@@ -273,20 +285,25 @@ async def _stream(
             if cmds:
                 beat = now + heartbeat_s
             elif now >= beat:
+                # The token again at each heartbeat: revoked or expired ends the stream.
+                if not await run_in_threadpool(still_authorized, request, who):
+                    reason = "unauthorized"
+                    break
                 yield KEEPALIVE
                 beat = now + heartbeat_s
-            if notifier.closing:
-                reason = "stopping"
-                break
-            if now >= ends:
-                reason = "max_age"
+            reason = _ended(notifier, slot, now, ends)
+            if reason is not None:
                 break
             await notifier.wait(node, min(beat, ends) - now)
-            if notifier.closing:
-                reason = "stopping"
+            reason = _ended(notifier, slot)
+            if reason is not None:
                 break
             # Woken, or a heartbeat's end: a look, or none where it would find nothing (while
-            # the listener or the watermark holds, nothing unannounced can have come).
+            # the listener or the watermark holds, nothing unannounced can have come). The
+            # token first: a revoked one must not take the node's commands.
+            if not await run_in_threadpool(still_authorized, request, who):
+                reason = "unauthorized"
+                break
             try:
                 cmds = await _look(app, node, include_unacked=False)
             except (OperationalError, InterfaceError) as exc:
@@ -295,8 +312,23 @@ async def _stream(
                 break
         yield sse("end", StreamEnd(reason=reason))
     finally:
+        app.state.streams.close(node, slot)
         metrics.COMMAND_STREAMS.dec()
         metrics.COMMAND_STREAM_ENDS.labels(reason or "client_gone").inc()
+
+
+def _ended(
+    notifier: CommandNotifier, slot: StreamSlot, now: float = 0.0, ends: float | None = None
+) -> StreamEndReason | None:
+    """Why the stream ends now, if it does: the service stops, a newer stream of the node
+    took its slot, or (`ends` given) its time is up."""
+    if notifier.closing:
+        return "stopping"
+    if slot.replaced:
+        return "replaced"
+    if ends is not None and now >= ends:
+        return "max_age"
+    return None
 
 
 def _take(

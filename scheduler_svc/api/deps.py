@@ -158,6 +158,21 @@ def anonymous_open(request: Request) -> bool:
     return not token_cache(request).any_active(lambda: _read_any_active(request))
 
 
+def still_authorized(request: Request, principal: Principal) -> bool:
+    """Whether the request's credentials still name `principal`: asked again while a
+    command stream stays open (a revoked or expired token's stream ends). Through the
+    token cache, so a revocation made through this replica counts at once, one made
+    elsewhere within `auth_cache_s`; an expired token is never kept past its expiry."""
+    if principal.token_id is None:
+        return anonymous_open(request)
+    scheme, _, plain = request.headers.get("authorization", "").partition(" ")
+    plain = plain.strip()
+    if scheme.lower() != "bearer" or not plain:
+        return False
+    found = token_cache(request).token(plain, lambda: _read_token(request, plain))
+    return found is not None and found.token_id == principal.token_id
+
+
 # What an app without one (a test's hand-built app) gets: every request reads the store.
 _NO_CACHE: TokenCache[Principal] = TokenCache(0.0)
 
@@ -199,6 +214,9 @@ def require(*roles: Role) -> Callable[[Principal], Principal]:
     return check
 
 
-Reader = Annotated[Principal, Depends(require(Role.VIEWER, Role.FLEET, Role.AGENT))]
+# Fleet-wide reads (every job, decision, command, the fabric): not an agent's. An agent
+# token reads only what concerns its node (NodeReader routes check the node).
+Reader = Annotated[Principal, Depends(require(Role.VIEWER, Role.FLEET))]
+NodeReader = Annotated[Principal, Depends(require(Role.VIEWER, Role.FLEET, Role.AGENT))]
 FleetAuth = Annotated[Principal, Depends(require(Role.FLEET))]
 AgentAuth = Annotated[Principal, Depends(require(Role.AGENT, Role.FLEET))]

@@ -8,12 +8,14 @@ from scheduler_svc.api.schemas.decisions import DecisionInputsOut, EvaluateIn, E
 from scheduler_svc.engine.decision import DecisionInputs, decide, ib_timeout_s
 from scheduler_svc.engine.records import inputs_record
 from scheduler_svc.engine.slowdown import estimate_k
-from scheduler_svc.errors import VALIDATION, Unauthorized, responses
+from scheduler_svc.errors import VALIDATION, Forbidden, Unauthorized, responses
 
 router = routing.router(prefix="/v1", tags=["decisions"])
 
 
-@router.post("/evaluate", operation_id="evaluate", responses=responses(Unauthorized) | VALIDATION)
+@router.post(
+    "/evaluate", operation_id="evaluate", responses=responses(Unauthorized, Forbidden) | VALIDATION
+)
 def evaluate(body: EvaluateIn, _: Reader, settings: SettingsDep) -> EvaluateOut:
     """The decision the service would make for these inputs; nothing is stored."""
     if body.timeout_s is not None:

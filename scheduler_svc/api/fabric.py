@@ -18,7 +18,7 @@ from scheduler_svc.services import maintenance, operator
 router = routing.router(prefix="/v1", tags=["fabric"])
 
 
-@router.get("/fabric", operation_id="get_fabric", responses=responses(Unauthorized))
+@router.get("/fabric", operation_id="get_fabric", responses=responses(Unauthorized, Forbidden))
 def get_fabric(
     session: SessionDep,
     _: Reader,
@@ -80,7 +80,7 @@ def schedule_maintenance(
 @router.get(
     "/maintenance",
     operation_id="list_maintenance",
-    responses=responses(Unauthorized) | VALIDATION,
+    responses=responses(Unauthorized, Forbidden) | VALIDATION,
 )
 def list_maintenance(
     session: SessionDep,

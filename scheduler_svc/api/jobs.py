@@ -182,13 +182,15 @@ def create_job(
         return job_out(session, registry.create_job(session, body, now, settings), body.ranks)
 
 
-@router.get("", operation_id="list_jobs", responses=responses(Unauthorized))
+@router.get("", operation_id="list_jobs", responses=responses(Unauthorized, Forbidden))
 def list_jobs(session: SessionDep, _: Reader) -> list[JobOut]:
     """All registered jobs."""
     return [job_out(session, j) for j in registry.list_jobs(session)]
 
 
-@router.get("/{job_id}", operation_id="get_job", responses=responses(Unauthorized, NotFound))
+@router.get(
+    "/{job_id}", operation_id="get_job", responses=responses(Unauthorized, Forbidden, NotFound)
+)
 def get_job(job_id: JobId, session: SessionDep, _: Reader) -> JobOut:
     """One job, with its current mode and newest checkpoint."""
     return job_out(session, registry.get_job(session, job_id))
@@ -276,7 +278,7 @@ def report_mirror_failure(
 @router.get(
     "/{job_id}/decisions",
     operation_id="list_decisions",
-    responses=responses(Unauthorized, NotFound),
+    responses=responses(Unauthorized, Forbidden, NotFound),
 )
 def list_decisions(
     job_id: JobId,
@@ -291,7 +293,9 @@ def list_decisions(
 
 
 @router.get(
-    "/{job_id}/paths", operation_id="get_paths", responses=responses(Unauthorized, NotFound)
+    "/{job_id}/paths",
+    operation_id="get_paths",
+    responses=responses(Unauthorized, Forbidden, NotFound),
 )
 def get_paths(
     job_id: JobId,
@@ -318,7 +322,7 @@ def get_paths(
 @router.get(
     "/{job_id}/commands",
     operation_id="list_job_commands",
-    responses=responses(Unauthorized, NotFound),
+    responses=responses(Unauthorized, Forbidden, NotFound),
 )
 def list_job_commands(job_id: JobId, session: SessionDep, _: Reader) -> CommandList:
     """Every command issued for the job and its delivery state."""
@@ -357,7 +361,9 @@ def report_iterations(
 
 
 @router.get(
-    "/{job_id}/progress", operation_id="get_progress", responses=responses(Unauthorized, NotFound)
+    "/{job_id}/progress",
+    operation_id="get_progress",
+    responses=responses(Unauthorized, Forbidden, NotFound),
 )
 def get_progress(job_id: JobId, session: SessionDep, _: Reader) -> JobProgressOut:
     """The job's communicators, each rank's ops_done, and collective stalls its CCL reported."""

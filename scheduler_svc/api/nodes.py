@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import AgentAuth, NowDep, Reader, SessionDep, SettingsDep
+from scheduler_svc.api.deps import AgentAuth, NodeReader, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.api.schemas.fields import Name
 from scheduler_svc.api.schemas.nodes import GpuIn, GpuPathOut, NodeIn, NodeOut, RnicIn
 from scheduler_svc.engine.paths import plan_node
@@ -62,13 +62,17 @@ def register_node(
     return node_out(row, settings.backup_cap_per_switch)
 
 
-@router.get("", operation_id="list_nodes", responses=responses(Unauthorized))
+@router.get("", operation_id="list_nodes", responses=responses(Unauthorized, Forbidden))
 def list_nodes(session: SessionDep, _: Reader, settings: SettingsDep) -> list[NodeOut]:
     """All registered nodes with their backup plans."""
     return [node_out(n, settings.backup_cap_per_switch) for n in registry.list_nodes(session)]
 
 
-@router.get("/{node}", operation_id="get_node", responses=responses(Unauthorized, NotFound))
-def get_node(node: Name, session: SessionDep, _: Reader, settings: SettingsDep) -> NodeOut:
-    """One node's topology and the s-Bond backup plan the service derives from it."""
+@router.get(
+    "/{node}", operation_id="get_node", responses=responses(Unauthorized, Forbidden, NotFound)
+)
+def get_node(node: Name, session: SessionDep, who: NodeReader, settings: SettingsDep) -> NodeOut:
+    """One node's topology and the s-Bond backup plan the service derives from it (an agent
+    token reads its own node only)."""
+    who.require_node(node)
     return node_out(registry.get_node(session, node), settings.backup_cap_per_switch)

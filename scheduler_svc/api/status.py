@@ -60,7 +60,11 @@ def status_query(
 Params = Annotated[StatusQuery, Depends(status_query)]
 
 
-@router.get("/v1/status", operation_id="get_status", responses=responses(Unauthorized) | VALIDATION)
+@router.get(
+    "/v1/status",
+    operation_id="get_status",
+    responses=responses(Unauthorized, Forbidden) | VALIDATION,
+)
 def get_status(session: SessionDep, _: Reader, params: Params) -> StatusOut:
     """The cluster at a glance: port health by rail and switch, a page of nodes, open
     faults, jobs and their latest decisions.

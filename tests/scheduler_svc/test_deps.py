@@ -203,7 +203,8 @@ def test_require_names_the_roles_it_needs() -> None:
 @pytest.mark.parametrize(
     ("alias", "allowed"),
     [
-        (deps.Reader, {Role.VIEWER, Role.FLEET, Role.AGENT}),
+        (deps.Reader, {Role.VIEWER, Role.FLEET}),
+        (deps.NodeReader, {Role.VIEWER, Role.FLEET, Role.AGENT}),
         (deps.FleetAuth, {Role.FLEET}),
         (deps.AgentAuth, {Role.AGENT, Role.FLEET}),
     ],

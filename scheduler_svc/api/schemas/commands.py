@@ -75,7 +75,7 @@ class StreamReady(BaseModel):
     ends_in_s: float = Field(description="When the service will end this stream (max_age)")
 
 
-StreamEndReason = Literal["max_age", "stopping", "unavailable"]
+StreamEndReason = Literal["max_age", "stopping", "unavailable", "replaced", "unauthorized"]
 
 
 class StreamEnd(BaseModel):
@@ -83,7 +83,9 @@ class StreamEnd(BaseModel):
 
     reason: StreamEndReason = Field(
         description="max_age and stopping: open the next stream at once; unavailable (the "
-        "store could not be read): after a backoff"
+        "store could not be read): after a backoff; replaced: a newer stream of the node "
+        "took its slot (RAILOVER_COMMANDS_STREAMS_PER_NODE); unauthorized: the token was "
+        "revoked or expired while the stream was open"
     )
 
 
