@@ -312,4 +312,5 @@ def test_coalesce_keeps_counts_and_the_first_time() -> None:
     assert newer["detail"] is None and older["detail"] == "x"  # neither changed
     rise = {"event_id": "c", "kind": "counter", "observed_at": "t1", "delta": None}
     assert coalesce(rise, rise | {"delta": 2})["delta"] == 2
+    assert coalesce(rise | {"delta": 2}, rise)["delta"] == 2
     assert "delta" not in coalesce(older, newer)
