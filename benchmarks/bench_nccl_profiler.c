@@ -1,21 +1,35 @@
 /*
- * Cost of one collective's startEvent + stopEvent pair in libnccl-profiler-railover.so.
+ * Cost of the profiler events NCCL sends per collective, in libnccl-profiler-railover.so.
+ *
+ * NCCL sends each collective as its startEvent + stopEvent (enqueued, on the host
+ * thread) and, with KernelCh events asked for (the default), one KernelCh child
+ * per channel the kernel runs on: startEvent (parent: the collective), a
+ * recordEventState with the stop state, stopEvent (on the proxy thread). The
+ * collective is done at the last of those stops, so every collective here gets
+ * its children: one without them would hold its event slot, and once every slot
+ * was held the starts would go untracked, a different (cheaper) path.
  *
  * Each pair is timed on its own with CLOCK_MONOTONIC (vDSO); the timer pair's
  * own cost is measured the same way and printed, not subtracted, so the figures
  * are upper bounds. The plugin runs with its defaults (progress every 100 ms or
- * 1000 ops, stall scan on). Scenarios:
+ * 1000 ops, stall scan on, KernelCh tracked). Scenarios, each collective on one
+ * channel (nChannels = 1) unless named otherwise:
  *   no_agent      nobody listening: the sender keeps retrying its connection
  *   agent_1t      one thread, one communicator, a listener draining the socket
  *   agent_4t      four threads, a communicator each (NCCL's usual shape)
  *   agent_4t_1c   four threads on one communicator: the slot counter is shared
- *   agent_1t_2ch  one thread, a collective on two channels as NCCL reports it:
- *                 start, two KernelCh start/stop pairs, stop (the whole set timed)
+ *   agent_1t_2ch  one thread, a collective on two channels: start, stop, then two
+ *                 KernelCh children (start, record, stop each), the whole set timed
+ * For the one-channel scenarios two records: `<scenario>` times the collective's
+ * start + stop, `<scenario>/kernel_ch` its child's start + record + stop (where
+ * the collective is done). Each record counts the collectives the plugin did not
+ * track (its finalize log; 0 unless every event slot was open).
  * Output: one JSON object per line.
- * Usage: bench_nccl_profiler [pairs_per_thread]
+ * Usage: bench_nccl_profiler [collectives_per_thread]
  */
 #define _GNU_SOURCE
 #include <poll.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -43,6 +57,27 @@ static int cmp_u32(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
+/* Collectives the plugin did not track, from its finalize log (NCCL's logger). */
+static _Atomic uint64_t untracked;
+
+static void bench_log(int level, unsigned long flags, const char* file, int line, const char* fmt,
+                      ...) {
+  (void)level;
+  (void)flags;
+  (void)file;
+  (void)line;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  const char* at = strstr(msg, ": ");
+  unsigned long long n = 0;
+  if (strstr(msg, "collectives not tracked") && at && (at = strstr(at + 2, ": ")) &&
+      sscanf(at + 2, "%llu", &n) == 1)
+    atomic_fetch_add(&untracked, n);
+}
+
 static void summarize(const char* name, uint32_t* lat, uint64_t n) {
   qsort(lat, n, sizeof(*lat), cmp_u32);
   double mean = 0;
@@ -53,9 +88,10 @@ static void summarize(const char* name, uint32_t* lat, uint64_t n) {
   }
   mean /= (double)n;
   printf("{\"scenario\": \"%s\", \"pairs\": %llu, \"median_ns\": %u, \"p99_ns\": %u, "
-         "\"p999_ns\": %u, \"max_ns\": %u, \"mean_ns\": %.1f, \"pairs_over_10us\": %llu}\n",
+         "\"p999_ns\": %u, \"max_ns\": %u, \"mean_ns\": %.1f, \"pairs_over_10us\": %llu, "
+         "\"untracked\": %llu}\n",
          name, (unsigned long long)n, lat[n / 2], lat[n * 99 / 100], lat[n * 999 / 1000],
-         lat[n - 1], mean, (unsigned long long)over);
+         lat[n - 1], mean, (unsigned long long)over, (unsigned long long)atomic_load(&untracked));
   fflush(stdout);
 }
 
@@ -82,9 +118,26 @@ static void* listener_main(void* arg) {
 
 typedef struct {
   void* ctx;
-  uint32_t* lat;
+  uint32_t* lat;    /* the collective's pair, or (channels > 1) the whole set */
+  uint32_t* lat_ch; /* channels == 1: its KernelCh child's start + record + stop */
   int channels;
 } job;
+
+static inline uint32_t clamp_ns(uint64_t ns) { return ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns; }
+
+/* One KernelCh child of `parent`, as NCCL's proxy reports it (its channelId
+ * and pTimer, which the plugin does not read, are left 0). */
+static inline void kernel_ch(void* ctx, void* parent) {
+  rvn_descr_v5 k;
+  memset(&k, 0, sizeof(k));
+  k.type = RVN_PROFILE_KERNEL_CH;
+  k.parent_obj = parent;
+  void* kh = NULL;
+  api->start_event(ctx, &kh, &k);
+  uint64_t p_timer = 987654321; /* ncclProfilerKernelChStop's state argument */
+  api->record_event_state(kh, 22, &p_timer);
+  api->stop_event(kh);
+}
 
 static void* driver(void* arg) {
   job* j = arg;
@@ -92,24 +145,23 @@ static void* driver(void* arg) {
   memset(&d, 0, sizeof(d));
   d.type = RVN_PROFILE_COLL;
   d.u.coll.func = "AllReduce";
+  d.u.coll.n_channels = (uint8_t)j->channels;
   for (uint64_t i = 0; i < pairs; i++) {
     void* h = NULL;
     d.u.coll.seq_number = i;
-    d.u.coll.n_channels = (uint8_t)j->channels;
     uint64_t t0 = now_ns();
     api->start_event(j->ctx, &h, &d);
-    for (int c = 0; c < j->channels; c++) {
-      rvn_descr_v5 k;
-      k.type = RVN_PROFILE_KERNEL_CH;
-      k.parent_obj = h;
-      void* kh = NULL;
-      api->start_event(j->ctx, &kh, &k);
-      api->record_event_state(kh, 22, NULL);
-      api->stop_event(kh);
-    }
     api->stop_event(h);
-    uint64_t t1 = now_ns();
-    j->lat[i] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+    if (j->channels == 1) {
+      uint64_t t1 = now_ns();
+      kernel_ch(j->ctx, h);
+      uint64_t t2 = now_ns();
+      j->lat[i] = clamp_ns(t1 - t0);
+      j->lat_ch[i] = clamp_ns(t2 - t1);
+    } else {
+      for (int c = 0; c < j->channels; c++) kernel_ch(j->ctx, h);
+      j->lat[i] = clamp_ns(now_ns() - t0);
+    }
   }
   return NULL;
 }
@@ -117,24 +169,34 @@ static void* driver(void* arg) {
 static void* init_comm(uint64_t comm_id, int rank) {
   void* ctx = NULL;
   int mask = 0;
-  if (api->init(&ctx, comm_id, &mask, "bench", 1, 8, rank, NULL) != RVN_SUCCESS) exit(2);
+  if (api->init(&ctx, comm_id, &mask, "bench", 1, 8, rank, bench_log) != RVN_SUCCESS) exit(2);
+  if (mask != (RVN_PROFILE_COLL | RVN_PROFILE_KERNEL_CH)) exit(3);
   return ctx;
 }
 
 /* threads drivers; shared = all on one communicator. */
 static void run(const char* name, uint32_t threads, int shared, int channels) {
   uint32_t* lat = malloc(sizeof(uint32_t) * pairs * threads);
+  uint32_t* lat_ch = malloc(sizeof(uint32_t) * pairs * threads);
   pthread_t th[8];
   job jobs[8];
   void* one = shared ? init_comm(0xBE7C4, 0) : NULL;
   for (uint32_t t = 0; t < threads; t++) {
-    jobs[t] = (job){shared ? one : init_comm(0xBE7C0 + t, (int)t), lat + t * pairs, channels};
+    jobs[t] = (job){shared ? one : init_comm(0xBE7C0 + t, (int)t), lat + t * pairs,
+                    lat_ch + t * pairs, channels};
     pthread_create(&th[t], NULL, driver, &jobs[t]);
   }
   for (uint32_t t = 0; t < threads; t++) pthread_join(th[t], NULL);
-  summarize(name, lat, pairs * threads);
+  atomic_store(&untracked, 0);
   for (uint32_t t = 0; t < (shared ? 1u : threads); t++) api->finalize(jobs[t].ctx);
+  summarize(name, lat, pairs * threads);
+  if (channels == 1) {
+    char ch_name[64];
+    snprintf(ch_name, sizeof(ch_name), "%s/kernel_ch", name);
+    summarize(ch_name, lat_ch, pairs * threads);
+  }
   free(lat);
+  free(lat_ch);
 }
 
 int main(int argc, char** argv) {
@@ -154,7 +216,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof(path), "%s/agent.sock", dir);
   setenv("RAILOVER_PLUGIN_SOCKET", path, 1);
 
-  run("no_agent", 1, 0, 0);
+  run("no_agent", 1, 0, 1);
 
   listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un a;
@@ -164,9 +226,9 @@ int main(int argc, char** argv) {
   if (bind(listen_fd, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(listen_fd, 8) != 0) return 1;
   pthread_t lt;
   pthread_create(&lt, NULL, listener_main, NULL);
-  run("agent_1t", 1, 0, 0);
-  run("agent_4t", 4, 0, 0);
-  run("agent_4t_1c", 4, 1, 0);
+  run("agent_1t", 1, 0, 1);
+  run("agent_4t", 4, 0, 1);
+  run("agent_4t_1c", 4, 1, 1);
   run("agent_1t_2ch", 1, 0, 2);
   atomic_store(&listener_stop, 1);
   pthread_join(lt, NULL);
