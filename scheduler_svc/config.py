@@ -168,6 +168,27 @@ class Settings(BaseSettings):
     http_keep_alive_s: Annotated[int, Field(ge=1, le=600)] = Field(
         default=5, description="An idle kept-alive connection is closed after this"
     )
+    # --- retention (scheduler_svc/services/retention.py) ---
+    events_retention_s: Annotated[float, Field(ge=3600)] = Field(
+        default=7 * 86400.0,
+        json_schema_extra={"doc_default": "604800 (7 days)"},
+        description="Agent reports are kept this long after they came (their ids then no "
+        "longer deduplicate a replay)",
+    )
+    audit_retention_s: Annotated[float, Field(ge=3600)] = Field(
+        default=30 * 86400.0,
+        json_schema_extra={"doc_default": "2592000 (30 days)"},
+        description="Audit log entries are kept this long",
+    )
+    deliveries_retention_s: Annotated[float, Field(ge=3600)] = Field(
+        default=7 * 86400.0,
+        json_schema_extra={"doc_default": "604800 (7 days)"},
+        description="Finished webhook and fleet-action deliveries (delivered, dead, "
+        "cancelled) are kept this long",
+    )
+    dead_letters_max: Annotated[int, Field(ge=100)] = Field(
+        default=10000, description="Dead letters kept at most; the oldest go first"
+    )
     ready_probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = Field(
         default=2.0,
         description="/readyz commits a probe write: waited for longer than this (the store "

@@ -32,7 +32,7 @@ from scheduler_svc.api.deps import Principal
 from scheduler_svc.api.error_handlers import LimitBody, document_errors, install_error_handlers
 from scheduler_svc.api.token_cache import TokenCache, watch_token_writes
 from scheduler_svc.config import Settings, get_settings
-from scheduler_svc.fleet.service import AuditRequests, Fleet
+from scheduler_svc.fleet.service import AuditRequests, Fleet, RefusedTally, flush_refused
 from scheduler_svc.services.delivery import (
     CommandListener,
     CommandNotifier,
@@ -171,6 +171,7 @@ def create_app(
             coordinator.stop()
             fleet.stop()
             listener.stop()
+            flush_refused(app.state.writes, app.state.refused)
             engine.dispose()
 
     app = FastAPI(
@@ -187,6 +188,7 @@ def create_app(
     app.state.notifier = CommandNotifier()
     app.state.streams = StreamSlots(settings.commands_streams_per_node)
     app.state.anonymous_allowed = False
+    app.state.refused = RefusedTally()
     app.state.token_cache = TokenCache[Principal](settings.auth_cache_s)
     for module in (nodes, jobs, events, evaluate, commands, fabric, faults, health, status):
         app.include_router(module.router)

@@ -204,3 +204,6 @@ HTTP_REFUSED = Counter(
     "Connections and requests the HTTP server refused before the app, by reason",
     ["reason"],
 )
+
+# table: events | audit_log | deliveries | dead_letters (services/retention.py)
+PRUNED = Counter("railover_pruned_rows_total", "Rows deleted by retention, by table", ["table"])

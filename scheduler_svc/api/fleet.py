@@ -157,6 +157,7 @@ def list_audit(
             status=r.status,
             client=r.client,
             detail=r.detail,
+            count=r.count,
         )
         for r in rows
     ]

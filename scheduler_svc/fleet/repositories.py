@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from scheduler_svc.store import models as m
@@ -156,6 +156,53 @@ class OutboxRepo:
         self.s.flush()
         return rows
 
+    def prune_finished(self, before: datetime, limit: int) -> int:
+        """Delete up to `limit` deliveries finished (delivered, dead or cancelled) before
+        `before`, then the events no delivery needs any more; returns deliveries deleted."""
+        d = m.Delivery
+        finished = func.coalesce(d.delivered_at, d.dead_at, d.created_at)
+        ids = (
+            select(d.id)
+            .where(d.state.in_((DELIVERED, DEAD, CANCELLED)), finished < before)
+            .limit(limit)
+        )
+        gone = _deleted(
+            self.s.execute(
+                delete(d)
+                .where(d.id.in_(ids.scalar_subquery()))
+                .execution_options(synchronize_session=False)
+            )
+        )
+        orphans = (
+            select(m.OutboxEvent.id)
+            .where(
+                m.OutboxEvent.created_at < before,
+                ~select(d.id).where(d.outbox_id == m.OutboxEvent.id).exists(),
+            )
+            .limit(limit)
+        )
+        self.s.execute(
+            delete(m.OutboxEvent)
+            .where(m.OutboxEvent.id.in_(orphans.scalar_subquery()))
+            .execution_options(synchronize_session=False)
+        )
+        return gone
+
+    def bound_dead(self, keep: int, limit: int) -> int:
+        """Delete the oldest dead letters beyond the newest `keep`; returns how many."""
+        d = m.Delivery
+        newest_kept = (
+            select(d.id).where(d.state == DEAD).order_by(d.id.desc()).offset(keep).limit(1)
+        ).scalar_subquery()
+        ids = select(d.id).where(d.state == DEAD, d.id <= newest_kept).order_by(d.id).limit(limit)
+        return _deleted(
+            self.s.execute(
+                delete(d)
+                .where(d.id.in_(ids.scalar_subquery()))
+                .execution_options(synchronize_session=False)
+            )
+        )
+
     def finish(self, delivery_id: int, worker: str, **values: object) -> bool:
         """Record an attempt's outcome, only if this worker still holds the claim."""
         result = self.s.execute(
@@ -231,6 +278,17 @@ class AuditRepo:
     def add(self, entry: m.AuditEntry) -> None:
         self.s.add(entry)
 
+    def prune(self, before: datetime, limit: int) -> int:
+        """Delete up to `limit` entries older than `before`; returns how many."""
+        ids = select(m.AuditEntry.id).where(m.AuditEntry.at < before).limit(limit)
+        return _deleted(
+            self.s.execute(
+                delete(m.AuditEntry)
+                .where(m.AuditEntry.id.in_(ids.scalar_subquery()))
+                .execution_options(synchronize_session=False)
+            )
+        )
+
     def list(
         self, *, before_id: int | None, token_id: str | None, limit: int
     ) -> Sequence[m.AuditEntry]:
@@ -240,3 +298,7 @@ class AuditRepo:
         if token_id is not None:
             query = query.where(m.AuditEntry.token_id == token_id)
         return self.s.scalars(query.order_by(m.AuditEntry.id.desc()).limit(limit)).all()
+
+
+def _deleted(result: object) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -106,6 +106,11 @@ class AuditOut(BaseModel):
     status: int
     client: str | None
     detail: str | None = None
+    count: int = Field(
+        default=1,
+        description="Requests the entry stands for: refused ones without valid credentials "
+        "are one entry per peer, status and minute (method and path *)",
+    )
 
 
 class AuditList(BaseModel):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from fastapi import Request
@@ -76,8 +79,62 @@ class AuditRequests:
         await self.app(scope, receive, audited)
 
 
+@dataclass
+class RefusedTally:
+    """Refused requests that never got past authentication, counted per minute, peer and
+    status and written as one audit entry each (`count`): a flood of 401s wrote a row
+    per request, 6,926 rows (5.7 MB) in 20 s. A minute's counts are written when a
+    refusal of a later minute comes, or when the service stops."""
+
+    minute: datetime | None = None
+    counts: Counter[tuple[str, int]] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, at: datetime, client: str, status: int) -> list[m.AuditEntry]:
+        """Count one; returns the entries of a minute that is over, to be written."""
+        minute = at.replace(second=0, microsecond=0)
+        with self.lock:
+            done = self._take() if self.minute is not None and minute != self.minute else []
+            self.minute = minute
+            self.counts[(client, status)] += 1
+        return done
+
+    def flush(self) -> list[m.AuditEntry]:
+        with self.lock:
+            return self._take()
+
+    def _take(self) -> list[m.AuditEntry]:
+        minute, counts = self.minute, self.counts
+        self.minute, self.counts = None, Counter()
+        if minute is None:
+            return []
+        return [
+            m.AuditEntry(
+                at=minute,
+                token_id=None,
+                role=None,
+                method="*",
+                path="*",
+                operation=None,
+                status=status,
+                client=client or None,
+                detail=f"{n} state-changing requests without valid credentials refused "
+                f"in the minute from {minute.isoformat()}",
+                count=n,
+            )
+            for (client, status), n in counts.items()
+        ]
+
+
 async def _audit(request: Request, status: int) -> None:
     principal = getattr(request.state, "principal", None)
+    tally: RefusedTally | None = getattr(request.app.state, "refused", None)
+    if principal is None and status >= 400 and tally is not None:
+        client = "" if request.client is None else request.client.host[:64]
+        done = tally.add(datetime.now(UTC), client, status)
+        if done:
+            await _write_entries(request.app.state.writes, done)
+        return
     route = request.scope.get("route")
     entry = m.AuditEntry(
         at=datetime.now(UTC),
@@ -98,3 +155,28 @@ async def _audit(request: Request, status: int) -> None:
 
 def _write_audit(writes: GroupCommit, entry: m.AuditEntry) -> None:
     writes.run(lambda s: AuditRepo(s).add(entry))
+
+
+async def _write_entries(writes: GroupCommit, entries: list[m.AuditEntry]) -> None:
+    try:
+        await run_in_threadpool(write_entries, writes, entries)
+    except Exception:  # an audit failure must not turn a refusal into an error
+        log.exception("could not write %d refused-request audit entries", len(entries))
+
+
+def flush_refused(writes: GroupCommit, tally: RefusedTally) -> None:
+    """The counts not yet written (the service stops): written now."""
+    entries = tally.flush()
+    if entries:
+        try:
+            write_entries(writes, entries)
+        except Exception:
+            log.exception("could not write %d refused-request audit entries", len(entries))
+
+
+def write_entries(writes: GroupCommit, entries: list[m.AuditEntry]) -> None:
+    def add(s: Session) -> None:
+        for entry in entries:
+            AuditRepo(s).add(entry)
+
+    writes.run(add)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
-from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler
+from scheduler_svc.services import acks, commands, fabric, maintenance, reconciler, retention
 from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.jobs import JobRepo
@@ -131,6 +132,7 @@ class Coordinator:
         return nodes
 
     def _run(self) -> None:
+        pruned_at = -retention.RETENTION_EVERY_S
         while not self._stop.wait(self._settings.coordinator_interval_s):
             try:
                 self.sweep()
@@ -139,3 +141,9 @@ class Coordinator:
                 log.exception("coordinator sweep failed; retrying next interval")
             else:
                 metrics.SWEEPS.labels(outcome="ok").inc()
+            if time.monotonic() - pruned_at >= retention.RETENTION_EVERY_S:
+                pruned_at = time.monotonic()
+                try:
+                    retention.prune(self._sessions, self._clock(), self._settings)
+                except Exception:
+                    log.exception("retention pass failed; retrying in a minute")

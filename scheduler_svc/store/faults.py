@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select, text, update
+from sqlalchemy import Select, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -48,6 +48,16 @@ class EventRepo:
         if node is not None:
             q = q.where(m.Event.node == node)
         return self.s.scalar(q) or 0
+
+    def prune(self, before: datetime, limit: int) -> int:
+        """Delete up to `limit` events received before `before`; returns how many."""
+        ids = select(m.Event.event_id).where(m.Event.received_at < before).limit(limit)
+        result = self.s.execute(
+            delete(m.Event)
+            .where(m.Event.event_id.in_(ids.scalar_subquery()))
+            .execution_options(synchronize_session=False)
+        )
+        return int(getattr(result, "rowcount", 0) or 0)
 
     def port_transitions(
         self, node: str, device: str, port: int, since: datetime

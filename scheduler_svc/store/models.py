@@ -206,7 +206,11 @@ class Event(Base):
     """Every report an agent sent, once: the event id is the idempotency key."""
 
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_node_observed", "node", "observed_at"),)
+    __table_args__ = (
+        Index("ix_events_node_observed", "node", "observed_at"),
+        # Kept RAILOVER_EVENTS_RETENTION_S by this (services/retention.py).
+        Index("ix_events_received_at", "received_at"),
+    )
 
     event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     node: Mapped[str] = mapped_column(String(253))
@@ -422,6 +426,9 @@ class AuditEntry(Base):
     client: Mapped[str | None] = mapped_column(String(64))
     # What the operator said (a fault's resolve reason), when the route records one.
     detail: Mapped[str | None] = mapped_column(Text)
+    # Requests this entry stands for: refused ones that never got past authentication are
+    # one entry per peer, status and minute (fleet/service.py RefusedTally).
+    count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 # --- Cluster-wide coordination (issue 5): communicators, progress, flags, switches ---
