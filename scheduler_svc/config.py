@@ -165,6 +165,11 @@ class Settings(BaseSettings):
         description="Open connections from one address (raise it behind a proxy that "
         "forwards every agent from one address); one more is answered 503",
     )
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        default="auto",
+        description="HTTP/1.1 parser: httptools where installed (auto), else h11; both "
+        "under the same limits",
+    )
     http_keep_alive_s: Annotated[int, Field(ge=1, le=600)] = Field(
         default=5, description="An idle kept-alive connection is closed after this"
     )

@@ -28,13 +28,17 @@ from scheduler_svc.serving import redact_query
 SLOW = 200
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The service under each parser uvicorn may use: the guard wraps both."""
     db = tmp_path_factory.mktemp("hostile-limits") / "railover.db"
     settings = Settings(
         db_url=f"sqlite:///{db}",
         port=0,
         allow_anonymous_loopback=True,
+        http_parser=request.param,
         http_header_timeout_s=1.5,
         http_body_timeout_s=1.5,
         http_max_connections=600,
@@ -91,7 +95,7 @@ def test_a_body_shorter_than_its_length_is_answered_408(service: str) -> None:
     with connect(service) as sock:
         sock.sendall(
             b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"events\": ["
+            b'Content-Length: 1000\r\n\r\n{"events": ['
         )
         assert normal(service, n=5) == [200] * 5
         got = answer_of(sock)
