@@ -61,6 +61,12 @@ class Target:
 
 TARGETS = (
     Target(
+        # Degraded RNICs (issue 31): weights by the bandwidth left, and failover where cheaper.
+        "degradation",
+        ("scheduler_svc/engine/degradation.py",),
+        ("tests/engine/test_degraded_decisions.py",),
+    ),
+    Target(
         "signing",
         ("scheduler_svc/fleet/signing.py",),
         ("tests/scheduler_svc/test_signing.py",),
@@ -146,6 +152,7 @@ TARGETS = (
             "tests/agent/test_counter_baseline.py",
             "tests/agent/test_collectors_strength.py",
             "tests/agent/test_collector_names.py",
+            "tests/agent/test_collectors_supervise.py",
         ),
     ),
     Target(

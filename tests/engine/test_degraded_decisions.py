@@ -41,10 +41,11 @@ def degraded(
     restored_s: float | None = None,
     note: str = HALF,
     fid: int = 5,
+    node: str = "n0",
 ) -> FaultEvidence:
     return FaultEvidence(
         fid,
-        "n0",
+        node,
         device,
         port,
         FaultKind.DEGRADED,
@@ -104,7 +105,31 @@ def test_half_the_rate_rebalances_once_and_the_restored_rate_returns_even_weight
     assert math.isclose(w[3] + w[11], 0.5 * (1 / 8))
     assert all(math.isclose(w[c] + w[c + 8], (1 - 1 / 16) / 7) for c in range(8) if c != 3)
     assert HALF in d.reason and "6.2% of the traffic (was 12.5%)" in d.reason
-    assert d.fault_key == "fault:5"
+    assert (d.fault_key, d.trigger) == ("fault:5", "rebalance:fault:5")
+    (comm_plan,) = d.plan["communicators"]
+    assert d.plan == {
+        "mitigation": "balance",
+        "degraded": [{"fault": "fault:5", "part": "n0/mlx5_3/1", "share": 0.5, "figure": HALF}],
+        "communicators": [
+            {
+                "comm_id": 77,
+                "node": "n0",
+                "channel_weights": list(w),
+                "k_rebalance": comm_plan["k_rebalance"],
+                "k_failover": comm_plan["k_failover"],
+                "shares": {"mlx5_3/1": 0.5},
+            }
+        ],
+    }
+    # The slowest RNIC sets the pace: 15/16 of the bandwidth against 7/8 failed over.
+    assert math.isclose(comm_plan["k_rebalance"], 0.7 + 0.3 / (7 / 7.5))
+    assert math.isclose(comm_plan["k_failover"], 0.7 + 0.3 / (7 / 8))
+    assert out.desired.mitigation == {77: "balance"}
+    assert d.reason == (
+        f"{HALF}: channels rebalanced by the bandwidth each RNIC has left, not failed over; "
+        "communicator 77: n0/mlx5_3/1 6.2% of the traffic (was 12.5%); predicted k "
+        f"{comm_plan['k_rebalance']:.3f} (failing over {comm_plan['k_failover']:.3f})"
+    )
     # One switch point, to all 16 ranks, carrying the weights.
     intents = command_diff(Desired(), out.desired, job(comm, Desired()))
     assert [(i.kind, i.ranks, i.weights) for i in intents] == [
@@ -125,7 +150,13 @@ def test_half_the_rate_rebalances_once_and_the_restored_rate_returns_even_weight
         T0 + timedelta(seconds=1300), job(comm, out.desired), fabric([back], 1300), Options()
     )
     assert even.decision is not None and even.decision.action == Action.REBALANCE
-    assert even.desired.weights == {}
+    assert even.desired.weights == {} and even.desired.mitigation == {}
+    assert even.decision.trigger == "rebalance:restored:fault:5"
+    assert even.decision.reason == (
+        "no RNIC the communicators use is degraded any more (fault:5 cleared): every "
+        "channel back to an even share"
+    )
+    assert even.decision.plan == {"mitigation": "even", "degraded": [], "communicators": []}
     told = command_diff(out.desired, even.desired, job(comm, out.desired))
     assert [(i.kind, i.ranks, i.weights, i.disabled_channels) for i in told] == [
         (IntentKind.REBALANCE, tuple(range(16)), (), ())
@@ -147,3 +178,18 @@ def test_one_rail_fails_over_only_below_what_its_backup_gives() -> None:
     assert d is not None and d.action == Action.FAILOVER
     assert out.desired.moved == {2: "mlx5_3/1"}
     assert "n0/mlx5_2/1 at 100 of 400 Gb/s" in d.reason and "cheaper than running on it" in d.reason
+
+
+def test_the_node_with_the_least_bandwidth_left_sets_the_weights() -> None:
+    comm = CommSpec(77, 8)
+    quarter = degraded("mlx5_6", 0.25, note="n1/mlx5_6/1 at 100 of 400 Gb/s", fid=6, node="n1")
+    view = fabric([degraded(), quarter], 101)
+    out = reconcile(T0 + timedelta(seconds=101), job(comm, Desired()), view, Options())
+    assert out.decision is not None
+    (comm_plan,) = out.decision.plan["communicators"]
+    assert (comm_plan["node"], comm_plan["shares"]) == ("n1", {"mlx5_6/1": 0.25})
+    w = out.desired.weights[77]
+    assert math.isclose(w[6], 0.25 / 8) and math.isclose(math.fsum(w), 1.0)
+    # Weakest first, both named.
+    assert [x["fault"] for x in out.decision.plan["degraded"]] == ["fault:6"]
+    assert out.decision.reason.startswith("n1/mlx5_6/1 at 100 of 400 Gb/s: channels")
