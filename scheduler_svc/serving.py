@@ -95,13 +95,13 @@ class Guard:
         by_reason: Counter[str] = Counter()
         for (why, _), n in counts.items():
             by_reason[why] += n
-        (top_peer, _), top = max(counts.items(), key=lambda kv: kv[1])
+        (_, top_peer), top = max(counts.items(), key=lambda kv: kv[1])
         log.warning(
             "refused %d HTTP requests or connections since the last such line (%s); "
             "most from %s (%d)",
             sum(by_reason.values()),
             ", ".join(f"{why} {n}" for why, n in by_reason.most_common()),
-            top_peer[1],
+            top_peer,
             top,
         )
 

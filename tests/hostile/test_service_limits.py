@@ -165,7 +165,8 @@ def test_refusals_are_logged_as_one_line_not_one_per_connection(
         assert len(held) == 5 and all(r.startswith(b"HTTP/1.1 503 ") for r in refused)
     lines = [r for r in caplog.records if r.name == "railover.http"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
-    assert "connections_per_peer" in lines[0].getMessage()
+    assert "connections_per_peer 1" in lines[0].getMessage()
+    assert "most from 127.0.0.7 (1)" in lines[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)
 
 
