@@ -23,6 +23,7 @@ BENCHMARKS = [
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "8192", "--backend", "sqlite"],
     ["bench_switch_storm.py", "--scenario", "leaf", "--nodes", "256"],
     ["bench_registration.py"],
+    ["bench_hostile_service.py"],
     # Statements and commits per fault report at 1k, 8k and 64k GPUs, beside the floor.
     ["bench_statements.py"],
     # /metrics at 8,192 nodes: series, bytes and scrape time.
