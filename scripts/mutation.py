@@ -152,6 +152,7 @@ TARGETS = (
             "tests/agent/test_counter_baseline.py",
             "tests/agent/test_collectors_strength.py",
             "tests/agent/test_collector_names.py",
+            "tests/agent/test_collectors_supervise.py",
         ),
     ),
     Target(
