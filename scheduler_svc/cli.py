@@ -13,6 +13,7 @@ import logging
 import socket
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -334,6 +335,83 @@ def db_upgrade(db: DbOpt = None) -> None:
 
     upgrade(_settings(db).sqlalchemy_url)
     typer.echo("store is at the newest schema")
+
+
+def _instant(flag: str, text: str | None, now: datetime) -> datetime | None:
+    """An ISO time (UTC unless it names a zone), or a duration before now: 30d, 12h."""
+    if text is None:
+        return None
+    ago = _duration(text)
+    if ago is not None:
+        return now - ago
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        refuse(
+            f"{flag} {text!r}: neither a time nor a duration",
+            "give an ISO time (2026-01-31 or 2026-01-31T12:00:00+00:00) or a duration "
+            "before now (3600, 90m, 12h, 30d)",
+        )
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+@app.command("export")
+def export_command(
+    db: DbOpt = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="From this time (ISO) or this long ago (30d) [the first registration]"),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Up to this time (ISO) or this long ago [now]")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the JSON here [standard output]")
+    ] = None,
+) -> None:
+    """Write what the service recorded, as JSON, for `railover simulate/twin --history`.
+
+    Inventory (nodes, GPUs, RNIC ports, switches, first registration), faults with their
+    open, clear and close times and durations, inferred switch failures, jobs (ranks,
+    nodes, checkpoint interval, reload, detection, declared and measured k), decisions
+    with their commands' outcomes. No secrets: no tokens, webhook secrets or
+    notification URLs. Read only; the schema is scheduler_svc/planning/history.py
+    (`version` 1).
+    """
+    from scheduler_svc.planning.export import NotAStore, export_history
+
+    settings = _settings(db)
+    store_file = sqlite_path(settings.db_url) if settings.db_url.startswith("sqlite") else None
+    if store_file is not None and not store_file.is_file():
+        refuse(
+            f"there is no store at {store_file}",
+            "give the store `railover serve` uses: --db or RAILOVER_DB_URL",
+        )
+    now = datetime.now(UTC)
+    start = _instant("--since", since, now)
+    end = _instant("--until", until, now) or now
+    if start is not None and start >= end:
+        refuse(
+            f"--since {start.isoformat()} is not before --until {end.isoformat()}",
+            "give a window that ends after it starts",
+        )
+    if out is not None and not out.parent.is_dir():
+        refuse(f"--out {out}: the folder {out.parent} does not exist", "create it first")
+    try:
+        history = export_history(settings, _store_shown, start, end, now)
+    except NotAStore as exc:
+        refuse(exc.problem, exc.fix)
+    text = history.model_dump_json(indent=1) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+        typer.echo(
+            f"wrote {out}: {len(history.nodes)} nodes, {len(history.faults)} faults, "
+            f"{len(history.jobs)} jobs, {len(history.decisions)} decisions, "
+            f"{history.window.since.isoformat()} to {history.window.until.isoformat()}",
+            err=True,
+        )
 
 
 @app.command("config")

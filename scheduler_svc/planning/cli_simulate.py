@@ -17,6 +17,13 @@ from rich.table import Table
 
 from scheduler_svc.errors import refuse
 from scheduler_svc.planning import simulate as sim
+from scheduler_svc.planning.cli_history import (
+    FillDefaults,
+    HistoryOpt,
+    fitted,
+    given_keys,
+    print_fit,
+)
 from scheduler_svc.planning.cli_options import (
     DEFAULTS,
     Checkpoint,
@@ -41,7 +48,9 @@ from scheduler_svc.planning.cli_options import (
     param_errors,
     print_parameters,
 )
+from scheduler_svc.planning.fit import Fit
 from scheduler_svc.planning.params import (
+    load_config,
     simulate_params,
 )
 
@@ -77,6 +86,8 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
         ),
     ] = None,
     config: Config = None,
+    history: HistoryOpt = None,
+    fill_defaults: FillDefaults = False,
 ) -> None:
     flags: dict[str, object | None] = {
         "gpus": gpus,
@@ -99,8 +110,13 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
         "runs": runs,
         "seed": seed,
     }
+    fitted_from: Fit | None = None
     with param_errors("simulate"):
-        model, options = simulate_params(config, flags)
+        base: dict[str, object] = {}
+        if history is not None:
+            given = given_keys(load_config(config), flags)
+            base, fitted_from = fitted(history, fill_defaults=fill_defaults, given=given)
+        model, options = simulate_params(config, flags, base)
     if plot is not None:
         check_plot_path(plot)  # before the run, which may take minutes
     err = Console(stderr=True)
@@ -127,10 +143,14 @@ def simulate_command(  # noqa: PLR0917  # one parameter per option; click passes
 
         plot_cdf(result, plot)
     document = sim.result_json(result)
+    if fitted_from is not None:
+        document["history"] = fitted_from.as_json()
     if json_out:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     console = Console()
+    if fitted_from is not None:
+        print_fit(console, fitted_from)
     print_parameters(console, document["parameters"], "Parameters")
     for table in _simulate_tables(result):
         console.print(table)

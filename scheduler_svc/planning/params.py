@@ -353,11 +353,14 @@ def _build_run(values: Mapping[str, object]) -> RunOptions:
 
 
 def simulate_params(
-    config: Path | None, flags: Mapping[str, object | None]
+    config: Path | None,
+    flags: Mapping[str, object | None],
+    base: Mapping[str, object] | None = None,
 ) -> tuple[JobModel, RunOptions]:
-    """The job model and run options for `railover simulate`."""
+    """The job model and run options for `railover simulate`; `base` (values fitted from
+    a history) replaces the defaults, and the config file and flags win over it."""
     allowed = {**_JOB_CONVERTERS, **_RUN_CONVERTERS}
-    values = merge(allowed, load_config(config), flags)
+    values = {**(base or {}), **merge(allowed, load_config(config), flags)}
     job = _build_job(values)
     job.check_replicas()
     return job, _build_run(values)
