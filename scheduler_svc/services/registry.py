@@ -16,7 +16,7 @@ from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.state import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.services import commands, losses, reconciler
+from scheduler_svc.services import commands, losses, reconciler, topology_checks
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo, NodeLook
 from scheduler_svc.store.coordination import CoordinationRepo
@@ -36,6 +36,7 @@ def register_node(
     lost part's description (so paths are still planned on the topology the job
     was placed on, with that part failed); registering it again closes the fault.
     """
+    topology_checks.check_pci_unique(body)
     repo = NodeRepo(session)
     before = repo.get(name)
     old_gpus = {} if before is None else {g.index: g for g in before.gpus}
@@ -68,6 +69,7 @@ def list_nodes(session: Session) -> list[m.Node]:
 def create_job(session: Session, body: JobIn, now: datetime, settings: Settings) -> m.Job:
     """Register a job; posting a restarting job again is its new incarnation, and so is a
     post naming the next incarnation of a job the service did not restart."""
+    topology_checks.check_merged_nics(session, body)
     jobs = JobRepo(session)
     existing = jobs.lock(body.job_id)
     if existing is not None:
@@ -204,11 +206,10 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     if taken:
         comm_id, other = next(iter(taken.items()))
         raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
-    job.ranks = [
-        m.JobRank(job_id=job.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
-    ]
+    placed = [(r.rank, r.node, r.gpu) for r in body.ranks]
+    JobRepo(session).replace_ranks(job, placed)
     job.placement_id = uuid.uuid4().hex
-    reconciler.INDEXES.seed(session, job, ((r.rank, r.node, r.gpu) for r in body.ranks))
+    reconciler.INDEXES.seed(session, job, placed)
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
     job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size

@@ -36,6 +36,16 @@ class NodeRepo:
             out[node].add(index)
         return out
 
+    def rnic_names(self, names: Iterable[str]) -> dict[str, set[str]]:
+        """Each node's RNIC device names, in one query."""
+        out: dict[str, set[str]] = {}
+        rows = self.s.execute(
+            select(m.Rnic.node, m.Rnic.name).where(m.Rnic.node.in_(list(names))).distinct()
+        )
+        for node, name in rows.tuples():
+            out.setdefault(node, set()).add(name)
+        return out
+
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 

@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
 from tests.scheduler_svc.helpers import job_body, register_nodes
@@ -99,3 +101,40 @@ def test_no_token_and_no_explicit_opening_answers_loopback_with_401(tmp_path: Pa
         assert r.status_code == 401, r.text
         ready = httpx.get(f"{url}/readyz", timeout=30).json()
         assert ready["detail"]["auth"] == "tokens"
+
+
+def test_two_devices_with_one_pci_address_are_refused_naming_the_second(
+    http: httpx.Client,
+) -> None:
+    def node(**change: Any) -> dict[str, Any]:
+        body = hgx_node()
+        for path, value in change.items():
+            kind, index, field = path.split("__")
+            body[kind][int(index)][field] = value
+        return body
+
+    gpu0, rnic0 = hgx_node()["gpus"][0]["pci"], hgx_node()["rnics"][0]["pci"]
+    for body, field in (
+        (node(gpus__1__pci=gpu0), "gpus.1.pci"),
+        (node(rnics__0__pci=gpu0), "rnics.0.pci"),
+        (node(rnics__1__pci=rnic0), "rnics.1.pci"),
+    ):
+        r = http.put("/v1/nodes/dup", json=body)
+        assert r.status_code == 422 and field in r.text and "PCI address" in r.text, r.text
+    assert http.get("/v1/nodes/dup").status_code == 404
+    # One RNIC's two ports share its function; an SF shares its parent's.
+    two_ports = hgx_node()
+    two_ports["rnics"].append(two_ports["rnics"][0] | {"port": 2})
+    two_ports["rnics"].append(two_ports["rnics"][0] | {"name": "mlx5_sf0", "kind": "sf"})
+    assert http.put("/v1/nodes/dup", json=two_ports).status_code == 200
+
+
+def test_merged_nics_naming_an_rnic_no_node_has_are_refused(http: httpx.Client) -> None:
+    register_nodes(http, ["n2"])
+    ccl = {"kind": "nccl", "version": "2.30.1", "merged_nics": [["mlx5_0", "mlx5_99"]]}
+    body = job_body("m", ["n2"], ccl=ccl, last_checkpoint_at=datetime.now(UTC).isoformat())
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert "ccl.merged_nics.0" in r.text and "mlx5_99" in r.text and "n2" in r.text
+    ccl["merged_nics"] = [["mlx5_0", "mlx5_1"]]
+    assert http.post("/v1/jobs", json=body | {"ccl": ccl}).status_code == 201
