@@ -77,6 +77,21 @@ TARGETS = (
         ("tests/scheduler_svc/test_deps.py",),
     ),
     Target(
+        # Issue 30: where webhooks may go (the address policy, checked before and after
+        # resolution), credentials never shown, and the whole-attempt deadline.
+        "outbound",
+        ("scheduler_svc/fleet/outbound.py",),
+        ("tests/fleet/test_outbound.py",),
+    ),
+    Target(
+        # Issue 30: the HTTP server's guard (deadlines, header cap, connection caps, the
+        # rate-limited refusal line), against real uvicorn under both parsers. Slow: each
+        # mutant starts the services of tests/hostile/test_service_limits.py.
+        "guard",
+        ("scheduler_svc/serving.py",),
+        ("tests/hostile/test_service_limits.py",),
+    ),
+    Target(
         "notify",
         ("scheduler_svc/services/delivery.py",),
         # The listener (PostgreSQL LISTEN) and the skipped looks are test_listen.py's, the

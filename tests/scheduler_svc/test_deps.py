@@ -21,7 +21,7 @@ from scheduler_svc.api import deps
 from scheduler_svc.api.deps import Principal, get_principal, get_session, get_settings, require
 from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.config import Settings
-from scheduler_svc.errors import Forbidden, Unauthorized
+from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
 from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.tokens import TokenRepo
@@ -227,3 +227,62 @@ def test_agents_speak_only_for_their_node() -> None:
     with pytest.raises(Forbidden) as info:
         Principal("t", Role.AGENT, "n0").require_node("n1")
     assert info.value.detail == "agent token of node 'n0' cannot act for node 'n1'"
+
+
+def test_a_principal_is_still_authorized_only_while_its_own_token_works(
+    app: SimpleNamespace,
+) -> None:
+    """What an open command stream asks again at each heartbeat (deps.still_authorized)."""
+    with app.state.sessionmaker() as s:
+        row, plain = TokenRepo(s).create(role="agent", node="n0", description="", now=NOW)
+        other, other_plain = TokenRepo(s).create(role="agent", node="n1", description="", now=NOW)
+        s.commit()
+    who = Principal(row.token_id, Role.AGENT, "n0")
+    assert deps.still_authorized(request(app, headers={"Authorization": f"Bearer {plain}"}), who)
+    assert deps.still_authorized(request(app, headers={"Authorization": f"bearer  {plain} "}), who)
+    # Another token, another scheme, none at all: not this principal.
+    for header in (f"Bearer {other_plain}", f"Basic {plain}", "Bearer ", ""):
+        req = request(app, headers={"Authorization": header} if header else None)
+        assert not deps.still_authorized(req, who), header
+    with app.state.sessionmaker() as s:
+        TokenRepo(s).revoke(row.token_id, NOW)
+        s.commit()
+    assert not deps.still_authorized(
+        request(app, headers={"Authorization": f"Bearer {plain}"}), who
+    )
+    assert other.token_id != row.token_id
+
+
+def test_an_anonymous_principal_is_still_authorized_only_while_access_stays_open(
+    app: SimpleNamespace,
+) -> None:
+    anonymous = Principal(None, Role.FLEET)
+    app.state.anonymous_allowed = True
+    assert deps.still_authorized(request(app), anonymous)
+    app.state.anonymous_allowed = False
+    assert not deps.still_authorized(request(app), anonymous)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "refusal"),
+    [
+        ("http://127.0.0.1:9/h", False, "notify_url: http://127.0.0.1:9/h: loopback addresses"),
+        ("http://127.0.0.1:9/h", True, None),
+        (
+            "http://u:pw@169.254.169.254/",
+            True,
+            "notify_url: http://***@169.254.169.254/: link-local",
+        ),
+        ("https://hooks.example/h", False, None),
+    ],
+)
+def test_webhook_urls_are_checked_against_the_settings(
+    db_url: str, url: str, allowed: bool, refusal: str | None
+) -> None:
+    settings = Settings(db_url=db_url, webhook_allow_loopback=allowed)
+    if refusal is None:
+        deps.check_webhook_url("notify_url", url, settings)
+        return
+    with pytest.raises(Unprocessable) as info:
+        deps.check_webhook_url("notify_url", url, settings)
+    assert str(info.value.detail).startswith(refusal)
