@@ -6,17 +6,16 @@ from scheduler_svc.api import routing
 from scheduler_svc.api.deps import AgentAuth, NodeReader, NowDep, Reader, SessionDep, SettingsDep
 from scheduler_svc.api.schemas.fields import Name
 from scheduler_svc.api.schemas.nodes import GpuIn, GpuPathOut, NodeIn, NodeOut, RnicIn
-from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.errors import VALIDATION, Forbidden, NotFound, Unauthorized, responses
-from scheduler_svc.services import registry
-from scheduler_svc.services.fabric import node_topology
+from scheduler_svc.services import node_plans, registry
 from scheduler_svc.store import models as m
 
 router = routing.router(prefix="/v1/nodes", tags=["nodes"])
 
 
 def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:
-    plan = plan_node(node_topology(node), backup_cap)
+    """The node with the plan stored when it registered (services/node_plans.py)."""
+    plan = node_plans.served(node, backup_cap)
     return NodeOut(
         name=node.name,
         registered_at=node.registered_at,
@@ -24,20 +23,8 @@ def node_out(node: m.Node, backup_cap: int | None) -> NodeOut:
         topology_version=node.topology_version,
         gpus=[GpuIn.model_validate(g, from_attributes=True) for g in node.gpus],
         rnics=[RnicIn.model_validate(r, from_attributes=True) for r in node.rnics],
-        backup_plan=[
-            GpuPathOut(
-                gpu=g.gpu,
-                primary=g.primary,
-                backup=g.backup,
-                primary_cost=g.primary_cost,
-                backup_cost=g.backup_cost,
-                primary_switch=g.primary_switch,
-                backup_switch=g.backup_switch,
-                rail_disjoint=g.rail_disjoint,
-            )
-            for g in plan.gpus
-        ],
-        warnings=list(plan.warnings),
+        backup_plan=[GpuPathOut.model_validate(g) for g in plan["gpus"]],
+        warnings=list(plan["warnings"]),
     )
 
 

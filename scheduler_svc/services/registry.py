@@ -16,7 +16,7 @@ from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.state import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.services import commands, losses, reconciler, topology_checks
+from scheduler_svc.services import commands, losses, node_plans, reconciler, topology_checks
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo, NodeLook
 from scheduler_svc.store.coordination import CoordinationRepo
@@ -44,6 +44,7 @@ def register_node(
     gpus = [g.model_dump() for g in body.gpus]
     rnics = [r.model_dump() for r in body.rnics]
     node, changed = repo.replace_topology(name, gpus, rnics, now)
+    node_plans.store(node, settings.backup_cap_per_switch)
     new_gpus = {g["index"] for g in gpus}
     new_rnics = {(r["name"], r["port"]) for r in rnics}
     touched = losses.close_returned(session, name, new_gpus, new_rnics, now=now)

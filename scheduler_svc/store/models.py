@@ -65,6 +65,9 @@ class Node(Base):
     registered_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     topology_version: Mapped[int] = mapped_column(Integer, default=1)
+    # The backup plan computed at registration (services/node_plans.py), what node reads
+    # serve; null until the node registers after migration 0016.
+    plan: Mapped[dict[str, Any] | None]
 
     gpus: Mapped[list[Gpu]] = relationship(
         cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"
