@@ -37,20 +37,29 @@ FillDefaults = Annotated[
 ]
 
 
-def fitted(path: Path, *, fill_defaults: bool, given: Set[str]) -> tuple[dict[str, object], Fit]:
+def fitted(
+    path: Path, *, fill_defaults: bool, given: Set[str], flags: bool = True
+) -> tuple[dict[str, object], Fit]:
     """The JobModel values fitted from the export at `path` (before --config and flags,
     which win: `given` names the keys they set) and the fit itself. A figure with no data
-    that nothing gives raises ParamError naming it, unless `fill_defaults`."""
+    that nothing gives raises ParamError naming it, unless `fill_defaults`; `flags`: the
+    command has a flag per figure (else the error is about --history, naming the figure)."""
     result = fit(load_history(path))
     defaults = JobModel()
     for key, why in result.missing.items():
         if key in given:
             continue
-        if not fill_defaults:
+        if not fill_defaults and flags:
             raise ParamError(
                 key,
                 f"{why} ({path}); give {flag_of(key)}, a longer history, or --fill-defaults "
                 "to take the default",
+            )
+        if not fill_defaults:
+            raise ParamError(
+                "history",
+                f"{key}: {why} ({path}); give a longer history, or --fill-defaults to take "
+                "the default",
             )
         result.figures[key] = Figure(key, getattr(defaults, key), 0, why, source="default")
     for key in given:

@@ -21,14 +21,21 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from scheduler_svc.engine.decision import Policy
+from scheduler_svc.planning.cli_history import FillDefaults, HistoryOpt, print_fit
+from scheduler_svc.planning.cli_options import param_errors
+from scheduler_svc.planning.cli_simulate import check_plot_path
 from scheduler_svc.twin.books import CAUSES, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, Reports
+from scheduler_svc.twin.cluster import ClusterSpec, Reports, trace
+from scheduler_svc.twin.fitted import TwinFit, twin_fit
 from scheduler_svc.twin.loop import Twin
+from scheduler_svc.twin.plot import LossCurve
 
 HELP = (
     "Run the real service in closed loop with a simulated cluster, on a manual clock: "
     "faults from the planning parameters (times --fault-scale), agents, ranks and a fleet "
-    "manager doing what the service says; GPU-hours lost per policy and the invariants."
+    "manager doing what the service says; GPU-hours lost per policy and the invariants. "
+    "--history FILE (a `railover export`) fits the rates, repair time and job mix from the "
+    "fleet's own history first and prints them; --plot draws the loss over time."
 )
 
 
@@ -36,11 +43,18 @@ def register(app: typer.Typer) -> None:
     app.command("twin", help=HELP)(twin_command)
 
 
-def twin_command(  # noqa: PLR0917  # one parameter per option; click passes them by name
-    nodes: Annotated[int, typer.Option(min=2, help="GPU nodes (8 GPUs, 8 RNICs each)")] = 256,
+def twin_command(  # noqa: PLR0917  # one parameter per option
+    nodes: Annotated[
+        int | None,
+        typer.Option(min=2, help="GPU nodes (8 GPUs, 8 RNICs each) [256; the history's]"),
+    ] = None,
     spares: Annotated[int, typer.Option(min=0, help="Of them, spares kept free")] = 8,
-    nodes_per_leaf: Annotated[int, typer.Option(min=1, help="Nodes per leaf, per rail")] = 32,
-    jobs: Annotated[int, typer.Option(min=1, help="Jobs sharing the other nodes")] = 2,
+    nodes_per_leaf: Annotated[
+        int | None, typer.Option(min=1, help="Nodes per leaf, per rail [32; the history's]")
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(min=1, help="Jobs sharing the other nodes [2; the history's]")
+    ] = None,
     days: Annotated[float, typer.Option(min=0.001, help="Simulated days")] = 7.0,
     seed: Annotated[int, typer.Option(min=0, help="The first seed")] = 1,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy (for the interval)")] = 1,
@@ -63,9 +77,28 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write every run's books here")
     ] = None,
+    history: HistoryOpt = None,
+    fill_defaults: FillDefaults = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Draw GPU-hours lost over simulated time per policy (the mean over seeds) "
+            "to this file, .png, .svg or .pdf (needs matplotlib: the plot extra)."
+        ),
+    ] = None,
 ) -> None:
     logging.getLogger("scheduler_svc").setLevel(logging.ERROR)
     logging.getLogger("railover").setLevel(logging.ERROR)
+    if plot is not None:
+        check_plot_path(plot)  # before the runs, which take minutes
+    fitted: TwinFit | None = None
+    if history is not None:
+        with param_errors("twin"):
+            fitted = twin_fit(history, fill_defaults=fill_defaults)
+        nodes = nodes or max(2, fitted.nodes)
+        jobs = jobs or max(1, min(fitted.jobs, nodes - spares))
+        nodes_per_leaf = nodes_per_leaf or fitted.nodes_per_leaf
+    nodes, jobs, nodes_per_leaf = nodes or 256, jobs or 2, nodes_per_leaf or 32
     try:
         spec = ClusterSpec(nodes=nodes, spares=spares, nodes_per_leaf=nodes_per_leaf, jobs=jobs)
         reports = Reports(
@@ -75,24 +108,57 @@ def twin_command(  # noqa: PLR0917  # one parameter per option; click passes the
         raise typer.BadParameter(str(exc)) from None
     policies = policy or list(Policy)
     console = Console(stderr=True)
+    out = Console(width=max(Console().width, 180))
+    if fitted is not None:
+        print_fit(out, fitted.fit)
+        out.print(
+            "the twin's rates per component-hour from the history: "
+            + ", ".join(f"{k.value} {v:.3g}" for k, v in fitted.per_component_h.items())
+            + f"; from its model (a multiple of the link rate): {', '.join(fitted.modelled)}"
+        )
     results: list[TwinResult] = []
+    curves: dict[str, list[LossCurve]] = {}
     with Progress(console=console, transient=True) as bar:
         for p in policies:
             for s in range(seed, seed + seeds):
                 task = bar.add_task(f"{p.value}, seed {s}", total=1.0)
+                model = fitted.model if fitted is not None else None
+                faults = None
+                if fitted is not None:
+                    faults = trace(
+                        spec,
+                        fitted.model,
+                        days,
+                        s,
+                        fault_scale,
+                        per_component_h=fitted.per_component_h,
+                    )
                 twin = Twin(
                     spec,
                     days=days,
                     seed=s,
                     fault_scale=fault_scale,
                     policy=p,
+                    model=model,
+                    faults=faults,
                     progress=partial(_advance, bar, task),
                     reports=reports,
                 )
+                if plot is not None:
+                    curve = LossCurve(twin, then=twin.on_progress)
+                    twin.on_progress = curve
+                    curves.setdefault(p.value, []).append(curve)
                 results.append(twin.run())
+                if plot is not None:
+                    curve.finish(results[-1].gpu_hours_total)
                 bar.remove_task(task)
-    out = Console(width=max(Console().width, 180))
     out.print(table(results))
+    if plot is not None:
+        from scheduler_svc.twin.plot import plot_loss, title_of  # noqa: PLC0415  # matplotlib
+
+        origin = ", rates from the history" if fitted is not None else ""
+        plot_loss(curves, plot, title_of(nodes, days, fault_scale, seeds, origin))
+        out.print(f"Plot written to {plot}.")
     sent = Counter[str]()
     for r in results[: len(results) // len(policies)]:  # the first policy's runs: one per trace
         sent.update(r.reports)

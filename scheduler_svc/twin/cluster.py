@@ -8,6 +8,7 @@ module says happened, and the service decides.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -176,13 +177,20 @@ class Fault:
 
 
 def trace(
-    spec: ClusterSpec, model: JobModel, days: float, seed: int, fault_scale: float
+    spec: ClusterSpec,
+    model: JobModel,
+    days: float,
+    seed: int,
+    fault_scale: float,
+    *,
+    per_component_h: Mapping[FaultKind, float] | None = None,
 ) -> list[Fault]:
     """Independent Poisson processes per component kind, seeded: the same trace for every
     policy. A LINK, RNIC or LEAF fault is repaired after an exponential time of mean
     repair_h; a FLAP comes back within seconds; a CQE burst needs no repair; a PARTITION
     lasts PARTITION_S; GPU and NODE are repaired like a link. PARTITION and NODE happen
-    per node, the others per link (a GPU: one per link)."""
+    per node, the others per link (a GPU: one per link). `per_component_h` replaces the
+    rate of the kinds it names (per component and hour: fitted from a history)."""
     if not (days > 0 and math.isfinite(days)):
         raise ValueError(f"days: must be a positive number, got {days}")
     if not (fault_scale >= 0 and math.isfinite(fault_scale)):
@@ -195,6 +203,10 @@ def trace(
     for kind in PER_NODE:
         rates[kind] = spec.nodes * model.link_rate_per_h * KIND_SCALE[kind]
     rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
+    for kind, per_h in (per_component_h or {}).items():
+        rates[kind] = per_h * (
+            spec.nodes if kind in PER_NODE else leaves if kind == FaultKind.LEAF else links
+        )
     out: list[Fault] = []
     for kind, per_h in rates.items():
         rate_s = per_h * fault_scale / 3600.0
