@@ -360,13 +360,16 @@ def export_command(
     db: DbOpt = None,
     since: Annotated[
         str | None,
-        typer.Option(help="From this time (ISO) or this long ago (30d) [the first registration]"),
+        typer.Option(
+            help="From this time (ISO) or this long ago (30d); default: the first registration"
+        ),
     ] = None,
     until: Annotated[
-        str | None, typer.Option(help="Up to this time (ISO) or this long ago [now]")
+        str | None, typer.Option(help="Up to this time (ISO) or this long ago; default: now")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Write the JSON here [standard output]")
+        Path | None,
+        typer.Option("--out", "-o", help="Write the JSON here; default: standard output"),
     ] = None,
 ) -> None:
     """Write what the service recorded, as JSON, for `railover simulate/twin --history`.
