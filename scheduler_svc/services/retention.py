@@ -10,11 +10,15 @@ RETENTION_EVERY_S by the coordinator:
   one entry per peer, status and minute (fleet/service.py RefusedTally), not one each.
 - webhook and fleet-action deliveries finished (delivered, dead, cancelled):
   RAILOVER_DELIVERIES_RETENTION_S, with the events no delivery needs any more; dead
-  letters at most RAILOVER_DEAD_LETTERS_MAX besides, the oldest going first.
+  letters at most RAILOVER_DEAD_LETTERS_MAX besides, the oldest going first;
+- iteration samples: the newest SAMPLES_READ of each job and side, all that is read.
 
 Everything else that grows with input is owned by a job (its decisions, commands, acks,
-checkpoints, progress, iteration samples, stalls, mirror failures: deleted with the job)
-or by a registered node, fault or maintenance window, each bounded by the fleet's size.
+checkpoints, progress, stalls, mirror failures: deleted with the job) or by a registered
+node, fault or maintenance window, each bounded by the fleet's size. A job that lives
+long and reports a checkpoint or a mirror failure every iteration keeps each such row
+until it is deleted: those histories are read (the newest checkpoint of an incarnation,
+the highest iteration) and have no bound yet.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet.repositories import AuditRepo, OutboxRepo
+from scheduler_svc.store.coordination import CoordinationRepo
 from scheduler_svc.store.faults import EventRepo
 from scheduler_svc.store.uow import unit_of_work
 
@@ -49,6 +54,7 @@ def prune(sessions: sessionmaker[Session], now: datetime, settings: Settings) ->
         "audit_log": lambda s: AuditRepo(s).prune(audit_before, BATCH),
         "deliveries": lambda s: OutboxRepo(s).prune_finished(deliveries_before, BATCH),
         "dead_letters": lambda s: OutboxRepo(s).bound_dead(settings.dead_letters_max, BATCH),
+        "iteration_samples": lambda s: CoordinationRepo(s).bound_samples(),
     }
     deleted: dict[str, int] = {}
     for table, step in steps.items():

@@ -8,9 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from scheduler_svc.store import models as m
+
+# Iteration samples a measured k is made of, newest first, per job and side: no more are
+# ever read, and retention keeps no more (services/retention.py).
+SAMPLES_READ = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +100,24 @@ class CoordinationRepo:
         self.s.add_all(rows)
         self.s.flush()
 
-    def samples(self, job_id: str, degraded: bool, limit: int = 50) -> list[float]:
+    def bound_samples(self, keep: int = SAMPLES_READ) -> int:
+        """Delete each job's iteration samples beyond the newest `keep` of each side
+        (normal, degraded): no more are ever read. Returns how many went."""
+        s, newer = m.IterationSample, aliased(m.IterationSample)
+        cutoff = (
+            select(newer.id)
+            .where(newer.job_id == s.job_id, newer.degraded == s.degraded)
+            .order_by(newer.id.desc())
+            .offset(keep)
+            .limit(1)
+            .scalar_subquery()
+        )
+        result = self.s.execute(
+            delete(s).where(s.id <= cutoff).execution_options(synchronize_session=False)
+        )
+        return int(getattr(result, "rowcount", 0) or 0)
+
+    def samples(self, job_id: str, degraded: bool, limit: int = SAMPLES_READ) -> list[float]:
         return list(
             self.s.scalars(
                 select(m.IterationSample.seconds)

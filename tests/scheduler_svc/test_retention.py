@@ -69,8 +69,29 @@ def test_prune_keeps_each_table_within_its_bound(db_url: str) -> None:
                         dead_at=ev.created_at if state == DEAD else None,
                     )
                 )  # fmt: skip
+            job = m.Job(
+                job_id="j", created_at=NOW, checkpoint_interval_s=3600, reload_s=600,
+                detect_s=0, timeout_s=30, last_checkpoint_at=NOW, mode="normal",
+                decision_count=0, placement_id="p", incarnation=1,
+            )  # fmt: skip
+            s.add(job)
+            s.flush()
+            s.add_all(
+                m.IterationSample(job_id="j", at=NOW, seconds=float(i), degraded=i % 2 == 1)
+                for i in range(130)
+            )
         deleted = retention.prune(sessions, NOW, settings)
-        assert deleted == {"events": 1, "audit_log": 1, "deliveries": 2, "dead_letters": 50}
+        assert deleted == {
+            "events": 1,
+            "audit_log": 1,
+            "deliveries": 2,
+            "dead_letters": 50,
+            "iteration_samples": 30,
+        }
+        # The newest 50 of each side are the ones kept.
+        with sessions() as s:
+            seconds = s.scalars(select(m.IterationSample.seconds)).all()
+        assert sorted(seconds) == [float(i) for i in range(30, 130)]
         assert count(sessions, m.Event) == 1
         assert count(sessions, m.AuditEntry) == 1
         # The pending delivery of the old event is kept, and so is its event.
