@@ -117,8 +117,8 @@ class Twin:
         self.reported: dict[tuple[str, int], tuple[str, bool]] = {}
         self.stored: set[str] = set()  # event ids the service has accepted
         self.waiting: list[TwinJob] = []  # aborted, no spare free for a broken node
-        self.dead_gpus: set[tuple[str, int]] = set()
-        self.dead_nodes: set[str] = set()
+        self.dead_gpus: dict[tuple[str, int], float] = {}  # -> when it was lost
+        self.dead_nodes: dict[str, float] = {}  # -> when it died
         self.fleet_aborts = 0  # jobs the fleet manager aborted itself (a rank died)
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
@@ -356,12 +356,12 @@ class Twin:
         it again after the repair."""
         if (node, gpu) in self.dead_gpus or node in self.dead_nodes:
             return
-        self.dead_gpus.add((node, gpu))
+        self.dead_gpus[(node, gpu)] = self.now_s
         self.ranks_die(node, {gpu})
         self.report(node, [{"kind": "device_lost", "gpu": gpu}])
 
         def repaired() -> None:
-            self.dead_gpus.discard((node, gpu))
+            self.dead_gpus.pop((node, gpu), None)
             if node not in self.dead_nodes:
                 self.rv.register_node(node, self.node_body(node))
             self.retry_waiting()
@@ -373,12 +373,12 @@ class Twin:
         it saw). After the repair it registers again and its agent sends the spool."""
         if node in self.dead_nodes:
             return
-        self.dead_nodes.add(node)
+        self.dead_nodes[node] = self.now_s
         self.net.cut(node)
         self.ranks_die(node, set(range(GPUS)))
 
         def repaired() -> None:
-            self.dead_nodes.discard(node)
+            self.dead_nodes.pop(node, None)
             self.rv.register_node(node, self.node_body(node))
             self.reconnect(node)
             self.retry_waiting()
@@ -540,8 +540,9 @@ class Twin:
             self.requeue(job)
 
     def evidence(self, job: TwinJob) -> frozenset[str]:
-        """What is broken on the job's nodes now, as the twin broke it: the ports down and
-        the CQE bursts still within the service's quiet period."""
+        """What is broken on the job's nodes now, as the twin broke it: the ports down, the
+        CQE bursts still within the service's quiet period, and the GPUs and nodes lost
+        (each loss its own evidence: a GPU lost again after its repair is new)."""
         quiet = self.now_s - self.settings.fault_quiet_s
         down = {f"{n}/mlx5_{r}" for (n, r), c in self.down.items() if c > 0 and n in job.nodes}
         cqe = {
@@ -549,7 +550,10 @@ class Twin:
             for n, r, t in self.bursts
             if t >= quiet and n in job.nodes
         }
-        return frozenset(down | cqe)
+        nodes = set(job.nodes)
+        lost = {f"{n}/gpu{g} lost at {t:.0f}" for (n, g), t in self.dead_gpus.items() if n in nodes}
+        lost |= {f"{n} died at {t:.0f}" for n, t in self.dead_nodes.items() if n in nodes}
+        return frozenset(down | cqe | lost)
 
     def broken(self, node: str) -> bool:
         return (

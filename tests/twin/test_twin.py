@@ -174,3 +174,19 @@ def test_a_lost_gpu_restarts_its_job_and_a_dead_node_is_requeued_by_the_fleet_ma
     assert r.fleet_aborts == 1
     assert r.gpu_hours_lost["hang"] > 0 and r.gpu_hours_lost["reload"] > 0
     assert r.gpu_hours_lost["waiting"] == 0  # four spares for two broken nodes
+
+
+def test_two_gpu_losses_on_the_same_placement_are_two_restarts_not_one_twice() -> None:
+    """No spare: the job waits out the first lost GPU's repair and comes back on the same
+    nodes; a second GPU lost later restarts it again, for new evidence (the twin's own
+    books had counted GPU losses as no evidence, a false violation under restart-only)."""
+    spec = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1)
+    faults = [
+        Fault(5000.0, FaultKind.GPU, 3, 2, 3600.0),
+        Fault(20000.0, FaultKind.GPU, 7, 5, 3600.0),
+    ]
+    r = Twin(spec, days=0.5, seed=1, fault_scale=0, faults=faults, policy=Policy.RESTART_ONLY).run()
+    assert r.violations == {}, r.first_violation
+    assert r.decisions.get("restart", 0) == 2
+    assert r.gpu_hours_lost["waiting"] > 0
+    conserved(r)
