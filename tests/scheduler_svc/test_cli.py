@@ -179,13 +179,40 @@ def test_docs_are_served_from_the_package_with_no_cdn(tmp_path: Path) -> None:
         assert "javascript" in bundle.headers["content-type"]
 
 
-def test_serve_parses_http_with_httptools() -> None:
-    """pyproject.toml installs httptools and `serve` leaves uvicorn's http="auto", which
-    takes it over the pure-Python h11 (a fifth of an idle renewal's CPU was h11's)."""
-    import uvicorn
+def test_serve_parses_http_with_httptools(tmp_path: Path) -> None:
+    """pyproject.toml installs httptools, and `serve` takes it, guarded, over the
+    pure-Python h11 (a fifth of an idle renewal's CPU was h11's)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    config = uvicorn.Config("scheduler_svc.main:create_app", factory=True)
-    assert config.http == "auto"
+    from scheduler_svc.main import create_app
+    from scheduler_svc.serving import GuardedHttpToolsProtocol, server_config
+
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}")
+    config = server_config(create_app(settings), settings)
     config.load()
-    assert config.http_protocol_class is HttpToolsProtocol
+    assert issubclass(config.http_protocol_class, GuardedHttpToolsProtocol)
+    assert issubclass(config.http_protocol_class, HttpToolsProtocol)
+
+
+def test_a_first_serve_without_tokens_says_how_to_create_one(tmp_path: Path) -> None:
+    """Anonymous access is not open unless asked for (--dev): every request is a 401, and
+    the start says so with the command that makes a token."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_svc", "serve", "--port", "0", "--db",
+         f"sqlite:///{tmp_path / 'r.db'}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAILOVER_")},
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "no API tokens exist" in line:
+                break
+        assert "railover token create --role fleet" in seen[-1], seen
+        assert "refused with 401" in seen[-1]
+    finally:
+        proc.terminate()
+        proc.wait(30)
