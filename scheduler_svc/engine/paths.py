@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 COST_OTHER_PCIE_SWITCH = 1
 COST_OTHER_ROOT_COMPLEX = 100
@@ -157,21 +158,34 @@ def default_backup_cap(node: NodeTopology) -> int:
 
 def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> NodePlan:
     """Primary (nearest) and backup (nearest other) RNIC for every GPU of a node."""
-    cap = backup_cap_per_switch or default_backup_cap(node)
-    candidates = sorted((r for r in node.rnics if r.carries_gpu_traffic), key=lambda r: r.key)
-    keys = {id(r): r.key for r in candidates}  # `key` formats a string; build each once
-    warnings = [
-        f"{r.key} is a software RDMA device (soft: rxe, siw): never a primary or backup"
-        for r in sorted(node.rnics, key=lambda r: r.key)
-        if r.kind == KIND_SOFT
-    ]
-    if not candidates:
+    cap, paths, soft, fabricless, warned = _plan(node.gpus, node.rnics, backup_cap_per_switch)
+    warnings = list(soft)
+    if fabricless:
         warnings.append(f"node {node.name} has no RNIC on the GPU fabric (none in the rail map)")
+    return NodePlan(node.name, paths, cap, (*warnings, *warned))
+
+
+@lru_cache(maxsize=4096)
+def _plan(
+    gpus: tuple[Gpu, ...], rnics: tuple[Rnic, ...], backup_cap_per_switch: int | None
+) -> tuple[int, tuple[GpuPaths, ...], tuple[str, ...], bool, tuple[str, ...]]:
+    """`plan_node` but for the node's name: (cap, paths, soft-device warnings, whether no
+    RNIC is on the fabric, the GPUs' warnings). Kept per parts: a fleet's nodes are mostly
+    alike (nodes cabled to the same leaf switches are equal but for their names)."""
+    cap = backup_cap_per_switch or default_backup_cap(NodeTopology("", gpus, rnics))
+    candidates = sorted((r for r in rnics if r.carries_gpu_traffic), key=lambda r: r.key)
+    keys = {id(r): r.key for r in candidates}  # `key` formats a string; build each once
+    soft = tuple(
+        f"{r.key} is a software RDMA device (soft: rxe, siw): never a primary or backup"
+        for r in sorted(rnics, key=lambda r: r.key)
+        if r.kind == KIND_SOFT
+    )
+    warnings: list[str] = []
     primary_load: Counter[str] = Counter()
     backup_load_rnic: Counter[str] = Counter()
     backup_load_switch: Counter[str | None] = Counter()
     plans: list[GpuPaths] = []
-    for gpu in sorted(node.gpus, key=lambda g: g.index):
+    for gpu in sorted(gpus, key=lambda g: g.index):
         primary = min(
             candidates,
             key=lambda r: (placement_cost(gpu, r), primary_load[keys[id(r)]], keys[id(r)]),
@@ -206,7 +220,7 @@ def plan_node(node: NodeTopology, backup_cap_per_switch: int | None = None) -> N
             backup_load_switch[backup.pcie_switch] += 1
             backup_load_rnic[backup.key] += 1
         plans.append(_gpu_paths(gpu, primary, backup, warnings))
-    return NodePlan(node.name, tuple(plans), cap, tuple(warnings))
+    return cap, tuple(plans), soft, not candidates, tuple(warnings)
 
 
 def _no_backup(gpu: Gpu, primary: Rnic, candidates: list[Rnic]) -> str:

@@ -55,6 +55,29 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
         )
         for r in node.rnics
     ]
+    return _with_lost(node.name, gpus, rnics, lost)
+
+
+def topology_of(
+    name: str,
+    rows: tuple[list[Any], list[Any]],
+    lost: Sequence[m.Fault] = (),
+    parts: dict[tuple[Any, ...], Any] | None = None,
+) -> NodeTopology:
+    """`node_topology` from the node's plain GPU and RNIC rows (NodeRepo.topology_rows).
+
+    `parts`, shared across nodes, hands out one Gpu or Rnic per distinct row: a fleet's
+    nodes are mostly alike, and equal parts that are one object compare at once.
+    """
+    parts = {} if parts is None else parts
+    gpus = [parts.get(("g", *r)) or parts.setdefault(("g", *r), Gpu(*r)) for r in rows[0]]
+    rnics = [parts.get(("r", *r)) or parts.setdefault(("r", *r), Rnic(*r)) for r in rows[1]]
+    return _with_lost(name, gpus, rnics, lost)
+
+
+def _with_lost(
+    name: str, gpus: list[Gpu], rnics: list[Rnic], lost: Sequence[m.Fault]
+) -> NodeTopology:
     have_gpus = {g.index for g in gpus}
     have_rnics = {(r.name, r.port) for r in rnics}
     for f in lost:
@@ -69,7 +92,7 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
                     rnics.append(Rnic(**{**row, "members": tuple(row.get("members") or ())}))
                     have_rnics.add(key)
     return NodeTopology(
-        name=node.name,
+        name=name,
         gpus=tuple(sorted(gpus, key=lambda g: g.index)),
         rnics=tuple(sorted(rnics, key=lambda r: (r.name, r.port))),
     )
@@ -116,8 +139,9 @@ class PlanCache:
                     found[name] = hit
         misses = [n for n in versions if n not in found]
         if misses:
-            for name, node in repo.get_many(misses).items():
-                topo = node_topology(node, lost.get(name, ()))
+            parts: dict[tuple[Any, ...], Any] = {}
+            for name, rows in repo.topology_rows(misses).items():
+                topo = topology_of(name, rows, lost.get(name, ()), parts)
                 entry = (topo, plan_node(topo, backup_cap))
                 found[name] = entry
                 with self._lock:

@@ -207,11 +207,10 @@ def _repost(session: Session, job: m.Job, body: JobIn, now: datetime, settings: 
     if taken:
         comm_id, other = next(iter(taken.items()))
         raise Conflict(f"communicators: comm_id {comm_id} is already registered by job {other!r}")
-    job.ranks = [
-        m.JobRank(job_id=job.job_id, rank=r.rank, node=r.node, gpu=r.gpu) for r in body.ranks
-    ]
+    placed = [(r.rank, r.node, r.gpu) for r in body.ranks]
+    JobRepo(session).replace_ranks(job, placed)
     job.placement_id = uuid.uuid4().hex
-    reconciler.INDEXES.seed(session, job, ((r.rank, r.node, r.gpu) for r in body.ranks))
+    reconciler.INDEXES.seed(session, job, placed)
     job.last_checkpoint_at = body.last_checkpoint_at
     job.last_checkpoint_iteration = body.last_checkpoint_iteration
     job.dp_size, job.tp_size, job.pp_size = body.dp_size, body.tp_size, body.pp_size

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Table, delete, func, insert, or_, select, text, update
+from sqlalchemy import Table, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -17,11 +17,14 @@ from scheduler_svc.store.idempotency import insert_unless_taken
 from scheduler_svc.store.types import JobMode
 
 if TYPE_CHECKING:
+    import sqlite3
+
     import psycopg
 
-# The placement table itself, for inserts that skip the ORM (JobRepo.add).
+# The placement table itself, for writes that skip the ORM (JobRepo.add, replace_ranks).
 JOB_RANKS = cast("Table", m.JobRank.__table__)
 COPY_RANKS = "COPY job_ranks (job_id, rank, node, gpu) FROM STDIN"
+INSERT_RANKS = "INSERT INTO job_ranks (job_id, rank, node, gpu) VALUES (?, ?, ?, ?)"
 
 
 class JobRepo:
@@ -55,16 +58,27 @@ class JobRepo:
     def add(self, job: m.Job, ranks: Sequence[tuple[int, str, int]] = ()) -> None:
         """Store the job and its (rank, node, gpu) placement. The ranks (65,536 for a large
         job) go straight into the table, not as ORM objects: by COPY on PostgreSQL, by one
-        executemany on SQLite (the ORM's bulk insert took twice as long there)."""
+        executemany of the driver's on SQLite (the ORM's bulk insert took twice as long
+        there, and a Core insert still built each row's parameters in Python)."""
         self.s.add(job)
         self.s.flush()
+        self._insert_ranks(job.job_id, ranks)
+
+    def replace_ranks(self, job: m.Job, ranks: Sequence[tuple[int, str, int]]) -> None:
+        """A new placement for a stored job: the old rows go in one DELETE (not loaded and
+        deleted one by one through `job.ranks`), the new ones in as `add` puts them."""
+        self.s.execute(delete(JOB_RANKS).where(JOB_RANKS.c.job_id == job.job_id))
+        self.s.expire(job, ["ranks"])
+        self._insert_ranks(job.job_id, ranks)
+
+    def _insert_ranks(self, job_id: str, ranks: Sequence[tuple[int, str, int]]) -> None:
         if not ranks:
             return
         if self.s.get_bind().dialect.name == "postgresql":
-            self._copy_ranks(job.job_id, ranks)
+            self._copy_ranks(job_id, ranks)
             return
-        rows = [{"job_id": job.job_id, "rank": r, "node": n, "gpu": g} for r, n, g in ranks]
-        self.s.execute(insert(JOB_RANKS), rows)
+        raw = cast("sqlite3.Connection", self.s.connection().connection.dbapi_connection)
+        raw.executemany(INSERT_RANKS, [(job_id, r, n, g) for r, n, g in ranks])
 
     def _copy_ranks(self, job_id: str, ranks: Sequence[tuple[int, str, int]]) -> None:
         """PostgreSQL: COPY into job_ranks on the session's own connection, inside its

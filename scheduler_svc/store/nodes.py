@@ -3,14 +3,40 @@ and the fabric switch each port is cabled to."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Text, cast, func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
+
+# The columns a node's topology is built from, in the order of engine.paths.Gpu and Rnic
+# (Rnic's last, members, is read apart: NodeRepo.topology_rows).
+TOPOLOGY_GPU = (
+    m.Gpu.index,
+    m.Gpu.pci,
+    m.Gpu.numa,
+    m.Gpu.pcie_switch,
+    m.Gpu.root_complex,
+    m.Gpu.nvlink,
+)
+TOPOLOGY_RNIC = (
+    m.Rnic.name,
+    m.Rnic.port,
+    m.Rnic.pci,
+    m.Rnic.numa,
+    m.Rnic.pcie_switch,
+    m.Rnic.root_complex,
+    m.Rnic.rate_gbps,
+    m.Rnic.switch,
+    m.Rnic.rail,
+    m.Rnic.state,
+    m.Rnic.kind,
+    m.Rnic.physfn,
+)
 
 
 class NodeRepo:
@@ -23,6 +49,29 @@ class NodeRepo:
     def get_many(self, names: Iterable[str]) -> dict[str, m.Node]:
         rows = self.s.scalars(select(m.Node).where(m.Node.name.in_(list(names)))).all()
         return {n.name: n for n in rows}
+
+    def topology_rows(self, names: Iterable[str]) -> dict[str, tuple[list[Any], list[Any]]]:
+        """Each registered node's GPU and RNIC rows as plain tuples (TOPOLOGY_GPU's columns;
+        TOPOLOGY_RNIC's, then `members` as a tuple): a job's placement names 8,192 nodes,
+        whose 131,072 rows the ORM took seconds to load as objects."""
+        wanted = list(names)
+        out: dict[str, tuple[list[Any], list[Any]]] = {
+            n: ([], []) for n in self.s.scalars(select(m.Node.name).where(m.Node.name.in_(wanted)))
+        }
+        gpus = self.s.execute(select(m.Gpu.node, *TOPOLOGY_GPU).where(m.Gpu.node.in_(wanted)))
+        for node, *row in gpus.tuples():
+            out[node][0].append(tuple(row))
+        # `members` as its JSON text, decoded only when not empty: decoding every port's
+        # empty list was a third of the read.
+        rnics = self.s.execute(
+            select(m.Rnic.node, *TOPOLOGY_RNIC, cast(m.Rnic.members, Text)).where(
+                m.Rnic.node.in_(wanted)
+            )
+        )
+        for node, *row, members in rnics.tuples():
+            listed = () if members in (None, "[]") else tuple(json.loads(members) or ())
+            out[node][1].append((*row, listed))
+        return out
 
     def gpu_indexes(self, names: Iterable[str]) -> dict[str, set[int]]:
         """Each registered node's GPU indexes (a node with none maps to an empty set), as

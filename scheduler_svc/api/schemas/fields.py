@@ -7,6 +7,7 @@ non-finite numbers and text the store cannot keep.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -125,9 +126,13 @@ def _text_time(value: Any) -> Any:
 UtcTime = Annotated[AwareDatetime, BeforeValidator(_text_time), AfterValidator(_utc)]
 
 
+# Lone UTF-16 surrogates cannot be stored as UTF-8, and PostgreSQL refuses NUL.
+_UNSAFE_TEXT = re.compile("[\x00\ud800-\udfff]")
+_CONTAINERS = (str, dict, list, tuple)
+
+
 def _is_text_safe(value: str) -> bool:
-    # Lone UTF-16 surrogates cannot be stored as UTF-8, and PostgreSQL refuses NUL.
-    return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+    return _UNSAFE_TEXT.search(value) is None
 
 
 def _check_text(value: Any) -> None:
@@ -139,8 +144,11 @@ def _check_text(value: Any) -> None:
             _check_text(k)
             _check_text(v)
     elif isinstance(value, (list, tuple)):
+        # Only what can hold text is looked into: a job's 65,536 ranks are models, each
+        # checked by its own fields' validators already.
         for v in value:
-            _check_text(v)
+            if isinstance(v, _CONTAINERS):
+                _check_text(v)
 
 
 class Strict(BaseModel):
@@ -153,5 +161,10 @@ class Strict(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _storable_text(cls, value: Any) -> Any:
-        _check_text(value)
-        return value
+        return storable_text(value)
+
+
+def storable_text(value: Any) -> Any:
+    """`value`, once any text in it is found storable (ValueError otherwise)."""
+    _check_text(value)
+    return value

@@ -4,7 +4,7 @@ failures (/v1/jobs)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -35,6 +35,7 @@ from scheduler_svc.api.schemas.fields import (
     Strict,
     UtcTime,
     WebUrl,
+    storable_text,
     whole_number,
 )
 from scheduler_svc.store.types import JobMode
@@ -44,6 +45,12 @@ class RankIn(Strict):
     rank: RankNo
     node: Name
     gpu: GpuNo
+
+    # Strict's check of every field, on the one that is text: a job has 65,536 ranks.
+    @field_validator("node", mode="after")
+    @classmethod
+    def _storable_text(cls, value: Any) -> Any:
+        return storable_text(value)
 
 
 CommId = Annotated[

@@ -1,0 +1,94 @@
+"""A large job registers with exactly the ranks posted, and a re-post replaces them.
+
+The ranks skip the ORM on the way in (COPY on PostgreSQL, the driver's executemany on
+SQLite) and the placement is read as plain rows: what a GET, the store and the
+reconciler's cached placement read back must still be exactly the post, and a new
+incarnation's post must leave nothing of the old placement behind (the GPUs it no
+longer uses are free for another job).
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from railover_testing.cluster_shapes import hgx_node
+from scheduler_svc.api.schemas.nodes import NodeIn
+from scheduler_svc.config import Settings
+from scheduler_svc.services import reconciler, registry
+from scheduler_svc.store.db import make_engine, make_sessionmaker
+from scheduler_svc.store.jobs import JobRepo
+from tests.scheduler_svc.helpers import job_body
+
+NODES = [f"n{i:04d}" for i in range(1024)]
+
+
+def register_fleet(settings: Settings) -> None:
+    """The 1,024 nodes in one transaction, through the service's own registration."""
+    node = NodeIn.model_validate(hgx_node())
+    db = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(db)() as s, s.begin():
+            for name in NODES:
+                registry.register_node(s, name, node, datetime.now(UTC), settings)
+    finally:
+        db.dispose()
+
+
+def stored(settings: Settings, job_id: str) -> tuple[list[tuple[int, str, int]], Any]:
+    """The job's rows in the store, and the placement its reconcile pass is given."""
+    db = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(db)() as s:
+            job = JobRepo(s).get(job_id)
+            assert job is not None
+            state, _, _ = reconciler.current(s, job, datetime.now(UTC), settings)
+            return JobRepo(s).rank_tuples(job_id), state.ranks
+    finally:
+        db.dispose()
+
+
+def placed(body: dict[str, Any]) -> list[tuple[int, str, int]]:
+    return sorted((r["rank"], r["node"], r["gpu"]) for r in body["ranks"])
+
+
+def read_back(r: httpx.Response) -> list[tuple[int, str, int]]:
+    ranks = [(x["rank"], x["node"], x["gpu"]) for x in r.json()["ranks"]]
+    assert ranks == sorted(ranks)  # in rank order
+    return ranks
+
+
+def test_a_large_job_is_stored_as_posted_and_a_repost_replaces_it(
+    http: httpx.Client, settings: Settings
+) -> None:
+    register_fleet(settings)
+    first = job_body("big", NODES)
+    random.Random(7).shuffle(first["ranks"])  # stored by rank, whatever the post's order
+    r = http.post("/v1/jobs", json=first)
+    assert r.status_code == 201, r.text[:500]
+    assert read_back(r) == placed(first) and len(placed(first)) == 8192
+    assert read_back(http.get("/v1/jobs/big")) == placed(first)
+    rows, given = stored(settings, "big")
+    assert rows == placed(first) and list(given) == rows
+
+    # The fleet manager restarts it on the first half of the nodes, each GPU's rank moved.
+    half = NODES[:512]
+    again = job_body("big", half, incarnation=2)
+    for x in again["ranks"]:
+        x["gpu"] = 7 - x["gpu"]
+    r = http.post("/v1/jobs", json=again)
+    assert r.status_code == 201, r.text[:500]
+    assert r.json()["incarnation"] == 2
+    assert read_back(r) == placed(again)
+    assert read_back(http.get("/v1/jobs/big")) == placed(again)
+    rows, given = stored(settings, "big")
+    assert rows == placed(again) and list(given) == rows
+
+    # Nothing of the first placement holds the other half's GPUs any more.
+    other = job_body("other", NODES[512:])
+    assert http.post("/v1/jobs", json=other).status_code == 201
+    taken = http.post("/v1/jobs", json=job_body("late", half[:1]))
+    assert taken.status_code == 409 and "held by running job 'big'" in taken.text
