@@ -20,6 +20,7 @@ from starlette.requests import Request
 from scheduler_svc.api import deps
 from scheduler_svc.api.deps import Principal, get_principal, get_session, get_settings, require
 from scheduler_svc.api.schemas.tokens import Role
+from scheduler_svc.api.token_cache import TokenCache
 from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
 from scheduler_svc.services.delivery import CommandNotifier
@@ -286,3 +287,18 @@ def test_webhook_urls_are_checked_against_the_settings(
     with pytest.raises(Unprocessable) as info:
         deps.check_webhook_url("notify_url", url, settings)
     assert str(info.value.detail).startswith(refusal)
+
+
+def test_still_authorized_looks_each_token_up_by_itself_through_a_warm_cache(
+    app: SimpleNamespace,
+) -> None:
+    """With the app's token cache on, one principal's answer is never another's."""
+    app.state.token_cache = TokenCache[Principal](60.0)
+    with app.state.sessionmaker() as s:
+        rows = [TokenRepo(s).create(role="agent", node=n, description="", now=NOW) for n in "ab"]
+        s.commit()
+    for row, plain in rows:
+        who = Principal(row.token_id, Role.AGENT, row.node)
+        assert deps.still_authorized(
+            request(app, headers={"Authorization": f"Bearer {plain}"}), who
+        )
