@@ -302,3 +302,36 @@ def test_still_authorized_looks_each_token_up_by_itself_through_a_warm_cache(
         assert deps.still_authorized(
             request(app, headers={"Authorization": f"Bearer {plain}"}), who
         )
+
+
+def test_anonymous_access_is_closed_unless_the_app_says_it_is_open(app: SimpleNamespace) -> None:
+    """An app built some other way (no anonymous_allowed at all) is closed; so is a
+    connection whose peer the server could not name."""
+    del app.state.anonymous_allowed
+    with pytest.raises(Unauthorized, match="bearer token required"):
+        get_principal(request(app), None)
+    app.state.anonymous_allowed = True
+    for peer in (None, ()):
+        req = Request({**request(app).scope, "client": peer})
+        assert not deps.anonymous_open(req)
+
+
+def test_a_warm_token_cache_answers_each_token_for_itself_and_keeps_it_its_time(
+    app: SimpleNamespace,
+) -> None:
+    """get_principal through the app's cache: each token its own principal, and a token
+    revoked elsewhere (not through this app) still answers until the cache lets it go."""
+    app.state.token_cache = TokenCache[Principal](60.0)
+    with app.state.sessionmaker() as s:
+        rows = [TokenRepo(s).create(role="agent", node=n, description="", now=NOW) for n in "ab"]
+        s.commit()
+    for row, plain in rows:
+        assert get_principal(request(app), bearer(plain)).token_id == row.token_id
+    (first, plain), _ = rows
+    with app.state.sessionmaker() as s:
+        TokenRepo(s).revoke(first.token_id, NOW)
+        s.commit()
+    assert get_principal(request(app), bearer(plain)).token_id == first.token_id
+    app.state.token_cache.invalidate()
+    with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
+        get_principal(request(app), bearer(plain))
