@@ -23,7 +23,7 @@ import pytest
 from railover_testing.local import local_service
 from railover_testing.waiting import wait_until
 from scheduler_svc.config import Settings
-from scheduler_svc.serving import redact_query
+from scheduler_svc.serving import QueryTokens, redact_query
 
 SLOW = 200
 
@@ -168,6 +168,19 @@ def test_refusals_are_logged_as_one_line_not_one_per_connection(
     assert "connections_per_peer 1" in lines[0].getMessage()
     assert "most from 127.0.0.7 (1)" in lines[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_an_access_log_line_never_carries_a_query_token() -> None:
+    """uvicorn's access line, as its protocols log it: (client, method, path with query,
+    HTTP version, status); the filter serve installs blanks the token in the path."""
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/v1/nodes/n0/commands/stream?token=rvr_abc_secret",
+         "1.1", 401), None,
+    )  # fmt: skip
+    assert QueryTokens().filter(record)
+    line = record.getMessage()
+    assert "rvr_abc_secret" not in line and "token=***" in line and line.endswith(" 401")
 
 
 def test_token_like_query_parameters_are_blanked_in_access_log_paths() -> None:
