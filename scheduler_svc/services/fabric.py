@@ -19,6 +19,7 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.maintenance import MaintenanceRepo
 from scheduler_svc.store.nodes import ACTIVE, NodeRepo
+from scheduler_svc.store.uow import after_commit
 
 LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
 
@@ -144,11 +145,27 @@ class PlanCache:
                 topo = topology_of(name, rows, lost.get(name, ()), parts)
                 entry = (topo, plan_node(topo, backup_cap))
                 found[name] = entry
-                with self._lock:
-                    self._entries[keys[name]] = entry
-                    while len(self._entries) > self._max:
-                        self._entries.popitem(last=False)
+                self._put(keys[name], entry)
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
+
+    def keep(self, session: Session, node: m.Node, backup_cap: int | None) -> None:
+        """Plan a node as it registers, under the key `get` reads it by, so that the first
+        job placed on the fleet finds every plan made (unless some part of the node is lost:
+        its plan then keeps the lost parts in, and is made when first asked for). Kept once
+        the registration commits: a version rolled back may be registered again otherwise."""
+        if any(f.kind in LOST_KINDS for f in FaultRepo(session).unresolved([node.name])):
+            return
+        store = session.get_bind().engine.url.render_as_string(hide_password=True)
+        key = (store, node.name, node.topology_version, node.registered_at, (), backup_cap)
+        topo = node_topology(node)
+        entry = (topo, plan_node(topo, backup_cap))
+        after_commit(session, lambda: self._put(key, entry))
+
+    def _put(self, key: tuple[object, ...], entry: tuple[NodeTopology, NodePlan]) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
 
 
 PLANS = PlanCache()

@@ -16,7 +16,14 @@ from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.decision import ib_timeout_s
 from scheduler_svc.engine.state import Desired
 from scheduler_svc.errors import Conflict, NotFound, Unprocessable
-from scheduler_svc.services import commands, losses, node_plans, reconciler, topology_checks
+from scheduler_svc.services import (
+    commands,
+    fabric,
+    losses,
+    node_plans,
+    reconciler,
+    topology_checks,
+)
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo, NodeLook
 from scheduler_svc.store.coordination import CoordinationRepo
@@ -53,6 +60,8 @@ def register_node(
         touched |= losses.rnics_lost(session, name, old_rnics, new_rnics, now=now)
     if touched or changed:
         reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
+    if changed:
+        fabric.PLANS.keep(session, node, settings.backup_cap_per_switch)
     return node
 
 
@@ -138,7 +147,11 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
 
 
 def _validate_ranks(session: Session, body: JobIn) -> None:
-    gpus = NodeRepo(session).gpu_indexes({r.node for r in body.ranks})
+    nodes = NodeRepo(session)
+    wanted = {r.node for r in body.ranks}
+    gpus = nodes.gpus_of(wanted)
+    if len(gpus) < len(wanted):  # which of the others are registered (with no GPU)
+        gpus = nodes.gpu_indexes(wanted)
     problems = []
     for i, r in enumerate(body.ranks):
         on_node = gpus.get(r.node)

@@ -1,4 +1,5 @@
-"""A large job registers with exactly the ranks posted, and a re-post replaces them.
+"""A large job registers with exactly the ranks posted, and a re-post replaces them; the
+plans its first reconcile reads were made as its nodes registered.
 
 The ranks skip the ORM on the way in (COPY on PostgreSQL, the driver's executemany on
 SQLite) and the placement is read as plain rows: what a GET, the store and the
@@ -14,13 +15,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import pytest
 
 from railover_testing.cluster_shapes import hgx_node
 from scheduler_svc.api.schemas.nodes import NodeIn
 from scheduler_svc.config import Settings
-from scheduler_svc.services import reconciler, registry
+from scheduler_svc.engine.paths import plan_node
+from scheduler_svc.services import fabric, reconciler, registry
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.jobs import JobRepo
+from scheduler_svc.store.nodes import NodeRepo
 from tests.scheduler_svc.helpers import job_body
 
 NODES = [f"n{i:04d}" for i in range(1024)]
@@ -92,3 +96,29 @@ def test_a_large_job_is_stored_as_posted_and_a_repost_replaces_it(
     assert http.post("/v1/jobs", json=other).status_code == 201
     taken = http.post("/v1/jobs", json=job_body("late", half[:1]))
     assert taken.status_code == 409 and "held by running job 'big'" in taken.text
+
+
+def test_registration_plans_each_node_for_the_first_job(
+    http: httpx.Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plans a node's registration makes are the ones the first placement read finds:
+    no topology row is read then, and each is the plan of the node as stored."""
+    names = ["p0", "p1", "p2"]
+    for name in names:
+        assert http.put(f"/v1/nodes/{name}", json=hgx_node()).status_code == 200
+    db = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(db)() as s:
+            stored_nodes = NodeRepo(s).get_many(names)
+            expected = {n: fabric.node_topology(stored_nodes[n]) for n in names}
+
+            def unread(*_: object) -> None:
+                raise AssertionError("the placement read went to the topology rows")
+
+            monkeypatch.setattr(NodeRepo, "topology_rows", unread)
+            cap = settings.backup_cap_per_switch
+            topologies, plans = fabric.PLANS.get(s, set(names), cap, {})
+    finally:
+        db.dispose()
+    assert topologies == expected
+    assert plans == {n: plan_node(t, cap) for n, t in expected.items()}
