@@ -7,18 +7,26 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 import pytest
 
+from scheduler_svc.config import Settings
 from scheduler_svc.fleet.outbound import (
     AddressPolicy,
     GuardedTransport,
     check_url,
     deadline,
+    policy_of,
     redact,
     split_credentials,
+    system_resolver,
+    webhook_client,
 )
 
 CLOSED = AddressPolicy()
@@ -170,3 +178,92 @@ def test_a_name_resolving_to_a_forbidden_address_is_refused_before_connecting() 
         with pytest.raises(httpx.ConnectError, match="link-local address; not sent"):
             client.post("http://169.254.169.254/latest", content=b"{}")
     assert asked == [("a.example", 8080), ("none.example", 80)]
+
+
+@contextmanager
+def receiver(
+    host: str, status: int = 200, headers: dict[str, str] | None = None
+) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """A loopback HTTP receiver on `host` only; yields its port and the headers it got."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_name_is_connected_to_at_the_address_it_was_checked_as() -> None:
+    """The receiver listens on 127.0.0.2 alone: only the address the stub resolver gave
+    reaches it (the name itself would resolve nowhere)."""
+    with (
+        receiver("127.0.0.2") as (port, seen),
+        httpx.Client(
+            transport=GuardedTransport(
+                OPEN, lambda host, _: {"hooks.example": ["127.0.0.2"]}[host]
+            ),
+            timeout=5,
+        ) as client,
+    ):
+        r = client.post(f"http://hooks.example:{port}/h", content=b"{}")
+    assert (r.status_code, r.content) == (200, b"ok")
+    assert seen[0]["host"] == f"hooks.example:{port}"
+
+
+def test_the_delivery_client_follows_the_settings_and_no_redirect() -> None:
+    db_url = "sqlite:///never-opened.db"  # settings only: no store is opened
+    settings = Settings(
+        db_url=db_url, webhook_allow_loopback=True, webhook_allow_private=False, webhook_timeout_s=7
+    )
+    assert policy_of(settings) == AddressPolicy(allow_loopback=True, allow_private=False)
+    assert policy_of(Settings(db_url=db_url)) == AddressPolicy()
+    with (
+        receiver("127.0.0.1", 302, {"Location": "http://169.254.169.254/"}) as (port, seen),
+        webhook_client(settings) as client,
+    ):
+        assert (client.timeout.read, client.follow_redirects, client.trust_env) == (7, False, False)
+        r = client.post(f"http://127.0.0.1:{port}/h", content=b"{}")
+    assert r.status_code == 302 and len(seen) == 1  # the redirect is not followed
+    with webhook_client(Settings(db_url=db_url)) as closed, pytest.raises(httpx.ConnectError):
+        closed.post(f"http://127.0.0.1:{port}/h", content=b"{}")
+
+
+def test_the_tighter_of_the_deadline_and_the_read_timeout_ends_a_silent_receiver() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = server.getsockname()[1]
+        started = time.monotonic()
+        with (
+            httpx.Client(transport=GuardedTransport(OPEN), timeout=0.3) as client,
+            pytest.raises(httpx.TimeoutException),
+            deadline(60.0),
+        ):
+            client.post(f"http://127.0.0.1:{port}/h", content=b"{}")
+        assert time.monotonic() - started < 30  # the read timeout, not the deadline
+    finally:
+        server.close()
+
+
+def test_the_system_resolver_and_urls_with_no_usable_host() -> None:
+    found = system_resolver("localhost", 80)
+    assert found and len(found) == len(set(found))
+    assert all(ipaddress.ip_address(a).is_loopback for a in found)
+    assert redact("http://[::1") == "(unparsable URL)"
+    check_url("http:///no-host", CLOSED)  # nothing to check until it resolves
