@@ -184,7 +184,7 @@ class AgentSettings(BaseSettings):
         default_factory=lambda: list(DEFAULT_COUNTER_EVENTS),
         description="Counters whose rise is reported as an event (comma list or JSON, at "
         "most 64), looked up in counters/, counters_ext/ and hw_counters/; whether each can "
-        "count on each port is registered and exported (railover_agent_counter_available)",
+        "count on each port is registered and exported (railover_agent_port_statistic_available)",
     )
 
     batch_max: int = Field(default=500, ge=1, le=1000, description="Events sent per request")

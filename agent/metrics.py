@@ -81,7 +81,7 @@ PORT_ACTIVE = Gauge(
 
 # device/port: as above; counter: a watched counter (RAILOVER_AGENT_COUNTER_EVENTS).
 COUNTER_AVAILABLE = Gauge(
-    "railover_agent_counter_available",
+    "railover_agent_port_statistic_available",
     "1 if the watched counter can count on the port, 0 if it cannot (N/A (no PMA), "
     "unreadable, not exposed): a rise there can never be reported.",
     ["device", "port", "counter"],

@@ -8,7 +8,7 @@ A GPU or RNIC that the last snapshot had and this one has not is reported at
 once as a ``device_lost`` event, not only as a smaller registration. What was
 there is kept in the spool's state, so a device that vanished while the agent
 was down is reported too. Each watched counter that cannot count on a port is
-logged once and exported as ``railover_agent_counter_available 0``.
+logged once and exported as ``railover_agent_port_statistic_available 0``.
 """
 
 from __future__ import annotations

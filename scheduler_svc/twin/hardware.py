@@ -35,7 +35,9 @@ def hgx_node(
     gpu_rows = [
         {
             "index": i,
-            "pci": f"0000:{0x10 + 0x20 * (i // per_switch_gpu) + 3:02x}:00.{i % 2}",
+            # two functions per device, a device per pair behind the switch: unique
+            "pci": f"0000:{0x10 + 0x20 * (i // per_switch_gpu) + 3:02x}:"
+            f"{(i % per_switch_gpu) // 2:02x}.{i % 2}",
             "nvlink": True,
         }
         | place(i // per_switch_gpu)
@@ -45,7 +47,8 @@ def hgx_node(
         {
             "name": f"mlx5_{r}",
             "port": 1,
-            "pci": f"0000:{0x10 + 0x20 * (r // per_switch_nic) + 4:02x}:00.{r % 2}",
+            "pci": f"0000:{0x10 + 0x20 * (r // per_switch_nic) + 4:02x}:"
+            f"{(r % per_switch_nic) // 2:02x}.{r % 2}",
             "rate_gbps": rate_gbps,
             "link_layer": "InfiniBand",
             "switch": switch_name.format(rail=r),

@@ -41,7 +41,7 @@ def _open_losses(http: httpx.Client) -> list[tuple[str, str]]:
 def test_kinds_are_kept_and_shown(http: httpx.Client) -> None:
     body = hgx_node()
     _with(body, name="rxe0", pci=None, kind="soft", counters={"link_downed": "available"})
-    _with(body, name="x0", pci="0000:14:00.1", kind="vf", physfn="0000:14:00.0")
+    _with(body, name="x0", pci="0000:14:00.2", kind="vf", physfn="0000:14:00.0")
     _with(
         body,
         name="mlx5_bond_0",
