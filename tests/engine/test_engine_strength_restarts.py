@@ -160,3 +160,49 @@ def test_failback_refused_restores_the_held_plan_of_that_communicator_only() -> 
     gone = failback_refused(commanded, Desired(mode=Mode.FAILED_OVER), 78, ())
     assert (dict(gone.mitigation), dict(gone.transit)) == ({80: "s-bond"}, {80: {4: 6}})
     assert (dict(gone.disabled), dict(gone.weights), dict(gone.split)) == ({}, {}, {})
+
+
+def test_placed_back_on_broken_pairs_it_fails_over_and_says_which_kind_of_loss() -> None:
+    """n0/mlx5_3 and n1/mlx5_2 fail: nobody is without a path, but rank 3 has only its
+    backup (rail 2's RNIC) and rank 11 only its primary, so the pair has none between them
+    (and ranks 2 and 10 alike). Restarted, then placed back on both faults: it fails over."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    s.faults[2] = down(2, "n1", "mlx5_2", 1000)
+    first = s.step(1000)
+    assert first.decision is not None and first.decision.action == Action.RESTART
+    assert (first.conn.isolated_ranks, first.conn.broken_pairs) == ((), 2)
+    s.restart_decided_at = None  # the next incarnation started
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    d = out.decision
+    assert d is not None and d.action == Action.FAILOVER
+    assert d.reason == (
+        "the restarted job resumes on the faults it was restarted for, rank pairs without a "
+        "usable path between them: it is not restarted again for them (place it without "
+        "the faulty node)"
+    )
+    assert out.desired.mode == Mode.FAILED_OVER
+    assert dict(out.desired.moved) == {3: "mlx5_2/1", 10: "mlx5_3/1"}
+
+
+def test_a_new_life_on_a_fault_from_while_it_restarted_does_not_claim_it_was_restarted_for_it() -> (
+    None
+):
+    """Restarted for n0/mlx5_3, which clears before the job is back; n1/mlx5_5 failed while
+    it restarted (known, not news). The new life starts on rank 13's backup, and its note
+    does not say it was restarted for that fault."""
+    s = Story(["n0", "n1"])
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+    assert s.step(1000).desired.mode == Mode.RESTARTING
+    s.faults[2] = down(2, "n1", "mlx5_5", 1010)
+    assert s.step(1020).decision is None
+    s.faults[1] = down(1, "n0", "mlx5_3", 1000, recovered_at=at(1030))
+    s.restart_decided_at = None  # the next incarnation started
+    s.checkpoint = CheckpointSeen(9, at(1400), received_at=at(1400))
+    out = s.step(1500)
+    d = out.decision
+    assert d is not None and d.action == Action.FAILOVER
+    assert d.reason == "the restarted job starts on its backups: faults still open"
+    assert dict(out.desired.moved) == {13: "mlx5_4/1"}
+    assert out.desired.evidence == frozenset({"fault:2"})
