@@ -1,0 +1,61 @@
+"""Single cases the engine mutation run found untold: a warning's exact list, and NCCL's
+partner device when it fails too.
+"""
+
+from __future__ import annotations
+
+from scheduler_svc.engine.decision import Policy
+from scheduler_svc.engine.job_routes import index_for
+from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
+from scheduler_svc.engine.reconcile import reconcile
+from scheduler_svc.engine.state import Action, Mode, Options
+from tests.engine.stories import Story, at, down
+
+
+def _rnic(name: str, pci: str, **kw: object) -> Rnic:
+    return Rnic(
+        name,
+        1,
+        pci,
+        numa=0,
+        pcie_switch="sw0",
+        root_complex="rc0",
+        switch="rail0",
+        rail=0,
+        **kw,  # type: ignore[arg-type]  # kind/physfn/members, checked by the dataclass
+    )
+
+
+def test_no_backup_names_every_device_sharing_a_function_and_the_primary_s_functions() -> None:
+    bond = _rnic("mlx5_0", "0000:13:00.0", kind="bond", members=("0000:11:00.0", "0000:13:00.0"))
+    sf = _rnic("mlx5_0a", "0000:11:00.0", kind="sf")
+    vf = _rnic("mlx5_0b", "0000:13:00.1", kind="vf", physfn="0000:13:00.0")
+    plan = plan_node(NodeTopology("n", (Gpu(0, "0000:10:00.0", 0, "sw0", "rc0"),), (bond, sf, vf)))
+    assert (plan.gpus[0].primary, plan.gpus[0].backup) == ("mlx5_0/1", None)
+    assert plan.warnings == (
+        "GPU 0 has no backup RNIC: mlx5_0a, mlx5_0b share PCI functions with mlx5_0 "
+        "(0000:11:00.0, 0000:13:00.0), so one failure takes both",
+    )
+
+
+def test_nccl_keeps_its_partner_device_only_while_that_works() -> None:
+    """Policy nccl-failover-only: rank 3 stays on mlx5_2 after its primary is back; when
+    mlx5_2 fails too, rank 3 is on its primary again and rank 2 moves, with or without
+    the job's index."""
+    s = Story(["n0", "n1"], options=Options(policy=Policy.NCCL_FAILOVER_ONLY))
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.step(3000)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.step(3220)
+    assert (s.mode, dict(s.desired.moved)) == (Mode.FAILED_OVER, {3: "mlx5_2/1"})
+    s.faults[2] = down(2, "n0", "mlx5_2", 3300)
+    job, fabric = s.job(), s.fabric(at(3300))
+    indexed = reconcile(at(3300), job, fabric, s.options, index_for(job, fabric))
+    out = s.step(3300)
+    assert out.decision is not None and out.decision.action == Action.FAILOVER
+    assert dict(out.desired.moved) == {2: "mlx5_3/1"}
+    assert indexed.desired == out.desired
+    # mlx5_2 back: rank 2 keeps its partner device, as NCCL does until a restart.
+    s.faults[2] = down(2, "n0", "mlx5_2", 3300, recovered_at=at(3400))
+    s.step(3600)
+    assert dict(s.desired.moved) == {2: "mlx5_3/1"}
