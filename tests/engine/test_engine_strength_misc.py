@@ -1,15 +1,16 @@
-"""Single cases the engine mutation run found untold: a warning's exact list, and NCCL's
-partner device when it fails too.
+"""Single cases the engine mutation run found untold: a warning's exact list, NCCL's
+partner device when it fails too, a policy's note, a window's reason, the examples cap.
 """
 
 from __future__ import annotations
 
 from scheduler_svc.engine.decision import Policy
-from scheduler_svc.engine.job_routes import index_for
+from scheduler_svc.engine.fabric import Evidence, Maintenance, assess
+from scheduler_svc.engine.job_routes import index_for, routes_of
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.reconcile import reconcile
 from scheduler_svc.engine.state import Action, Mode, Options
-from tests.engine.stories import Story, at, down
+from tests.engine.stories import RULES, Story, at, down
 
 
 def _rnic(name: str, pci: str, **kw: object) -> Rnic:
@@ -59,3 +60,48 @@ def test_nccl_keeps_its_partner_device_only_while_that_works() -> None:
     s.faults[2] = down(2, "n0", "mlx5_2", 3300, recovered_at=at(3400))
     s.step(3600)
     assert dict(s.desired.moved) == {2: "mlx5_3/1"}
+
+
+def test_restart_only_leaves_the_cost_model_s_own_restart_as_it_is() -> None:
+    """An early fault the cost model restarts for anyway: restart-only adds no note."""
+    reasons = []
+    for policy in (Policy.RAILOVER, Policy.RESTART_ONLY):
+        s = Story(["n0", "n1"], options=Options(policy=policy))
+        s.faults[1] = down(1, "n0", "mlx5_3", 1000)
+        d = s.step(1000).decision
+        assert d is not None and d.action == Action.RESTART
+        reasons.append(d.reason)
+    assert reasons[0] == reasons[1] and reasons[1].startswith("restart: ")
+
+
+def test_an_announced_window_is_scheduled_with_its_reason() -> None:
+    w = Maintenance(
+        id=7,
+        starts_at=at(3600),
+        ends_at=at(7200),
+        switch="rail3-leaf",
+        moves_at=at(3480),
+        reason="firmware",
+    )
+    health = assess(Evidence(maintenance=(w,)), at(0), RULES)
+    (scheduled,) = health.scheduled
+    assert (scheduled.key, scheduled.kind, scheduled.since, scheduled.switch) == (
+        "maintenance:7",
+        "maintenance",
+        at(3480),
+        "rail3-leaf",
+    )
+    assert scheduled.reason == "planned maintenance 7 (firmware) scheduled"
+
+
+def test_a_job_index_keeps_ten_examples_of_broken_pairs() -> None:
+    """n0 loses four RNICs on four nodes: ranks 0 to 3 have no path, 12 pairs broken; the
+    answer names ten of them, with or without the job's index."""
+    s = Story(["n0", "n1", "n2", "n3"])
+    for fid, dev in enumerate(("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"), start=1):
+        s.faults[fid] = down(fid, "n0", dev, 1000)
+    job, fabric = s.job(), s.fabric(at(1000))
+    plain = routes_of(job, fabric)
+    indexed = routes_of(job, fabric, index_for(job, fabric))
+    assert plain.broken_pairs == indexed.broken_pairs == 12
+    assert len(plain.examples) == len(indexed.examples) == 10
