@@ -4,7 +4,10 @@ partner device when it fails too, a policy's note, a window's reason, the exampl
 
 from __future__ import annotations
 
-from scheduler_svc.engine.decision import Policy
+import pytest
+
+from scheduler_svc.engine import decision as cost
+from scheduler_svc.engine.decision import DecisionInputs, Policy, decide, with_policy
 from scheduler_svc.engine.fabric import Evidence, Maintenance, assess
 from scheduler_svc.engine.job_routes import index_for, routes_of
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
@@ -105,3 +108,26 @@ def test_a_job_index_keeps_ten_examples_of_broken_pairs() -> None:
     indexed = routes_of(job, fabric, index_for(job, fabric))
     assert plain.broken_pairs == indexed.broken_pairs == 12
     assert len(plain.examples) == len(indexed.examples) == 10
+
+
+@pytest.mark.parametrize("policy", [Policy.FAILOVER_ALWAYS, Policy.NCCL_FAILOVER_ONLY])
+def test_a_failover_policy_turns_the_cost_model_s_restart_into_a_failover(policy: Policy) -> None:
+    asked = decide(
+        DecisionInputs(
+            checkpoint_interval_s=3600.0,
+            elapsed_s=600.0,
+            detect_s=0.0,
+            reload_s=600.0,
+            timeout_s=30.0,
+            k=1.5,
+            k_source="measured",
+            gpus=16,
+        )
+    )
+    assert asked.action == cost.Action.RESTART
+    told = with_policy(asked, policy)
+    assert told.action == cost.Action.FAILOVER
+    assert told.reason == (
+        f"policy {policy.value}: fail over wherever a path is left ({asked.reason})"
+    )
+    assert told.costs_s == asked.costs_s
