@@ -335,3 +335,12 @@ def test_a_warm_token_cache_answers_each_token_for_itself_and_keeps_it_its_time(
     app.state.token_cache.invalidate()
     with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
         get_principal(request(app), bearer(plain))
+
+
+def test_the_app_state_dependencies_hand_out_the_apps_own_parts(app: SimpleNamespace) -> None:
+    app.state.clock = lambda: NOW
+    app.state.passes, app.state.writes = object(), object()
+    req = request(app)
+    assert deps.now(req) == NOW
+    assert deps.get_passes(req) is app.state.passes
+    assert deps.get_writes(req) is app.state.writes
