@@ -206,3 +206,23 @@ def test_a_new_life_on_a_fault_from_while_it_restarted_does_not_claim_it_was_res
     assert d.reason == "the restarted job starts on its backups: faults still open"
     assert dict(out.desired.moved) == {13: "mlx5_4/1"}
     assert out.desired.evidence == frozenset({"fault:2"})
+
+
+def test_a_new_life_after_a_restart_for_no_evidence_has_no_verdict() -> None:
+    """GPU 7 of n0 is gone with no fault reported (the node's plan keeps it as a ghost):
+    rank 7 has no path and the job restarts for no evidence. Placed back on a whole n0, its
+    new life runs normally, with nothing decided to keep."""
+    s = Story(["n0", "n1"], lost_gpus={"n0": 7})
+    first = s.step(1000)
+    assert first.decision is not None and first.decision.action == Action.RESTART
+    assert first.desired.restarted_for == frozenset()
+    s.lost_gpus = {}
+    s.restart_decided_at = None  # the next incarnation started
+    s.checkpoint = CheckpointSeen(9, at(1100), received_at=at(1100))
+    out = s.step(1100)
+    assert out.decision is None
+    assert (out.desired.mode, out.desired.verdict, out.desired.checkpoint_id) == (
+        Mode.NORMAL,
+        None,
+        9,
+    )
