@@ -94,3 +94,20 @@ def test_a_communicator_of_every_rank_listed_without_its_ranks_returns_whole() -
     d = s.step(3420).decision
     assert d is not None and d.action == Action.FAILBACK
     assert [(i.kind, i.ranks) for i in s.intents[-1]] == [(IntentKind.FAILBACK, (0, 1))]
+
+
+def test_a_rank_waits_for_a_peer_still_failed_after_another_communicator_held_one() -> None:
+    """Rail 3 fails on three nodes; n0 and n1 come back. Communicator 6 holds rank 11 for
+    rank 19; communicator 5, listed after it, still sees rank 19 on its backup and holds
+    rank 3 too."""
+    comms = (CommSpec(6, 4, ranks=(11, 19)), CommSpec(5, 4, ranks=(3, 19)))
+    s = Story(["n0", "n1", "n2"], job_kw={"communicators": comms})
+    for fid, node in enumerate(("n0", "n1", "n2"), start=1):
+        s.faults[fid] = down(fid, node, "mlx5_3", 3000)
+    s.step(3000)
+    moved = {3: "mlx5_2/1", 11: "mlx5_2/1", 19: "mlx5_2/1"}
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000, recovered_at=at(3100))
+    out = s.step(3220)
+    assert out.decision is None and s.intents[-1] == []
+    assert dict(s.desired.moved) == moved
