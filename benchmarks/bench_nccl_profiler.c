@@ -28,6 +28,7 @@
  * Usage: bench_nccl_profiler [collectives_per_thread]
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -41,6 +42,8 @@
 #include <unistd.h>
 
 #include "railover_nccl_abi.h"
+#include "railover_wire.h"
+#include "nccl_driver.h"
 
 extern const rvn_profiler_v5 ncclProfiler_v5;
 static const rvn_profiler_v5* api = &ncclProfiler_v5;
@@ -62,15 +65,8 @@ static _Atomic uint64_t untracked;
 
 static void bench_log(int level, unsigned long flags, const char* file, int line, const char* fmt,
                       ...) {
-  (void)level;
-  (void)flags;
-  (void)file;
-  (void)line;
   char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
+  ND_LOGGER_FORMAT(msg, level, flags, file, line, fmt);
   const char* at = strstr(msg, ": ");
   unsigned long long n = 0;
   if (strstr(msg, "collectives not tracked") && at && (at = strstr(at + 2, ": ")) &&

@@ -37,7 +37,8 @@ def build(out_dir: Path) -> Path:
     exe = out_dir / "bench_nccl_profiler"
     subprocess.run(
         ["cc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
-         f"-I{PLUGIN / 'include'}", str(Path(__file__).with_suffix(".c")), str(LIBRARY),
+         f"-I{PLUGIN / 'include'}", f"-I{PLUGIN / 'tests'}",
+         str(Path(__file__).with_suffix(".c")), str(LIBRARY),
          f"-Wl,-rpath,{LIBRARY.parent}", "-o", str(exe)],
         check=True,
     )  # fmt: skip

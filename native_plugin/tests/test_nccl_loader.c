@@ -51,14 +51,8 @@
 #include "nccl_facts.h"
 #include "railover_wire.h"
 #include "check.h"
+#include "nccl_driver.h"
 
-/* Generous: sanitizer builds on a loaded machine. RAILOVER_TEST_WAIT_S shortens it
- * (the mutation runs, where a mutant that never reports should fail fast). */
-static int wait_limit_s(void) {
-  const char* v = getenv("RAILOVER_TEST_WAIT_S");
-  return v && atoi(v) > 0 ? atoi(v) : 120;
-}
-#define WAIT_LIMIT_S wait_limit_s()
 #define SLOTS 16
 #define MAX_COMMS 16
 #define MAX_STALLS 16
@@ -102,65 +96,12 @@ static void on_frame(const railover_wire_header* h, const unsigned char* p) {
   }
 }
 
-static void serve(int fd) {
-  static unsigned char buf[16384];
-  size_t len = 0;
-  for (;;) {
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, 50);
-    pthread_mutex_lock(&ag.mu);
-    int stop = ag.stop;
-    pthread_mutex_unlock(&ag.mu);
-    if (rc == 0) {
-      if (stop) break;
-      continue;
-    }
-    ssize_t n = recv(fd, buf + len, sizeof(buf) - len, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    len += (size_t)n;
-    size_t off = 0;
-    pthread_mutex_lock(&ag.mu);
-    while (len - off >= RAILOVER_WIRE_HEADER_SIZE) {
-      railover_wire_header h;
-      memcpy(&h, buf + off, sizeof(h));
-      if (h.magic != RAILOVER_WIRE_MAGIC || h.payload_len > RAILOVER_WIRE_MAX_PAYLOAD) {
-        ag.bad_frames++;
-        off = len;
-        break;
-      }
-      if (len - off < RAILOVER_WIRE_HEADER_SIZE + h.payload_len) break;
-      on_frame(&h, buf + off + RAILOVER_WIRE_HEADER_SIZE);
-      off += RAILOVER_WIRE_HEADER_SIZE + h.payload_len;
-    }
-    pthread_cond_broadcast(&ag.cv);
-    pthread_mutex_unlock(&ag.mu);
-    memmove(buf, buf + off, len - off);
-    len -= off;
-  }
-  close(fd);
+static int frame_ok(const railover_wire_header* h) {
+  return h->magic == RAILOVER_WIRE_MAGIC && h->payload_len <= RAILOVER_WIRE_MAX_PAYLOAD;
 }
 
-static void* agent_main(void* arg) {
-  (void)arg;
-  for (;;) {
-    struct pollfd pfd = {ag.listen_fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, 50);
-    pthread_mutex_lock(&ag.mu);
-    int stop = ag.stop;
-    pthread_mutex_unlock(&ag.mu);
-    if (stop) break;
-    if (rc <= 0) continue;
-    int fd = accept(ag.listen_fd, NULL, NULL);
-    if (fd < 0) continue;
-    serve(fd);
-    pthread_mutex_lock(&ag.mu);
-    ag.closed++;
-    pthread_cond_broadcast(&ag.cv);
-    pthread_mutex_unlock(&ag.mu);
-  }
-  return NULL;
-}
+static nd_agent agent_hooks = {&ag.mu,      &ag.cv,         &ag.listen_fd, &ag.stop,
+                               &ag.closed,  &ag.bad_frames, frame_ok,      on_frame};
 
 /* Waits until pred(arg, n) holds (under ag.mu) or the limit passes. */
 static int wait_until(int (*pred)(uint64_t, uint64_t), uint64_t arg, uint64_t n) {
@@ -209,15 +150,8 @@ static char log_text[8192];
 
 static void nccl_log(int level, unsigned long flags, const char* file, int line, const char* fmt,
                      ...) {
-  (void)level;
-  (void)flags;
-  (void)file;
-  (void)line;
   char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
+  ND_LOGGER_FORMAT(msg, level, flags, file, line, fmt);
   pthread_mutex_lock(&log_mu);
   size_t n = strlen(log_text);
   snprintf(log_text + n, sizeof(log_text) - n, "%s\n", msg);
@@ -288,6 +222,31 @@ typedef struct {
   uint8_t n_channels; /* coll.nChannels, or kernelCh/proxyOp channelId */
 } ev;
 
+/* Fills the union member of descriptor d (v4's or v6's: the same names) that event e's
+ * type takes, as far as v4 and v6 have it alike. */
+#define FILL_EVENT(d, e)                                                  \
+  do {                                                                    \
+    if ((e)->type == NF_COLL) {                                           \
+      (d).u.coll.seqNumber = (e)->seq;                                    \
+      (d).u.coll.func = (e)->func;                                        \
+      (d).u.coll.count = 1 << 20;                                         \
+      (d).u.coll.datatype = "ncclFloat32";                                \
+      (d).u.coll.nChannels = (e)->n_channels;                             \
+      (d).u.coll.nWarps = 16;                                             \
+      (d).u.coll.algo = (e)->algo;                                        \
+      (d).u.coll.proto = "Simple";                                        \
+    } else if ((e)->type == NF_KERNEL_CH) {                               \
+      (d).u.kernelCh.channelId = (e)->n_channels;                         \
+      (d).u.kernelCh.pTimer = 123456789;                                  \
+    } else if ((e)->type == NF_PROXY_OP) {                                \
+      (d).u.proxyOp.pid = getpid();                                       \
+      (d).u.proxyOp.channelId = (e)->n_channels;                          \
+      (d).u.proxyOp.nSteps = 8;                                           \
+    } else if ((e)->type == NF_NET_PLUGIN) {                              \
+      (d).u.netPlugin.id = 0x10001; /* NCCL_PROFILER_NET_TYPE_IB | version 1 */ \
+    }                                                                     \
+  } while (0)
+
 static void* start(comm* c, const ev* e) {
   void* h = (void*)&h; /* the plugin must write the handle, NULL included */
   nf_result rc;
@@ -297,25 +256,7 @@ static void* start(comm* c, const ev* e) {
     d.type = (uint8_t)e->type;
     d.parentObj = e->type == NF_COLL ? e->parent_group : e->parent;
     d.rank = 1;
-    if (e->type == NF_COLL) {
-      d.u.coll.seqNumber = e->seq;
-      d.u.coll.func = e->func;
-      d.u.coll.count = 1 << 20;
-      d.u.coll.datatype = "ncclFloat32";
-      d.u.coll.nChannels = e->n_channels;
-      d.u.coll.nWarps = 16;
-      d.u.coll.algo = e->algo;
-      d.u.coll.proto = "Simple";
-    } else if (e->type == NF_KERNEL_CH) {
-      d.u.kernelCh.channelId = e->n_channels;
-      d.u.kernelCh.pTimer = 123456789;
-    } else if (e->type == NF_PROXY_OP) {
-      d.u.proxyOp.pid = getpid();
-      d.u.proxyOp.channelId = e->n_channels;
-      d.u.proxyOp.nSteps = 8;
-    } else if (e->type == NF_NET_PLUGIN) {
-      d.u.netPlugin.id = 0x10001; /* NCCL_PROFILER_NET_TYPE_IB | version 1 */
-    }
+    FILL_EVENT(d, e);
     rc = c->b.v4->startEvent(c->ctx, &h, &d);
   } else {
     nf_descr_v6 d; /* v5's members are v6's, at the same places */
@@ -323,28 +264,9 @@ static void* start(comm* c, const ev* e) {
     d.type = e->type;
     d.parentObj = e->parent;
     d.rank = 1;
-    if (e->type == NF_COLL) {
-      d.u.coll.seqNumber = e->seq;
-      d.u.coll.func = e->func;
-      d.u.coll.count = 1 << 20;
-      d.u.coll.datatype = "ncclFloat32";
-      d.u.coll.nChannels = e->n_channels;
-      d.u.coll.nWarps = 16;
-      d.u.coll.algo = e->algo;
-      d.u.coll.proto = "Simple";
-      d.u.coll.parentGroup = e->parent_group;
-    } else if (e->type == NF_KERNEL_CH) {
-      d.u.kernelCh.channelId = e->n_channels;
-      d.u.kernelCh.pTimer = 123456789;
-    } else if (e->type == NF_PROXY_OP) {
-      d.u.proxyOp.pid = getpid();
-      d.u.proxyOp.channelId = e->n_channels;
-      d.u.proxyOp.nSteps = 8;
-    } else if (e->type == NF_NET_PLUGIN) {
-      d.u.netPlugin.id = 0x10001;
-    } else if (e->type == NF_COLL_API) {
-      d.u.collApi.func = e->func;
-    }
+    FILL_EVENT(d, e);
+    if (e->type == NF_COLL) d.u.coll.parentGroup = e->parent_group;
+    else if (e->type == NF_COLL_API) d.u.collApi.func = e->func;
     rc = c->b.version == 5 ? c->b.v5->startEvent(c->ctx, &h, (nf_descr_v5*)(void*)&d)
                            : c->b.v6->startEvent(c->ctx, &h, &d);
   }
@@ -594,7 +516,7 @@ int main(int argc, char** argv) {
   CHECK(bind(ag.listen_fd, (struct sockaddr*)&sa, sizeof(sa)) == 0, "bind: %s", strerror(errno));
   CHECK(listen(ag.listen_fd, 4) == 0, "listen: %s", strerror(errno));
   pthread_t agent_thread;
-  pthread_create(&agent_thread, NULL, agent_main, NULL);
+  pthread_create(&agent_thread, NULL, nd_agent_main, &agent_hooks);
 
   /* NCCL's ncclOpenProfilerPluginLib: one dlopen, held while any communicator lives. */
   lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

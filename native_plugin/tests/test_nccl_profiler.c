@@ -39,6 +39,7 @@
 #include "railover_nccl_abi.h"
 #include "railover_wire.h"
 #include "check.h"
+#include "nccl_driver.h"
 
 extern const rvn_profiler_v5 ncclProfiler_v5;
 extern const rvn_profiler_v4 ncclProfiler_v4;
@@ -53,13 +54,6 @@ extern const rvn_profiler_v6 ncclProfiler_v6;
 #define NRANKS_B 4
 #define PROGRESS_OPS 100
 #define PACE 1000 /* a multiple of PROGRESS_OPS */
-/* Generous: sanitizer builds on a loaded machine. RAILOVER_TEST_WAIT_S shortens it
- * (the mutation runs, where a mutant that never reports should fail fast). */
-static int wait_limit_s(void) {
-  const char* v = getenv("RAILOVER_TEST_WAIT_S");
-  return v && atoi(v) > 0 ? atoi(v) : 120;
-}
-#define WAIT_LIMIT_S wait_limit_s()
 
 /* ------------------------------------------------------------ fake agent */
 
@@ -100,7 +94,8 @@ static uint32_t payload_size(uint16_t type) {
   }
 }
 
-static void on_frame(uint16_t type, const unsigned char* p) {
+static void on_frame(const railover_wire_header* h, const unsigned char* p) {
+  uint16_t type = h->type;
   if (type == RAILOVER_MSG_HELLO) {
     railover_wire_hello m;
     memcpy(&m, p, sizeof(m));
@@ -141,66 +136,13 @@ static void on_frame(uint16_t type, const unsigned char* p) {
   }
 }
 
-static void serve(int fd) {
-  unsigned char buf[8192];
-  size_t len = 0;
-  for (;;) {
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, 50);
-    pthread_mutex_lock(&agent.mu);
-    int stop = agent.stop;
-    pthread_mutex_unlock(&agent.mu);
-    if (rc == 0) {
-      if (stop) break;
-      continue;
-    }
-    ssize_t n = recv(fd, buf + len, sizeof(buf) - len, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    len += (size_t)n;
-    size_t off = 0;
-    pthread_mutex_lock(&agent.mu);
-    while (len - off >= RAILOVER_WIRE_HEADER_SIZE) {
-      railover_wire_header h;
-      memcpy(&h, buf + off, sizeof(h));
-      if (h.magic != RAILOVER_WIRE_MAGIC || h.version != RAILOVER_WIRE_VERSION_MIN ||
-          h.payload_len != payload_size(h.type) || h.reserved != 0) {
-        agent.bad_frames++;
-        off = len;
-        break;
-      }
-      if (len - off < RAILOVER_WIRE_HEADER_SIZE + h.payload_len) break;
-      on_frame(h.type, buf + off + RAILOVER_WIRE_HEADER_SIZE);
-      off += RAILOVER_WIRE_HEADER_SIZE + h.payload_len;
-    }
-    pthread_cond_broadcast(&agent.cv);
-    pthread_mutex_unlock(&agent.mu);
-    memmove(buf, buf + off, len - off);
-    len -= off;
-  }
-  close(fd);
+static int frame_ok(const railover_wire_header* h) {
+  return h->magic == RAILOVER_WIRE_MAGIC && h->version == RAILOVER_WIRE_VERSION_MIN &&
+         h->payload_len == payload_size(h->type) && h->reserved == 0;
 }
 
-static void* agent_main(void* arg) {
-  (void)arg;
-  for (;;) {
-    struct pollfd pfd = {agent.listen_fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, 50);
-    pthread_mutex_lock(&agent.mu);
-    int stop = agent.stop;
-    pthread_mutex_unlock(&agent.mu);
-    if (stop) break;
-    if (rc <= 0) continue;
-    int fd = accept(agent.listen_fd, NULL, NULL);
-    if (fd < 0) continue;
-    serve(fd);
-    pthread_mutex_lock(&agent.mu);
-    agent.closed++;
-    pthread_cond_broadcast(&agent.cv);
-    pthread_mutex_unlock(&agent.mu);
-  }
-  return NULL;
-}
+static nd_agent agent_hooks = {&agent.mu,     &agent.cv,         &agent.listen_fd, &agent.stop,
+                               &agent.closed, &agent.bad_frames, frame_ok,         on_frame};
 
 /* Waits until pred() holds (under agent.mu) or the limit passes. */
 static int wait_until(int (*pred)(void)) {
@@ -443,7 +385,7 @@ int main(int argc, char** argv) {
   CHECK(bind(agent.listen_fd, (struct sockaddr*)&a, sizeof(a)) == 0, "bind: %s", strerror(errno));
   CHECK(listen(agent.listen_fd, 4) == 0, "listen: %s", strerror(errno));
   pthread_t agent_thread;
-  pthread_create(&agent_thread, NULL, agent_main, NULL);
+  pthread_create(&agent_thread, NULL, nd_agent_main, &agent_hooks);
 
   /* The exported tables. */
   CHECK(strcmp(ncclProfiler_v5.name, "railover") == 0, "v5 name %s", ncclProfiler_v5.name);
