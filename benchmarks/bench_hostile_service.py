@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 
 from benchmarks import benchlib
 from railover_testing.cluster_shapes import hgx_node
+from railover_testing.webhook_receivers import Trickler, post_receiver
 from scheduler_svc.fleet.events import emit
 from scheduler_svc.fleet.repositories import SubscriptionRepo
 from scheduler_svc.store.db import make_engine, make_sessionmaker
@@ -199,64 +199,17 @@ def hgx() -> dict[str, Any]:
     return node
 
 
-class Trickler:
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/hook"
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        with conn:
-            conn.recv(65536)
-            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Pad: " + b"." * 1000:
-                if self._stop.wait(1.0):
-                    return
-                try:
-                    conn.sendall(bytes([byte]))
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._server.close()
-
-
 @contextmanager
 def healthy_receiver() -> Iterator[tuple[str, list[float]]]:
     got: list[float] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            got.append(time.monotonic())
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook", got
-    finally:
-        server.shutdown()
+    with post_receiver(lambda _body: got.append(time.monotonic())) as url:
+        yield f"{url}/hook", got
 
 
 def webhooks(url: str, db_url: str, events: int, requests: int, trickler: bool) -> dict[str, Any]:
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
-    slow = Trickler() if trickler else None
+    slow = Trickler(gap_s=1.0, pad=1000) if trickler else None
     try:
         with healthy_receiver() as (hook, got), sessions() as s, s.begin():
             repo = SubscriptionRepo(s)

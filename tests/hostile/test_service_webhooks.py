@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.local import local_service
 from railover_testing.waiting import wait_until
+from railover_testing.webhook_receivers import Trickler
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet.events import emit
 from scheduler_svc.fleet.outbound import AddressPolicy, check_url, redact
@@ -47,63 +46,6 @@ def store(sqlite_migrated: Path, tmp_path: Path) -> Iterator[tuple[str, Engine]]
     engine = make_engine(url)
     yield url, engine
     engine.dispose()
-
-
-class Trickler:
-    """Reads the request, then answers one byte every `gap_s`, for as long as it is let."""
-
-    def __init__(self, gap_s: float = 0.1) -> None:
-        self.gap_s = gap_s
-        self.connections = 0
-        self.open_now = 0
-        self.most_open = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/hook"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        with self._lock:
-            self.open_now += 1
-            self.most_open = max(self.most_open, self.open_now)
-        try:
-            self._answer(conn)
-        finally:
-            with self._lock:
-                self.open_now -= 1
-
-    def _answer(self, conn: socket.socket) -> None:
-        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + b"X-Pad: " + b"." * 10_000
-        with conn:
-            conn.recv(65536)
-            conn.settimeout(self.gap_s)
-            for byte in answer:
-                # Wait out the gap, unless the sender hangs up first (its deadline).
-                try:
-                    if not conn.recv(1) or self._stop.is_set():
-                        return
-                except TimeoutError:
-                    pass
-                except OSError:
-                    return
-                try:
-                    conn.sendall(bytes([byte]))
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._server.close()
 
 
 def subscribe(sessions: sessionmaker[Session], url: str) -> str:

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from railover_testing.local import local_service
 from railover_testing.simjob import SimulatedJob
 from railover_testing.sysfs_node import build_cluster
 from railover_testing.waiting import wait_for
+from railover_testing.webhook_receivers import post_receiver
 from scheduler_svc.config import Settings
 
 NODES = ("n0", "n1")
@@ -55,23 +55,12 @@ class Receiver:
 def receiver() -> Iterator[Receiver]:
     rec = Receiver()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            with rec.lock:
-                rec.events.append(json.loads(body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def record(body: bytes) -> None:
+        with rec.lock:
+            rec.events.append(json.loads(body))
 
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield rec
-    server.shutdown()
+    with post_receiver(record) as rec.url:
+        yield rec
 
 
 @dataclass
