@@ -28,6 +28,7 @@ from agent.events import LANE_STATE, lane_of
 from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, settings_for
 from railover_testing.local import free_port, local_service
+from railover_testing.plugin_frames import random_progress
 from railover_testing.processes import store_rows
 from railover_testing.sysfs_faults import set_port_state
 from railover_testing.sysfs_node import FixtureNode, shape_a, write_rail_map
@@ -76,23 +77,31 @@ def progress_flood(a: AgentThread, frames: int, connections: int) -> int:
     now = time.time_ns()
     per = frames // connections
     for i, s in enumerate(socks):
-        s.sendall(
-            b"".join(
-                wire_codec.encode(
-                    wire.Progress(
-                        comm_id=rng.getrandbits(63) | 1,
-                        ops_done=n,
-                        timestamp_ns=now,
-                        rank=n % 8,
-                        pid=9000 + i,
-                    )
-                )
-                for n in range(per)
-            )
-        )
+        s.sendall(random_progress(rng, per, 9000 + i, ranks=8, now_ns=now))
     for s in socks:
         s.close()
     return per * connections
+
+
+def agent_for_a_service(
+    node: FixtureNode, rails: Path, tmp_path: Path, sqlite_migrated: Path, **settings: Any
+) -> tuple[Path, int, AgentThread]:
+    """A migrated SQLite store for a service on a free port, and a started agent that
+    sends there (batches of BATCH, with `settings` besides): the store, port and agent."""
+    db = tmp_path / "svc.db"
+    shutil.copyfile(sqlite_migrated, db)
+    port = free_port()
+    a = AgentThread(
+        settings_for(
+            node.root,
+            tmp_path / "agent",
+            f"http://127.0.0.1:{port}",
+            rails,
+            batch_max=BATCH,
+            **settings,
+        )
+    ).start()
+    return db, port, a
 
 
 def stored(db: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -103,14 +112,7 @@ def stored(db: Path) -> list[tuple[str, dict[str, Any]]]:
 def test_a_port_down_overtakes_a_progress_flood(
     node: FixtureNode, rails: Path, tmp_path: Path, sqlite_migrated: Path
 ) -> None:
-    db = tmp_path / "svc.db"
-    shutil.copyfile(sqlite_migrated, db)
-    port = free_port()
-    a = AgentThread(
-        settings_for(
-            node.root, tmp_path / "agent", f"http://127.0.0.1:{port}", rails, batch_max=BATCH
-        )
-    ).start()
+    db, port, a = agent_for_a_service(node, rails, tmp_path, sqlite_migrated)
     try:
         # The service is away: the flood piles up in the spool, newest count per
         # communicator and poll (the hub tracks at most 256 a connection).
@@ -160,19 +162,7 @@ def test_a_port_down_overtakes_a_progress_flood(
 def test_a_spool_full_of_cqe_noise_keeps_the_port_down_and_every_count(
     node: FixtureNode, rails: Path, tmp_path: Path, sqlite_migrated: Path
 ) -> None:
-    db = tmp_path / "svc.db"
-    shutil.copyfile(sqlite_migrated, db)
-    port = free_port()
-    a = AgentThread(
-        settings_for(
-            node.root,
-            tmp_path / "agent",
-            f"http://127.0.0.1:{port}",
-            rails,
-            batch_max=BATCH,
-            spool_max_events=200,
-        )
-    ).start()
+    db, port, a = agent_for_a_service(node, rails, tmp_path, sqlite_migrated, spool_max_events=200)
     refused_before = _metric(
         "railover_agent_events_dropped_total", {"kind": "port_down", "reason": "spool_full"}
     )

@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY
 
 from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, StandInService, settings_for
+from railover_testing.plugin_frames import random_progress
 from railover_testing.sysfs_node import shape_a, write_rail_map
 from railover_testing.waiting import wait_until
 
@@ -300,20 +301,7 @@ def test_communicators_are_bounded_and_forgotten_with_their_connections(
     socks = [connect(agent) for _ in range(3)]
     for i, s in enumerate(socks):
         hello(s, comm_id=0, rank=0, pid=500 + i)
-        s.sendall(
-            b"".join(
-                wire_codec.encode(
-                    wire.Progress(
-                        comm_id=rng.getrandbits(63) | 1,
-                        ops_done=n,
-                        timestamp_ns=time.time_ns(),
-                        rank=0,
-                        pid=500 + i,
-                    )
-                )
-                for n in range(limit + 100)
-            )
-        )
+        s.sendall(random_progress(rng, limit + 100, 500 + i))
     assert wait_until(lambda: len(hub.last_ops) == 3 * limit, timeout=10), len(hub.last_ops)
     assert wait_until(
         lambda: (
