@@ -11,6 +11,7 @@ import logging
 import shutil
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -49,22 +50,39 @@ def _kinds(db_url: str) -> list[str]:
     return [str(k) for (k,) in store_rows(db_url, "SELECT kind FROM events ORDER BY rowid")]
 
 
-def _run_and_fault(node: FixtureNode, tmp_path: Path, base: str, db_url: str) -> AgentThread:
-    rails = write_rail_map(tmp_path / "rails.json", node.rail_map())
-    a = AgentThread(settings_for(node.root, tmp_path / "agent", base, rails)).start()
-    set_port_state(node.root, "mlx5_0", 1, "DOWN")
-    assert wait_until(lambda: "port_down" in _kinds(db_url), timeout=20)
-    return a
+@dataclass
+class Rig:
+    """A node, the service on loopback (its base URL and store), and the agent's place."""
+
+    node: FixtureNode
+    tmp_path: Path
+    base: str
+    db_url: str
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.tmp_path / "agent" / "spool"
+
+    def run_and_fault(self) -> AgentThread:
+        """Starts the agent on whatever spool is there and takes a port down: it arrives."""
+        rails = write_rail_map(self.tmp_path / "rails.json", self.node.rail_map())
+        a = AgentThread(settings_for(self.node.root, self.tmp_path / "agent", self.base, rails))
+        a.start()
+        set_port_state(self.node.root, "mlx5_0", 1, "DOWN")
+        assert wait_until(lambda: "port_down" in _kinds(self.db_url), timeout=20)
+        return a
+
+
+@pytest.fixture
+def rig(node: FixtureNode, tmp_path: Path, service: tuple[str, str]) -> Rig:
+    base, db_url = service
+    return Rig(node, tmp_path, base, db_url)
 
 
 def test_an_unreadable_row_is_quarantined_and_the_rest_flows(
-    node: FixtureNode,
-    tmp_path: Path,
-    service: tuple[str, str],
-    caplog: pytest.LogCaptureFixture,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    base, db_url = service
-    spool_dir = tmp_path / "agent" / "spool"
+    spool_dir = rig.spool_dir
     s = Spool(spool_dir, 1000)
     good = new_event("n0", "port_up", device="mlx5_3", port=1)
     s.put([good])
@@ -80,9 +98,9 @@ def test_an_unreadable_row_is_quarantined_and_the_rest_flows(
             )
     before = _metric("railover_agent_spool_quarantined_total")
     with caplog.at_level(logging.ERROR, logger="agent.spool"):
-        a = _run_and_fault(node, tmp_path, base, db_url)
+        a = rig.run_and_fault()
     try:
-        assert wait_until(lambda: "port_up" in _kinds(db_url), timeout=10)
+        assert wait_until(lambda: "port_up" in _kinds(rig.db_url), timeout=10)
         assert _metric("railover_agent_spool_quarantined_total") - before == 3
         kept = a.call(a.agent.spool.quarantined)
         assert [(seq, body) for seq, body, _ in kept] == [
@@ -106,19 +124,15 @@ def test_an_unreadable_row_is_quarantined_and_the_rest_flows(
 
 
 def test_a_garbage_spool_file_is_moved_aside_and_a_fresh_one_made(
-    node: FixtureNode,
-    tmp_path: Path,
-    service: tuple[str, str],
-    caplog: pytest.LogCaptureFixture,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    base, db_url = service
-    spool_dir = tmp_path / "agent" / "spool"
+    spool_dir = rig.spool_dir
     spool_dir.mkdir(parents=True)
     garbage = b"this is not an SQLite database\n" * 200
     (spool_dir / FILE).write_bytes(garbage)
     before = _metric("railover_agent_spool_resets_total")
     with caplog.at_level(logging.ERROR, logger="agent.spool"):
-        a = _run_and_fault(node, tmp_path, base, db_url)
+        a = rig.run_and_fault()
     try:
         assert _metric("railover_agent_spool_resets_total") - before == 1
         (aside,) = spool_dir.glob(f"{FILE}.corrupt-*")
