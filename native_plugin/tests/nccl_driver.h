@@ -2,7 +2,7 @@
  * tests/test_nccl_profiler.c, benchmarks/bench_nccl_profiler.c): NCCL's logger
  * arguments formatted, and a stand-in agent's accept-and-read loop. Include after
  * <errno.h>, <poll.h>, <pthread.h>, <stdarg.h>, <stdio.h>, <stdlib.h>, <string.h>,
- * <sys/socket.h>, <unistd.h> and "railover_wire.h". */
+ * <sys/socket.h>, <sys/un.h>, <unistd.h> and "railover_wire.h". */
 #ifndef RAILOVER_TEST_NCCL_DRIVER_H
 #define RAILOVER_TEST_NCCL_DRIVER_H
 
@@ -34,7 +34,7 @@ static inline int nd_wait_limit_s(void) {
 typedef struct {
   pthread_mutex_t* mu;
   pthread_cond_t* cv;
-  const int* listen_fd;
+  int* listen_fd;
   const int* stop;
   int* closed;
   int* bad_frames;
@@ -103,6 +103,22 @@ static inline void* nd_agent_main(void* arg) {
     pthread_cond_broadcast(a->cv);
     pthread_mutex_unlock(a->mu);
   }
+  return NULL;
+}
+
+/* Inits the agent's lock and condition, listens on the unix socket `path` and starts
+ * nd_agent_main on *thread: NULL, or the name of the call that failed (errno says why). */
+static inline const char* nd_agent_start(nd_agent* a, const char* path, pthread_t* thread) {
+  pthread_mutex_init(a->mu, NULL);
+  pthread_cond_init(a->cv, NULL);
+  *a->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, strlen(path));
+  if (bind(*a->listen_fd, (struct sockaddr*)&sa, sizeof(sa)) != 0) return "bind";
+  if (listen(*a->listen_fd, 4) != 0) return "listen";
+  pthread_create(thread, NULL, nd_agent_main, a);
   return NULL;
 }
 

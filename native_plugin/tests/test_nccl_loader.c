@@ -506,17 +506,9 @@ int main(int argc, char** argv) {
   setenv("RAILOVER_NCCL_PROGRESS_MS", "60000", 1); /* only the every-op rule sends progress */
   setenv("RAILOVER_NCCL_PROGRESS_OPS", "1", 1);
 
-  pthread_mutex_init(&ag.mu, NULL);
-  pthread_cond_init(&ag.cv, NULL);
-  ag.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sun_family = AF_UNIX;
-  memcpy(sa.sun_path, sock, strlen(sock));
-  CHECK(bind(ag.listen_fd, (struct sockaddr*)&sa, sizeof(sa)) == 0, "bind: %s", strerror(errno));
-  CHECK(listen(ag.listen_fd, 4) == 0, "listen: %s", strerror(errno));
   pthread_t agent_thread;
-  pthread_create(&agent_thread, NULL, nd_agent_main, &agent_hooks);
+  const char* start_failed = nd_agent_start(&agent_hooks, sock, &agent_thread);
+  CHECK(start_failed == NULL, "%s: %s", start_failed, strerror(errno));
 
   /* NCCL's ncclOpenProfilerPluginLib: one dlopen, held while any communicator lives. */
   lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

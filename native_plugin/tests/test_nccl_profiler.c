@@ -375,17 +375,9 @@ int main(int argc, char** argv) {
   setenv("RAILOVER_NCCL_PROGRESS_OPS", "100", 1);
   setenv("RAILOVER_JOB_ID", "harness-job", 1);
 
-  pthread_mutex_init(&agent.mu, NULL);
-  pthread_cond_init(&agent.cv, NULL);
-  agent.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof(a));
-  a.sun_family = AF_UNIX;
-  memcpy(a.sun_path, path, strlen(path));
-  CHECK(bind(agent.listen_fd, (struct sockaddr*)&a, sizeof(a)) == 0, "bind: %s", strerror(errno));
-  CHECK(listen(agent.listen_fd, 4) == 0, "listen: %s", strerror(errno));
   pthread_t agent_thread;
-  pthread_create(&agent_thread, NULL, nd_agent_main, &agent_hooks);
+  const char* start_failed = nd_agent_start(&agent_hooks, path, &agent_thread);
+  CHECK(start_failed == NULL, "%s: %s", start_failed, strerror(errno));
 
   /* The exported tables. */
   CHECK(strcmp(ncclProfiler_v5.name, "railover") == 0, "v5 name %s", ncclProfiler_v5.name);
