@@ -171,7 +171,8 @@ def test_a_counter_that_cannot_count_is_a_metric_and_logged_once(
 
     def gauge(dev: str, counter: str) -> float | None:
         return PROM.get_sample_value(
-            "railover_agent_port_statistic_available", {"device": dev, "port": "1", "counter": counter}
+            "railover_agent_port_statistic_available",
+            {"device": dev, "port": "1", "counter": counter},
         )
 
     assert (gauge("mlx5_4", "symbol_error"), gauge("mlx5_4", "req_cqe_error")) == (0.0, 1.0)
