@@ -22,6 +22,7 @@ benchmarks/mutation-results.json).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import fnmatch
 import json
 import math
@@ -31,7 +32,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "mutation"
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.txt"
 RESULTS_JSON = ROOT / "benchmarks" / "mutation-results.json"
+# Runs of different targets may go on at once, each in a build folder of its own; the
+# files they all write (results, the table, equivalents) are read and written under it.
+SHARED_LOCK = ROOT / "build" / "mutation" / ".shared-files.lock"
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Test strength"
 
@@ -279,6 +284,45 @@ class Equivalent:
     change: tuple[str, ...] = ()
 
 
+@contextmanager
+def shared_files() -> Iterator[None]:
+    """Hold the lock on the files every run writes. A run reads them again under it and
+    changes only its own part: two runs at once had each written back what it read at its
+    start, and the later one dropped the other's rows and entries."""
+    SHARED_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with SHARED_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def follow_equivalents(path: Path, followed: list[tuple[Equivalent, Equivalent]]) -> None:
+    """Apply this run's renames and recorded changes (old entry -> new) to the entries as
+    they are now, which another run may have changed meanwhile."""
+    if not followed or not path.exists():
+        return
+    with shared_files():
+        entries = read_equivalents(path.read_text())
+        for old, new in followed:
+            if old in entries:
+                entries[entries.index(old)] = new
+        write_equivalents(path, entries)
+
+
+def record_result(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Write one target's result into the results and the table as they are now; all
+    results after it."""
+    with shared_files():
+        results: dict[str, dict[str, Any]] = (
+            json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+        )
+        results[result["target"]] = result
+        write_results(results)
+    return results
+
+
 def read_equivalents(text: str) -> list[Equivalent]:
     """Entries are `<name> <reason>` lines, each followed by its change, indented."""
     out: list[Equivalent] = []
@@ -379,6 +423,7 @@ def run_target(target: Target, workers: int = 1) -> dict[str, Any]:
     alive = sorted(n for n in status if n not in killed)
     survived: list[str] = []
     equivalent: dict[str, str] = {}
+    followed: list[tuple[Equivalent, Equivalent]] = []
     for name in alive:
         diff = mutmut(work, "show", name).stdout
         change = change_of(diff)
@@ -392,12 +437,12 @@ def run_target(target: Target, workers: int = 1) -> dict[str, Any]:
                 elif not entry.change:
                     print(f"-- {name}: its change is recorded now; check the reason fits it:")
                     print(f"   {entry.reason}\n" + "\n".join(f"   {c}" for c in change))
-                listed[listed.index(entry)] = replace(entry, name=name, change=change)
+                followed.append((entry, replace(entry, name=name, change=change)))
+                listed[listed.index(entry)] = followed[-1][1]
             continue
         survived.append(name)
         print(f"-- survived: {name} ({status[name]})\n{diff}")
-    if EQUIVALENT.exists():
-        write_equivalents(EQUIVALENT, listed)  # names followed, changes recorded
+    follow_equivalents(EQUIVALENT, followed)  # names followed, changes recorded
     non_equivalent = len(status) - len(equivalent)
     result = {
         "target": target.name,
@@ -516,13 +561,11 @@ def main() -> None:
                 only = replace(target, name=f"{target.name}-only", only=tuple(args.only))
                 run_target(only, args.workers)
         return
-    results: dict[str, dict[str, Any]] = (
-        json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    )
+    results: dict[str, dict[str, Any]] = {}
     for target in TARGETS:
         if target.name in names:
-            results[target.name] = run_target(target, args.workers)
-            write_results(results)  # after each target: a long run keeps what it has
+            # after each target: a long run keeps what it has
+            results = record_result(run_target(target, args.workers))
     for t in TARGETS:
         if t.name in results:
             r = results[t.name]

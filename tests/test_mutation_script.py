@@ -106,3 +106,54 @@ def test_a_score_is_rounded_down_so_a_survivor_never_reads_as_100() -> None:
     assert score(73, 73) == 100.0
     assert score(57, 80) == 71.2
     assert score(0, 0) == 100.0  # nothing that could survive
+
+
+def result(target: str, killed: int) -> dict[str, object]:
+    return {
+        "target": target,
+        "files": ["x.py"],
+        "tests": ["tests/x.py"],
+        "mutants": killed + 1,
+        "killed": killed,
+        "equivalent": 0,
+        "survived": 1,
+        "score": 50.0,
+        "survivors": [f"{target}.x_f__mutmut_1"],
+        "minutes": 0.1,
+        "date": "2026-12-06",
+    }
+
+
+def test_runs_of_two_targets_at_once_keep_each_others_results(tmp_path: Path) -> None:
+    """Each run writes its result into the files as they are when it ends, not as they
+    were when it began: the second to end keeps the first's row."""
+    m = script()
+    for name, path in (("RESULTS_JSON", "results.json"), ("RESULTS_MD", "RESULTS.md")):
+        setattr(m, name, tmp_path / path)
+    setattr(m, "SHARED_LOCK", tmp_path / "lock")  # noqa: B010  a module's constant
+    m.RESULTS_MD.write_text("# Results\n")
+    first, second = m.TARGETS[0].name, m.TARGETS[1].name
+    m.record_result(result(first, 3))
+    both = m.record_result(result(second, 5))
+    assert {k: v["killed"] for k, v in both.items()} == {first: 3, second: 5}
+    table = m.RESULTS_MD.read_text()
+    assert f"| {first} |" in table and f"| {second} |" in table
+
+
+def test_a_run_follows_its_entries_without_dropping_another_runs(tmp_path: Path) -> None:
+    """A run renames the entry it matched in the equivalents file as it is now: an entry
+    another run added meanwhile stays."""
+    m = script()
+    setattr(m, "SHARED_LOCK", tmp_path / "lock")  # noqa: B010  a module's constant
+    path = tmp_path / "equivalent.txt"
+    path.write_text("# header\nmod.x_f__mutmut_1 same either way\n")
+    old = m.read_equivalents(path.read_text())[0]
+    with path.open("a") as f:  # another run, meanwhile
+        f.write("other.x_g__mutmut_2 another reason\n")
+    m.follow_equivalents(path, [(old, m.Equivalent("mod.x_f__mutmut_4", old.reason, CHANGE))])
+    entries = m.read_equivalents(path.read_text())
+    assert [(e.name, e.change) for e in entries] == [
+        ("mod.x_f__mutmut_4", CHANGE),
+        ("other.x_g__mutmut_2", ()),
+    ]
+    assert path.read_text().startswith("# header\n")
