@@ -208,40 +208,53 @@ def fit(history: History) -> Fit:
 
 
 def _fit_rates(out: Fit, exp: dict[str, float], n: Counter[str]) -> None:
-    links = n["link"] + n["rnic"]
-    if exp["link"] <= 0:
-        out.missing["link_failure_monthly"] = "the history has no node with an RNIC port"
-    elif links == 0:
-        high = poisson_interval(0, exp["link"])[1]
-        out.missing["link_failure_monthly"] = (
-            f"no link or RNIC fault in {exp['link']:,.0f} port-hours (the rate is below "
+    _fit_rate(
+        out,
+        "link_failure_monthly",
+        n["link"] + n["rnic"],
+        exp["link"],
+        no_exposure="the history has no node with an RNIC port",
+        what=("link and RNIC faults", "no link or RNIC fault"),
+        unit="port",
+    )
+    _fit_rate(
+        out,
+        "switch_failure_monthly",
+        n["switch"],
+        exp["switch"],
+        no_exposure="no node names the switch its ports are cabled to",
+        what=("switch failures", "no switch failure"),
+        unit="switch",
+    )
+
+
+def _fit_rate(
+    out: Fit,
+    key: str,
+    count: int,
+    hours: float,
+    *,
+    no_exposure: str,
+    what: tuple[str, str],
+    unit: str,
+) -> None:
+    """One monthly rate, `count` events over `hours` of exposure, with its 95 % Poisson
+    interval; refused (`out.missing`) with no exposure or no event."""
+    if hours <= 0:
+        out.missing[key] = no_exposure
+    elif count == 0:
+        high = poisson_interval(0, hours)[1]
+        out.missing[key] = (
+            f"{what[1]} in {hours:,.0f} {unit}-hours (the rate is below "
             f"{monthly_fraction(high):.3g} a month, 95 %): too few to fit"
         )
     else:
-        low, high = poisson_interval(links, exp["link"])
-        out.figures["link_failure_monthly"] = Figure(
-            "link_failure_monthly",
-            monthly_fraction(links / exp["link"]),
-            links,
-            f"{links} link and RNIC faults in {exp['link']:,.0f} port-h",
-            (monthly_fraction(low), monthly_fraction(high)),
-        )
-    s = n["switch"]
-    if exp["switch"] <= 0:
-        out.missing["switch_failure_monthly"] = "no node names the switch its ports are cabled to"
-    elif s == 0:
-        high = poisson_interval(0, exp["switch"])[1]
-        out.missing["switch_failure_monthly"] = (
-            f"no switch failure in {exp['switch']:,.0f} switch-hours (the rate is below "
-            f"{monthly_fraction(high):.3g} a month, 95 %): too few to fit"
-        )
-    else:
-        low, high = poisson_interval(s, exp["switch"])
-        out.figures["switch_failure_monthly"] = Figure(
-            "switch_failure_monthly",
-            monthly_fraction(s / exp["switch"]),
-            s,
-            f"{s} switch failures in {exp['switch']:,.0f} switch-h",
+        low, high = poisson_interval(count, hours)
+        out.figures[key] = Figure(
+            key,
+            monthly_fraction(count / hours),
+            count,
+            f"{count} {what[0]} in {hours:,.0f} {unit}-h",
             (monthly_fraction(low), monthly_fraction(high)),
         )
 
