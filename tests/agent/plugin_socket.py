@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread
+from railover_testing.waiting import wait_until
 
 
 def metric(name: str, labels: dict[str, str] | None = None) -> float:
@@ -24,6 +25,18 @@ def connect(a: AgentThread) -> socket.socket:
     s.settimeout(5)
     s.connect(str(a.settings.socket))
     return s
+
+
+def greet(a: AgentThread, *hellos: wire.Hello) -> list[socket.socket]:
+    """One connection per HELLO, each sent; returns once the hub counts them all said."""
+    hub = a.agent.hub
+    assert hub is not None
+    before = sum(c.hello for c in hub.clients)
+    socks = [connect(a) for _ in hellos]
+    for s, hello in zip(socks, hellos, strict=True):
+        s.sendall(wire_codec.encode(hello))
+    assert wait_until(lambda: sum(c.hello for c in hub.clients) == before + len(hellos))
+    return socks
 
 
 def recv_messages(s: socket.socket, n: int, timeout: float = 5.0) -> list[wire.Message]:

@@ -13,7 +13,7 @@ from agent.plugin import to_wire_command
 from native_plugin import wire, wire_codec
 from railover_testing.agents import AgentThread, StandInService
 from railover_testing.waiting import wait_until
-from tests.agent.plugin_socket import connect, recv_messages
+from tests.agent.plugin_socket import connect, greet, recv_messages
 
 
 def test_commands_are_relayed_and_acked(running: AgentThread, standin: StandInService) -> None:
@@ -70,12 +70,11 @@ def test_a_nodes_rank_acks_go_out_together(running: AgentThread, standin: StandI
     """Eight ranks applying one switch point: the acks that queue while one is on its way
     go out as one request, and every rank is acknowledged exactly once."""
     ranks = list(range(8))
-    socks = [connect(running) for _ in ranks]
-    for r, s in zip(ranks, socks, strict=True):
-        s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=100 + r, abi_version=1, rank=r)))
+    socks = greet(
+        running, *(wire.Hello(comm_id=123, pid=100 + r, abi_version=1, rank=r) for r in ranks)
+    )
     hub = running.agent.hub
     assert hub is not None
-    assert wait_until(lambda: sum(c.hello for c in hub.clients) == len(ranks))
     standin.add_command(
         {
             "command_id": 21,
@@ -115,11 +114,7 @@ def test_a_nodes_rank_acks_go_out_together(running: AgentThread, standin: StandI
 def test_acks_that_fail_are_sent_again_in_their_order(
     running: AgentThread, standin: StandInService
 ) -> None:
-    s = connect(running)
-    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
-    hub = running.agent.hub
-    assert hub is not None
-    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
+    (s,) = greet(running, wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3))
     for cid in (31, 32):
         standin.add_command(
             {
@@ -199,13 +194,11 @@ def test_command_waits_for_a_client_then_fails(
 def test_balance_goes_with_its_weights_to_abi2_and_as_a_rebalance_to_abi1(
     running: AgentThread, standin: StandInService
 ) -> None:
-    new = connect(running)
-    old = connect(running)
-    new.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=0)))
-    old.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=11, abi_version=1, rank=1)))
-    hub = running.agent.hub
-    assert hub is not None
-    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 2)
+    new, old = greet(
+        running,
+        wire.Hello(comm_id=123, pid=10, abi_version=2, rank=0),
+        wire.Hello(comm_id=123, pid=11, abi_version=1, rank=1),
+    )
     weights = [0.125, 0.125, 0.25, 0.5]
     standin.add_command(
         {
@@ -237,11 +230,9 @@ def test_balance_goes_with_its_weights_to_abi2_and_as_a_rebalance_to_abi1(
 def test_nvl_transit_reaches_abi2_and_fails_where_only_abi1_listens(
     running: AgentThread, standin: StandInService
 ) -> None:
-    s = connect(running)
-    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=2, rank=4)))
+    (s,) = greet(running, wire.Hello(comm_id=123, pid=10, abi_version=2, rank=4))
     hub = running.agent.hub
     assert hub is not None
-    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
     transit = {
         "job_id": "j1",
         "kind": "nvl_transit",
@@ -332,11 +323,7 @@ def test_an_answer_with_ops_done_is_relayed_with_it(
     running: AgentThread, standin: StandInService
 ) -> None:
     # ack_command_at's frame (ACK_AT): the same answer, plus how far the rank was.
-    s = connect(running)
-    s.sendall(wire_codec.encode(wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3)))
-    hub = running.agent.hub
-    assert hub is not None
-    assert wait_until(lambda: sum(c.hello for c in hub.clients) == 1)
+    (s,) = greet(running, wire.Hello(comm_id=123, pid=10, abi_version=1, rank=3))
     standin.add_command(
         {"command_id": 17, "job_id": "j1", "kind": "rebalance", "epoch": 1, "comm_id": 123,
          "ops_done": 1000, "disabled_channels": [1], "ranks": [3]}
