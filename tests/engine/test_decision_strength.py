@@ -7,7 +7,6 @@ import pytest
 from scheduler_svc.engine.decision import (
     IB_TIMEOUT_UNIT_S,
     Action,
-    DecisionInputs,
     decide,
     failover_cost_s,
     failover_threshold_s,
@@ -24,21 +23,7 @@ from scheduler_svc.engine.slowdown import (
     estimate_k,
     modelled_k,
 )
-
-
-def inputs(**kw: float | int | bool | str) -> DecisionInputs:
-    base: dict[str, float | int | bool | str] = {
-        "checkpoint_interval_s": 3600.0,
-        "elapsed_s": 0.0,
-        "detect_s": 0.0,
-        "reload_s": 600.0,
-        "timeout_s": 30.0,
-        "k": 1.5,
-        "k_source": "measured",
-        "gpus": 16,
-    }
-    base.update(kw)
-    return DecisionInputs(**base)  # type: ignore[arg-type]
+from tests.engine.test_decision import inputs
 
 
 def test_exact_tie_restarts() -> None:

@@ -7,7 +7,6 @@ fate, so it is never chosen, even though it is the nearest port there is.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -35,17 +34,7 @@ from scheduler_svc.engine.routes import (
     route_ranks,
     talks_over_fabric,
 )
-
-
-def topo(name: str, body: dict[str, Any]) -> NodeTopology:
-    return NodeTopology(
-        name,
-        tuple(Gpu(**g) for g in body["gpus"]),
-        tuple(
-            Rnic(**{k: v for k, v in r.items() if k not in ("link_layer", "netdev")})
-            for r in body["rnics"]
-        ),
-    )
+from tests.engine.test_paths import topo
 
 
 def card(key: str) -> str:
