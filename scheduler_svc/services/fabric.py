@@ -302,8 +302,7 @@ def clear_switches(
         if row is None:
             continue
         since = row.opened_at - timedelta(seconds=window_s)
-        if not repo.switch_has_open_faults(switch, since):
-            row.cleared_at = now
+        if not repo.switch_has_open_faults(switch, since) and repo.clear_switch_fault(switch, now):
             cleared.append(switch)
     return cleared
 
