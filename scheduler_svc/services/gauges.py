@@ -23,7 +23,12 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc import metrics
 from scheduler_svc.engine.decision import total_saved_gpu_s
-from scheduler_svc.services.status import MAX_OPEN_FAULTS, PortHealth, port_health
+from scheduler_svc.services.status import (
+    MAX_OPEN_FAULTS,
+    PortHealth,
+    failed_over_since,
+    port_health,
+)
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.faults import FaultRepo
@@ -94,13 +99,8 @@ def read_levels(session: Session, now: datetime) -> Levels:
     failed_over: dict[str, float] = {}
     slowdown: dict[tuple[str, ...], float] = {}
     for job in jobs:
-        since = last_failover.get(job.job_id)
-        running_failed_over = since is not None and job.mode == JobMode.FAILED_OVER.value
-        failed_over[job.job_id] = (
-            max(0.0, (now - since.created_at).total_seconds())
-            if since is not None and running_failed_over
-            else 0.0
-        )
+        since = failed_over_since(job, last_failover)
+        failed_over[job.job_id] = 0.0 if since is None else max(0.0, (now - since).total_seconds())
         if job.slowdown_k is not None:
             slowdown[(job.job_id, "measured")] = job.slowdown_k
         inputs = (latest[job.job_id].inputs or {}) if job.job_id in latest else {}

@@ -7,7 +7,7 @@ never disagree about which ports are broken or which jobs run failed over.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -196,6 +196,14 @@ def _node_page(
     return page, total, page[-1].name if more else None
 
 
+def failed_over_since(job: m.Job, last_failover: Mapping[str, m.Decision]) -> datetime | None:
+    """When a job that runs failed over did so (its newest failover decision), else None."""
+    since = last_failover.get(job.job_id)
+    if since is None or job.mode != JobMode.FAILED_OVER.value:
+        return None
+    return since.created_at
+
+
 def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAGE) -> StatusOut:
     """The cluster's status, its node grid one page of it; the caller's session is only
     read from."""
@@ -214,7 +222,6 @@ def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAG
     for job in JobRepo(session).all():
         ranks, on_nodes = counts.get(job.job_id, (0, []))
         newest = latest.get(job.job_id)
-        since = last_failover.get(job.job_id)
         jobs.append(
             JobStatusOut(
                 job_id=job.job_id,
@@ -223,9 +230,7 @@ def build_status(session: Session, now: datetime, query: StatusQuery = FIRST_PAG
                 nodes=on_nodes,
                 last_checkpoint_at=job.last_checkpoint_at,
                 slowdown_k=job.slowdown_k,
-                failed_over_since=(
-                    since.created_at if since is not None and job.mode == "failed_over" else None
-                ),
+                failed_over_since=failed_over_since(job, last_failover),
                 latest_decision=None if newest is None else _brief(newest),
             )
         )
