@@ -60,7 +60,7 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store.ccl import CclRepo
 from scheduler_svc.store.coordination import CoordinationRepo
 from scheduler_svc.store.jobs import JobRepo
-from scheduler_svc.store.types import JobMode
+from scheduler_svc.store.types import CommandState, JobMode
 
 router = routing.router(prefix="/v1/jobs", tags=["jobs"])
 
@@ -324,9 +324,19 @@ def get_paths(
     operation_id="list_job_commands",
     responses=responses(Unauthorized, Forbidden, NotFound),
 )
-def list_job_commands(job_id: JobId, session: SessionDep, _: Reader) -> CommandList:
-    """Every command issued for the job and its delivery state."""
-    return CommandList(commands=[command_out(c) for c in registry.commands_of(session, job_id)])
+def list_job_commands(
+    job_id: JobId,
+    session: SessionDep,
+    _: Reader,
+    state: Annotated[
+        list[CommandState] | None,
+        Query(description="Only commands in these states (repeat it); all when left out"),
+    ] = None,
+) -> CommandList:
+    """Every command issued for the job and its delivery state, oldest first; `state`
+    narrows it to, say, those still waiting for their ranks (`issued`, `delivered`)."""
+    found = registry.commands_of(session, job_id, states=state)
+    return CommandList(commands=[command_out(c) for c in found])
 
 
 @router.post(

@@ -270,9 +270,11 @@ class RailoverClient:
         body = {"node": node, "status": status}
         return self._call("POST", f"/v1/commands/{command_id}/acks", CommandOut, json=body)
 
-    def job_commands(self, job_id: str) -> list[CommandOut]:
-        """Every command issued for the job, with its delivery state."""
-        return self._call("GET", f"/v1/jobs/{job_id}/commands", CommandList).commands
+    def job_commands(self, job_id: str, states: Sequence[str] = ()) -> list[CommandOut]:
+        """Every command issued for the job, with its delivery state; only those in
+        `states` where given (say `("issued",)`: those no agent has taken yet)."""
+        params = {"state": list(states)} if states else None
+        return self._call("GET", f"/v1/jobs/{job_id}/commands", CommandList, params=params).commands
 
     # --- plumbing ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -284,9 +285,11 @@ def decisions_of(session: Session, job_id: str, limit: int) -> list[m.Decision]:
     return list(DecisionRepo(session).for_job(job_id, limit))
 
 
-def commands_of(session: Session, job_id: str) -> list[m.Command]:
+def commands_of(
+    session: Session, job_id: str, states: Collection[CommandState] | None = None
+) -> list[m.Command]:
     get_job(session, job_id)
-    return list(CommandRepo(session).for_job(job_id))
+    return list(CommandRepo(session).for_job(job_id, states))
 
 
 def get_job(session: Session, job_id: str) -> m.Job:

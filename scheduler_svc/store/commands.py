@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import open_unreachable_query
+from scheduler_svc.store.types import CommandState
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +44,13 @@ class CommandRepo:
             .order_by(m.Command.command_id)
         ).all()
 
-    def for_job(self, job_id: str) -> Sequence[m.Command]:
-        return self.s.scalars(
-            select(m.Command).where(m.Command.job_id == job_id).order_by(m.Command.command_id)
-        ).all()
+    def for_job(
+        self, job_id: str, states: Collection[CommandState] | None = None
+    ) -> Sequence[m.Command]:
+        query = select(m.Command).where(m.Command.job_id == job_id)
+        if states:
+            query = query.where(m.Command.state.in_([str(s) for s in states]))
+        return self.s.scalars(query.order_by(m.Command.command_id)).all()
 
     def has_pending(self, node: str, include_delivered: bool) -> bool:
         states = ["issued", "delivered"] if include_delivered else ["issued"]

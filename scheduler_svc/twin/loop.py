@@ -414,7 +414,7 @@ class Twin:
     def deliver(self, jobs: list[TwinJob]) -> None:
         """Each job's agents take the commands waiting for them and the ranks apply them."""
         for job in jobs:
-            waiting = {c.node for c in self.rv.job_commands(job.spec.job_id) if c.state == "issued"}
+            waiting = {c.node for c in self.rv.job_commands(job.spec.job_id, ("issued",))}
             for node in sorted(n for n in waiting if not self.net.is_cut(n)):
                 for c in self.rv.node_commands(node):
                     self.apply(c)
