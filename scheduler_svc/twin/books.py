@@ -96,6 +96,14 @@ class Invariants:
 
 
 @dataclass(frozen=True, slots=True)
+class Curve:
+    """GPU-hours lost so far (`lost`) at each simulated day in `days` (--plot)."""
+
+    days: list[float]
+    lost: list[float]
+
+
+@dataclass(frozen=True, slots=True)
 class TwinResult:
     policy: str
     seed: int

@@ -11,24 +11,22 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, TaskID
+from rich.progress import Progress
 from rich.table import Table
 
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.planning.cli_history import FillDefaults, HistoryOpt, print_fit
 from scheduler_svc.planning.cli_options import param_errors
 from scheduler_svc.planning.cli_simulate import check_plot_path
-from scheduler_svc.twin.books import CAUSES, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, Reports, trace
+from scheduler_svc.twin.books import CAUSES, Curve, TwinResult
+from scheduler_svc.twin.cluster import ClusterSpec, Reports
 from scheduler_svc.twin.fitted import TwinFit, twin_fit
-from scheduler_svc.twin.loop import Twin
-from scheduler_svc.twin.plot import LossCurve
+from scheduler_svc.twin.runs import Run, default_workers, run_all
 
 HELP = (
     "Run the real service in closed loop with a simulated cluster, on a manual clock: "
@@ -86,6 +84,13 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             "to this file, .png, .svg or .pdf (needs matplotlib: the plot extra)."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Runs side by side, each in a process of its own; 0: one per run, up to the CPUs",
+        ),
+    ] = 0,
 ) -> None:
     logging.getLogger("scheduler_svc").setLevel(logging.ERROR)
     logging.getLogger("railover").setLevel(logging.ERROR)
@@ -116,42 +121,28 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             + ", ".join(f"{k.value} {v:.3g}" for k, v in fitted.per_component_h.items())
             + f"; from its model (a multiple of the link rate): {', '.join(fitted.modelled)}"
         )
-    results: list[TwinResult] = []
-    curves: dict[str, list[LossCurve]] = {}
+    runs = [
+        Run(
+            spec, days, s, fault_scale, p, reports,
+            model=fitted.model if fitted is not None else None,
+            per_component_h=fitted.per_component_h if fitted is not None else None,
+            curve=plot is not None,
+        )
+        for p in policies
+        for s in range(seed, seed + seeds)
+    ]  # fmt: skip
     with Progress(console=console, transient=True) as bar:
-        for p in policies:
-            for s in range(seed, seed + seeds):
-                task = bar.add_task(f"{p.value}, seed {s}", total=1.0)
-                model = fitted.model if fitted is not None else None
-                faults = None
-                if fitted is not None:
-                    faults = trace(
-                        spec,
-                        fitted.model,
-                        days,
-                        s,
-                        fault_scale,
-                        per_component_h=fitted.per_component_h,
-                    )
-                twin = Twin(
-                    spec,
-                    days=days,
-                    seed=s,
-                    fault_scale=fault_scale,
-                    policy=p,
-                    model=model,
-                    faults=faults,
-                    progress=partial(_advance, bar, task),
-                    reports=reports,
-                )
-                if plot is not None:
-                    curve = LossCurve(twin, then=twin.on_progress)
-                    twin.on_progress = curve
-                    curves.setdefault(p.value, []).append(curve)
-                results.append(twin.run())
-                if plot is not None:
-                    curve.finish(results[-1].gpu_hours_total)
-                bar.remove_task(task)
+        tasks = [bar.add_task(f"{u.policy.value}, seed {u.seed}", total=1.0) for u in runs]
+        done = run_all(
+            runs,
+            workers=workers or default_workers(len(runs)),
+            progress=lambda i, f: bar.update(tasks[i], completed=f),
+        )
+    results = [d.result for d in done]
+    curves: dict[str, list[Curve]] = {}
+    for run, d in zip(runs, done, strict=True):
+        if d.curve is not None:
+            curves.setdefault(run.policy.value, []).append(d.curve)
     out.print(table(results))
     if plot is not None:
         from scheduler_svc.twin.plot import plot_loss, title_of  # noqa: PLC0415  # matplotlib
@@ -175,10 +166,6 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
         for name, first in r.first_violation.items():
             console.print(f"[red]{r.policy} seed {r.seed}: {name}[/red]: {first}")
     sys.exit(1 if broken else 0)
-
-
-def _advance(bar: Progress, task: TaskID, done: float) -> None:
-    bar.update(task, completed=done)
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:

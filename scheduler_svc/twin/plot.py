@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_svc.planning.plot import FORMATS
+from scheduler_svc.twin.books import Curve
 from scheduler_svc.twin.loop import Twin
 
 SAMPLES = 1000  # at most this many points per run, evenly spread in simulated time
@@ -53,7 +54,7 @@ class LossCurve:
         self.lost.append(gpu_hours_total)
 
 
-def plot_loss(curves: Mapping[str, Sequence[LossCurve]], path: Path, title: str) -> None:
+def plot_loss(curves: Mapping[str, Sequence[Curve]], path: Path, title: str) -> None:
     """Write the figure to `path` in the format its suffix names (one of FORMATS)."""
     import matplotlib  # noqa: PLC0415  # lazy: only --plot needs it
 

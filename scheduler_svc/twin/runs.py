@@ -1,0 +1,165 @@
+"""Many twin runs (policies × seeds), each in a process of its own when asked.
+
+A run holds a whole service (app, store, its threads) and is CPU-bound in Python, so runs
+go side by side only as processes: `run_all(..., workers=N)` starts N by `spawn` (never
+`fork`: a parent with a live service has threads) and hands each a `Run`, which names
+everything the run needs and nothing that cannot cross a process boundary. Results come
+back in the order the runs were given, whatever order they finish in; progress comes back
+as (run index, fraction done) through a queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_svc.engine.decision import Policy
+from scheduler_svc.planning.params import JobModel
+from scheduler_svc.twin.books import Curve, TwinResult
+from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, Reports, trace
+from scheduler_svc.twin.loop import Twin
+from scheduler_svc.twin.plot import LossCurve
+
+# A run reports progress at most this often (fractions of its simulated time): a month of
+# events would otherwise put millions of messages through the queue.
+PROGRESS_STEP = 0.005
+QUIET = ("scheduler_svc", "railover")  # loggers whose levels the workers take from here
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One twin run: `per_component_h` (fitted from a history) replaces the rates of the
+    kinds it names; `curve` samples the loss over time for --plot."""
+
+    spec: ClusterSpec
+    days: float
+    seed: int
+    fault_scale: float
+    policy: Policy
+    reports: Reports
+    model: JobModel | None = None
+    per_component_h: Mapping[FaultKind, float] | None = None
+    curve: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    result: TwinResult
+    curve: Curve | None
+
+
+def run_one(run: Run, progress: Callable[[float], None] | None = None) -> Done:
+    faults = None
+    if run.per_component_h is not None:
+        model = run.model or JobModel()
+        faults = trace(
+            run.spec,
+            model,
+            run.days,
+            run.seed,
+            run.fault_scale,
+            per_component_h=run.per_component_h,
+        )
+    twin = Twin(
+        run.spec,
+        days=run.days,
+        seed=run.seed,
+        fault_scale=run.fault_scale,
+        policy=run.policy,
+        model=run.model,
+        faults=faults,
+        progress=progress,
+        reports=run.reports,
+    )
+    sampler = None
+    if run.curve:
+        sampler = LossCurve(twin, then=progress)
+        twin.on_progress = sampler
+    result = twin.run()
+    if progress is not None:
+        progress(1.0)  # the twin reports its events; the quiet end after them is done too
+    if sampler is None:
+        return Done(result, None)
+    sampler.finish(result.gpu_hours_total)
+    return Done(result, Curve(sampler.days, sampler.lost))
+
+
+def default_workers(runs: int) -> int:
+    """One process per run, up to the CPUs this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(runs, cpus or 1))
+
+
+def run_all(
+    runs: Sequence[Run],
+    *,
+    workers: int,
+    progress: Callable[[int, float], None] | None = None,
+) -> list[Done]:
+    """Every run, in `workers` processes (1: here, one after the other); `progress(i, f)`
+    says run i is a fraction f through its simulated time."""
+    if workers < 1:
+        raise ValueError(f"workers: at least 1, got {workers}")
+    if workers == 1 or len(runs) == 1:
+        return [run_one(r, _reporter(progress, i)) for i, r in enumerate(runs)]
+    ctx = multiprocessing.get_context("spawn")
+    # The workers log as quietly as this process does (a spawned process starts afresh).
+    levels = {name: logging.getLogger(name).level for name in QUIET}
+    with (
+        ctx.Manager() as manager,
+        ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_levels, initargs=(levels,)
+        ) as pool,
+    ):
+        updates = manager.Queue()
+        pending: dict[Future[Done], int] = {
+            pool.submit(_in_worker, r, i, updates): i for i, r in enumerate(runs)
+        }
+        done: dict[int, Done] = {}
+        while pending:
+            finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done[pending.pop(future)] = future.result()  # a run's error is raised here
+            _drain(updates, progress)
+        _drain(updates, progress)
+    return [done[i] for i in range(len(runs))]
+
+
+def _reporter(
+    progress: Callable[[int, float], None] | None, index: int
+) -> Callable[[float], None] | None:
+    if progress is None:
+        return None
+    last = [-1.0]
+
+    def report(fraction: float) -> None:
+        if fraction - last[0] >= PROGRESS_STEP or fraction >= 1.0:
+            last[0] = fraction
+            progress(index, fraction)
+
+    return report
+
+
+def _levels(levels: Mapping[str, int]) -> None:
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _in_worker(run: Run, index: int, updates: Any) -> Done:
+    return run_one(run, _reporter(lambda i, f: updates.put((i, f)), index))
+
+
+def _drain(updates: Any, progress: Callable[[int, float], None] | None) -> None:
+    while True:
+        try:
+            index, fraction = updates.get_nowait()
+        except queue.Empty:
+            return
+        if progress is not None:
+            progress(index, fraction)
