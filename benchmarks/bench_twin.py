@@ -74,9 +74,25 @@ def main() -> None:
         timed.waited, timed.requests = 0.0, 0
         rss: dict[str, float] = {}
 
-        def progress(done: float, rss: dict[str, float] = rss) -> None:
+        started = time.perf_counter()
+        days_done = [0]
+
+        def progress(
+            done: float,
+            rss: dict[str, float] = rss,
+            started: float = started,
+            days_done: list[int] = days_done,
+        ) -> None:
             if done * args.days >= 1 and "day 1" not in rss:
                 rss["day 1"] = rss_mb()
+            day = int(done * args.days)
+            if day > days_done[0]:  # a line per simulated day: a month runs for a while
+                days_done[0] = day
+                print(
+                    f"  day {day}: wall {time.perf_counter() - started:.0f} s, "
+                    f"{timed.requests} requests, RSS {rss_mb():.0f} MB",
+                    flush=True,
+                )
 
         twin = Twin(
             spec,

@@ -42,6 +42,20 @@ BENCHMARKS = [
     ],
     ["bench_simulate.py"],
     ["bench_twin.py"],
+    # The month: 2,048 nodes (16,384 GPUs) at the default fault rates.
+    [
+        "bench_twin.py",
+        "--nodes",
+        "2048",
+        "--days",
+        "30",
+        "--fault-scale",
+        "1",
+        "--policy",
+        "railover",
+    ],
+    # The planner's expected loss beside the twin's realized loss, per policy.
+    ["bench_twin_vs_planner.py"],
     ["bench_sequences_model.py", "--minutes", "10"],
     ["bench_agent.py", "--seconds", "60"],
 ]
