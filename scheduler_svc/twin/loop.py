@@ -44,7 +44,6 @@ from scheduler_svc.planning.params import JobModel
 from scheduler_svc.twin.books import Invariants, TwinJob, TwinResult, gpu_hours
 from scheduler_svc.twin.cluster import (
     GPUS,
-    RAILS,
     ClusterSpec,
     Fault,
     FaultKind,
@@ -55,6 +54,7 @@ from scheduler_svc.twin.cluster import (
     node_name,
     trace,
 )
+from scheduler_svc.twin.fleet import FleetManager
 from scheduler_svc.twin.hardware import hgx_node
 from scheduler_svc.twin.harness import service, twin_settings
 from scheduler_svc.twin.network import Network
@@ -70,7 +70,7 @@ LEAF_SPREAD_S = 2.0  # the nodes on a failed leaf report within this long
 FLOWCHECK_POST_S = 1800.0
 
 
-class Twin:
+class Twin(FleetManager):
     """One run: a cluster, a fault trace, one policy; `run()` returns the books."""
 
     def __init__(
@@ -397,18 +397,6 @@ class Twin:
             job.state, job.hung_until = "hung", max(job.hung_until, until)
             self.at(job.hung_until, partial(self.fleet_abort, job, job.generation))
 
-    def fleet_abort(self, job: TwinJob, generation: int) -> None:
-        if job.aborted or generation != job.generation:
-            return  # the service had it restarted, or it was placed again since
-        job.accrue(self.now_s)
-        self.fleet_aborts += 1
-        job.roll_back()
-        job.generation += 1
-        job.aborted = True
-        job.state = "down"
-        job.on_backup = set()
-        self.requeue(job)
-
     # --- what the service says --------------------------------------------------------
 
     def deliver(self, jobs: list[TwinJob]) -> None:
@@ -485,60 +473,6 @@ class Twin:
                     )
                 self.restarts.add(key)
 
-    # --- the fleet manager ---------------------------------------------------------------
-
-    def aborted(self, job: TwinJob) -> None:
-        """The job's processes were aborted: it hangs until its timeout and detection, then
-        the fleet manager requeues it from its checkpoint, a spare in place of each node
-        with a part down where one is free."""
-        job.accrue(self.now_s)
-        job.roll_back()
-        job.generation += 1
-        # A restart at a checkpoint stops cleanly; after a fault the collective hangs
-        # until its timeout, and the job's failure is detected.
-        job.aborted = True
-        if job.state == "hung":
-            job.hung_until = max(
-                job.hung_until, self.now_s + job.spec.timeout_s + job.spec.detect_s
-            )
-        else:
-            job.state, job.hung_until = "down", self.now_s
-        job.on_backup = set()
-        self.at(job.hung_until, lambda: self.requeue(job))
-
-    def free_nodes(self) -> list[str]:
-        """Healthy nodes no job holds, in order."""
-        taken = {n for j in self.jobs.values() for n in j.nodes}
-        return [
-            node_name(i)
-            for i in range(self.spec.nodes)
-            if node_name(i) not in taken and not self.broken(node_name(i))
-        ]
-
-    def requeue(self, job: TwinJob) -> None:
-        """Place the job again from its checkpoint, a free node in place of each broken
-        one; with too few free, it waits (still down) for a repair."""
-        job.accrue(self.now_s)
-        free = self.free_nodes()
-        broken = [n for n in job.nodes if self.broken(n)]
-        if len(broken) > len(free):
-            if job not in self.waiting:
-                self.waiting.append(job)
-            return
-        if job in self.waiting:
-            self.waiting.remove(job)
-        job.nodes = [free.pop(0) if self.broken(n) else n for n in job.nodes]
-        job.incarnation += 1
-        job.aborted = False
-        job.state, job.ready_at = "reloading", self.now_s + job.spec.reload_s
-        self.post_job(job)
-        self.schedule_checkpoint(job, job.spec.reload_s + job.spec.interval_s)
-
-    def retry_waiting(self) -> None:
-        """A repair may have freed what a waiting job needs: the first waiting first."""
-        for job in list(self.waiting):
-            self.requeue(job)
-
     def evidence(self, job: TwinJob) -> frozenset[str]:
         """What is broken on the job's nodes now, as the twin broke it: the ports down, the
         CQE bursts still within the service's quiet period, and the GPUs and nodes lost
@@ -554,13 +488,6 @@ class Twin:
         lost = {f"{n}/gpu{g} lost at {t:.0f}" for (n, g), t in self.dead_gpus.items() if n in nodes}
         lost |= {f"{n} died at {t:.0f}" for n, t in self.dead_nodes.items() if n in nodes}
         return frozenset(down | cqe | lost)
-
-    def broken(self, node: str) -> bool:
-        return (
-            node in self.dead_nodes
-            or any(n == node for n, _ in self.dead_gpus)
-            or any(self.down[(node, r)] > 0 for r in range(RAILS))
-        )
 
     # --- the books ---------------------------------------------------------------------
 
