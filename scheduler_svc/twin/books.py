@@ -10,7 +10,7 @@ from typing import Any
 
 from scheduler_svc.twin.cluster import GPUS, JobSpec
 
-CAUSES = ("hang", "lost_work", "reload", "degraded", "waiting")
+CAUSES = ("hang", "lost_work", "reload", "degraded", "waiting", "scaled")
 
 
 @dataclass
@@ -36,6 +36,18 @@ class TwinJob:
     generation: int = 0  # bumped at each restart: stale checkpoint events are dropped
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
     on_backup: set[int] = field(default_factory=set)  # ranks the applied commands moved
+    # restart_scaled: the nodes the service said the job restarts without, until the
+    # fleet manager places it again.
+    drop: tuple[str, ...] = ()
+    full_nodes: int = 0  # its size unshrunk (0: as placed first)
+
+    def __post_init__(self) -> None:
+        self.full_nodes = self.full_nodes or len(self.nodes)
+
+    @property
+    def scale(self) -> float:
+        """The share of its data-parallel replicas running (1 unless it was shrunk)."""
+        return len(self.nodes) / self.full_nodes
 
     def rank_of(self, node: str, gpu: int) -> int:
         return self.nodes.index(node) * GPUS + gpu
@@ -59,11 +71,13 @@ class TwinJob:
                 self.lost["waiting"] += end - start
             else:
                 end = t
-                if self.mode == "failed_over":
-                    self.progress += (end - start) / self.spec.k
-                    self.lost["degraded"] += (end - start) * (1 - 1 / self.spec.k)
-                else:
-                    self.progress += end - start
+                # Shrunk, a share (1 - scale) of the time is lost; failed over, what runs
+                # runs k times slower.
+                span, scale = end - start, self.scale
+                k = self.spec.k if self.mode == "failed_over" else 1.0
+                self.progress += span * scale / k
+                self.lost["scaled"] += span * (1 - scale)
+                self.lost["degraded"] += span * scale * (1 - 1 / k)
             self.accounted_to = end
 
     def checkpoint_now(self) -> None:

@@ -84,6 +84,15 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             "to this file, .png, .svg or .pdf (needs matplotlib: the plot extra)."
         ),
     ] = None,
+    allow_scaling: Annotated[
+        bool,
+        typer.Option(
+            "--allow-scaling",
+            help="Jobs may restart without a broken node (a DP replica per node, the "
+            "service's restart_scaled) when no spare is free, and grow back at a "
+            "checkpoint once one is",
+        ),
+    ] = False,
     workers: Annotated[
         int,
         typer.Option(
@@ -105,7 +114,13 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
         nodes_per_leaf = nodes_per_leaf or fitted.nodes_per_leaf
     nodes, jobs, nodes_per_leaf = nodes or 256, jobs or 2, nodes_per_leaf or 32
     try:
-        spec = ClusterSpec(nodes=nodes, spares=spares, nodes_per_leaf=nodes_per_leaf, jobs=jobs)
+        spec = ClusterSpec(
+            nodes=nodes,
+            spares=spares,
+            nodes_per_leaf=nodes_per_leaf,
+            jobs=jobs,
+            scaling=allow_scaling,
+        )
         reports = Reports(
             delay_p=delay_p, duplicate_p=duplicate_p, max_delay_s=max_delay_s, skew_s=skew_s
         )

@@ -88,6 +88,9 @@ class ClusterSpec:
     spares: int = 8
     nodes_per_leaf: int = 32  # per rail: rail r of nodes 0..31 is on leaf r of group 0
     jobs: int = 2
+    # The jobs may restart without a broken node (a DP replica per node, the service's
+    # restart_scaled) when no spare is free, rather than wait for a repair.
+    scaling: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 2:
@@ -128,6 +131,7 @@ class JobSpec:
     detect_s: float
     timeout_s: float
     k: float  # how much slower it really runs failed over
+    allow_scaling: bool = False  # one DP replica per node; it may restart without one
 
     @property
     def gpus(self) -> int:
@@ -157,6 +161,7 @@ def job_mix(spec: ClusterSpec, model: JobModel) -> list[JobSpec]:
                 detect_s=model.detect_h * 3600,
                 timeout_s=model.timeout_s,
                 k=model.k[0],
+                allow_scaling=spec.scaling,
             )
         )
         start += size

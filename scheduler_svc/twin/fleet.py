@@ -1,7 +1,9 @@
 """The fleet twin's fleet manager: what a Slurm-like scheduler does with what the service
 decided and what broke. It aborts a job whose rank died when the service did not, requeues
 an aborted job from its checkpoint with a free healthy node in place of each broken one,
-and, with too few free, leaves it waiting (down) until a repair.
+and, with too few free, restarts it without the nodes the service said to leave out
+(restart_scaled) or leaves it waiting (down) until a repair; a shrunk job grows back at a
+checkpoint once enough nodes are free.
 
 A mixin of scheduler_svc.twin.loop.Twin, which holds the cluster's state and the service
 client; nothing here decides what the service decides.
@@ -79,17 +81,40 @@ class FleetManager:
 
     def requeue(self, job: TwinJob) -> None:
         """Place the job again from its checkpoint, a free node in place of each broken
-        one; with too few free, it waits (still down) for a repair."""
+        one. With too few free, it restarts without the nodes the service said to leave
+        out (restart_scaled) if free ones cover the rest, and else waits (still down) for
+        a repair."""
         job.accrue(self.now_s)
         free = self.free_nodes()
         broken = [n for n in job.nodes if self.broken(n)]
         if len(broken) > len(free):
-            if job not in self.waiting:
-                self.waiting.append(job)
-            return
+            kept = [n for n in job.nodes if n not in job.drop]
+            if not job.drop or not kept or sum(map(self.broken, kept)) > len(free):
+                if job not in self.waiting:
+                    self.waiting.append(job)
+                return
+            job.nodes = kept
         if job in self.waiting:
             self.waiting.remove(job)
-        job.nodes = [free.pop(0) if self.broken(n) else n for n in job.nodes]
+        job.drop = ()
+        self.place(job, [free.pop(0) if self.broken(n) else n for n in job.nodes])
+
+    def grow(self, job: TwinJob) -> None:
+        """At a checkpoint of a shrunk job, with enough healthy nodes free again, the fleet
+        manager stops it cleanly and restarts it at its full size (a reload, no work
+        lost: as the planner's restart_scaling assumes)."""
+        free = self.free_nodes()
+        missing = job.full_nodes - len(job.nodes)
+        if job.state != "up" or missing <= 0 or len(free) < missing:
+            return
+        job.roll_back()  # nothing since the checkpoint just taken
+        job.generation += 1
+        job.on_backup = set()
+        self.place(job, job.nodes + free[:missing])
+
+    def place(self, job: TwinJob, nodes: list[str]) -> None:
+        """The job's next incarnation on `nodes`, reloading from its checkpoint."""
+        job.nodes = nodes
         job.incarnation += 1
         job.aborted = False
         job.state, job.ready_at = "reloading", self.now_s + job.spec.reload_s

@@ -209,6 +209,13 @@ class Twin(FleetManager):
                 "spare_nodes": bool(self.free_nodes()),
                 "node_replace_s": self.model.node_replace_h * 3600,
             }
+            # One DP replica per node (8-way TP inside it): the service may restart the
+            # job without a broken node when no spare is free.
+            | (
+                {"dp_size": len(job.nodes), "tp_size": GPUS, "allow_scaling": True}
+                if job.spec.allow_scaling and len(job.nodes) > 1
+                else {}
+            )
         )
         out = self.rv.register_job(body)
         job.mode = out.mode
@@ -230,7 +237,8 @@ class Twin(FleetManager):
             self.rv.report_checkpoint(job.spec.job_id, at=self.clock(), incarnation=job.incarnation)
             if job.mode == "failed_over":  # the service re-decides a failed-over job only
                 self.deliver([job])
-        if again:
+            self.grow(job)
+        if again and generation == job.generation:  # a job grown back has its own schedule
             self.schedule_checkpoint(job, job.spec.interval_s)
 
     # --- faults ------------------------------------------------------------------------
@@ -463,6 +471,8 @@ class Twin(FleetManager):
                 continue
             self.seen.add(d.decision_id)
             self.decisions[d.action] += 1
+            if d.action == "restart_scaled":  # the fleet manager leaves these nodes out
+                job.drop = tuple(d.drop_nodes)
             if d.action in ("restart", "restart_scaled"):
                 key = (job.spec.job_id, self.evidence(job), nodes)
                 if key in self.restarts:

@@ -94,12 +94,18 @@ def test_a_trace_is_the_same_for_every_policy_and_scales_with_the_rates() -> Non
 def test_a_cluster_that_cannot_be_is_refused_naming_the_option(
     kw: dict[str, int], what: str
 ) -> None:
+    given = {"nodes": 64, "spares": 4} | kw
     with pytest.raises(ValueError, match=f"^{what}: "):
-        ClusterSpec(**({"nodes": 64, "spares": 4} | kw))
+        ClusterSpec(
+            nodes=given["nodes"],
+            spares=given["spares"],
+            nodes_per_leaf=given.get("nodes_per_leaf", 32),
+            jobs=given.get("jobs", 2),
+        )
 
 
 def test_every_cause_is_named() -> None:
-    assert CAUSES == ("hang", "lost_work", "reload", "degraded", "waiting")
+    assert CAUSES == ("hang", "lost_work", "reload", "degraded", "waiting", "scaled")
 
 
 def test_late_twice_sent_and_reordered_reports_and_a_cut_off_agent_keep_every_invariant() -> None:
@@ -190,3 +196,32 @@ def test_two_gpu_losses_on_the_same_placement_are_two_restarts_not_one_twice() -
     assert r.decisions.get("restart", 0) == 2
     assert r.gpu_hours_lost["waiting"] > 0
     conserved(r)
+
+
+def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back() -> None:
+    """No spare, jobs that may shrink (a DP replica per node): node 3's GPU is lost for six
+    hours. The service decides restart_scaled (waiting for a node is dearer), the fleet
+    manager restarts the job on the other 15 nodes, and at the first checkpoint after the
+    repair stops it cleanly and restarts it on all 16. Nothing is lost waiting; 1/16 of
+    the shrunk time is lost as `scaled`; two reloads. Unable to shrink, the job waits."""
+    spec = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1, scaling=True)
+    (job,) = job_mix(spec, JobModel())
+    assert job.allow_scaling
+    repair = 6 * 3600.0
+    faults = [Fault(5000.0, FaultKind.GPU, 3, 2, repair)]
+    r = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults).run()
+    assert r.violations == {}, r.first_violation
+    conserved(r)
+    assert r.decisions == {"restart_scaled": 1}
+    assert r.gpu_hours_lost["waiting"] == 0
+    assert math.isclose(r.gpu_hours_lost["reload"], 2 * job.reload_s * job.gpus / 3600)
+    running = 5000.0 + job.timeout_s + job.detect_s + job.reload_s  # shrunk, up again
+    grown = running + job.interval_s * math.ceil((5000.0 + repair - running) / job.interval_s)
+    shrunk_gpu_h = (grown - running) * job.gpus / 16 / 3600
+    assert math.isclose(r.gpu_hours_lost["scaled"], shrunk_gpu_h, rel_tol=1e-6)
+
+    fixed = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1)
+    waited = Twin(fixed, days=1, seed=1, fault_scale=0, faults=faults).run()
+    assert waited.violations == {}, waited.first_violation
+    assert waited.decisions == {"restart": 1}
+    assert waited.gpu_hours_lost["scaled"] == 0 and waited.gpu_hours_lost["waiting"] > 0
