@@ -194,8 +194,14 @@ class JobIndexCache:
         self._put(self._key(session, job), tuple(sorted(ranks)))
 
     def _put(self, key: tuple[object, ...], ranks: tuple[tuple[int, str, int], ...]) -> _Job:
+        """Keep the job's entry for this placement, and only it: a job placed anew (its
+        next incarnation, a re-post) is never read under its old placement again, and
+        each entry of a 65,536-rank job holds megabytes of index."""
         entry = _Job(ranks, {n for _, n, _ in ranks}, {})
+        job = key[:2]  # (store, job id)
         with self._lock:
+            for old in [k for k in self._jobs if k[:2] == job and k != key]:
+                del self._jobs[old]
             self._jobs[key] = entry
             while len(self._jobs) > self._max:
                 self._jobs.popitem(last=False)
