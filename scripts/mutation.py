@@ -72,6 +72,20 @@ TARGETS = (
         ("tests/engine/test_degraded_decisions.py",),
     ),
     Target(
+        # Issue 29: the twin's books (progress and losses by cause, shrunk and failed over)
+        # and its fleet manager's placements (requeue, shrink, grow back).
+        "twin-fleet",
+        ("scheduler_svc/twin/books.py", "scheduler_svc/twin/fleet.py"),
+        ("tests/twin/test_twin.py",),
+        only=(
+            "scheduler_svc.twin.books.xǁTwinJobǁaccrue__mutmut_*",
+            "scheduler_svc.twin.books.xǁTwinJobǁ__post_init____mutmut_*",
+            "scheduler_svc.twin.fleet.xǁFleetManagerǁrequeue__mutmut_*",
+            "scheduler_svc.twin.fleet.xǁFleetManagerǁgrow__mutmut_*",
+            "scheduler_svc.twin.fleet.xǁFleetManagerǁplace__mutmut_*",
+        ),
+    ),
+    Target(
         "signing",
         ("scheduler_svc/fleet/signing.py",),
         ("tests/scheduler_svc/test_signing.py",),

@@ -6,11 +6,14 @@ side, the planner against the twin).
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import pytest
 
 from scheduler_svc.engine.decision import Policy
+from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.twin.books import CAUSES, TwinResult
 from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, Reports, job_mix, trace
@@ -225,3 +228,31 @@ def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back()
     assert waited.violations == {}, waited.first_violation
     assert waited.decisions == {"restart": 1}
     assert waited.gpu_hours_lost["scaled"] == 0 and waited.gpu_hours_lost["waiting"] > 0
+
+
+def test_a_job_restarted_at_a_checkpoint_checkpoints_once_an_interval_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A NIC breaks for good: railover fails the job over, and at its next checkpoint
+    restarts it to get away. The job then checkpoints once per interval from its reload:
+    the checkpoint that restarted it must not go on with a schedule of its own (it did,
+    so the job checkpointed twice an interval after every such restart)."""
+    spec = ClusterSpec(nodes=16, spares=4, nodes_per_leaf=16, jobs=1)
+    (job,) = job_mix(spec, JobModel())
+    twin = Twin(spec, days=1, seed=1, fault_scale=0,
+                faults=[Fault(5000.0, FaultKind.LINK, 2, 2, 10 * DAY)])  # fmt: skip
+    told: list[float] = []
+    report = RailoverClient.report_checkpoint
+
+    def counted(client: RailoverClient, job_id: str, **kw: Any) -> Any:
+        told.append(twin.now_s)
+        return report(client, job_id, **kw)
+
+    monkeypatch.setattr(RailoverClient, "report_checkpoint", counted)
+    r = twin.run()
+    assert r.violations == {}, r.first_violation
+    assert r.decisions.get("restart") == 1 and r.decisions.get("failover") == 1
+    restarted = told.index(7200.0)  # the first checkpoint after the fault: it restarts
+    after = told[restarted + 1 :]
+    assert after and after[0] == 7200.0 + job.reload_s + job.interval_s
+    assert all(b - a == job.interval_s for a, b in itertools.pairwise(after)), after
