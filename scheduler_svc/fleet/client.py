@@ -138,15 +138,18 @@ class RailoverClient:
         at: datetime | None = None,
         kind: str = "full",
         incarnation: int | None = None,
+        spare_nodes: bool | None = None,
     ) -> CheckpointOut:
         """A usable checkpoint exists now (or at `at`): restart would resume from here.
-        `incarnation`: the job's incarnation that took it (the processes know it)."""
+        `incarnation`: the job's incarnation that took it (the processes know it);
+        `spare_nodes`: whether a healthy spare node is free now (left out: as last said)."""
         body = CheckpointIn.model_validate(
             {
                 "at": at or datetime.now(UTC),
                 "iteration": iteration,
                 "kind": kind,
                 "incarnation": incarnation,
+                "spare_nodes": spare_nodes,
             }
         )
         return self._call(

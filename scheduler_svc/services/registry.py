@@ -337,6 +337,8 @@ def add_checkpoint(
     if incarnation > job.incarnation:
         # The restart acknowledged: the next incarnation runs, on the same placement.
         start_incarnation(session, job, incarnation, now)
+    if body.spare_nodes is not None:  # the fleet manager's word on spares, as of now
+        job.spare_nodes = body.spare_nodes
     current = body.at > job.last_checkpoint_at
     if current:
         job.last_checkpoint_at = body.at

@@ -234,7 +234,12 @@ class Twin(FleetManager):
         if job.state == "up":
             job.checkpoint_now()
             job.checkpoint_at = self.now_s
-            self.rv.report_checkpoint(job.spec.job_id, at=self.clock(), incarnation=job.incarnation)
+            self.rv.report_checkpoint(
+                job.spec.job_id,
+                at=self.clock(),
+                incarnation=job.incarnation,
+                spare_nodes=bool(self.free_nodes()),
+            )
             if job.mode == "failed_over":  # the service re-decides a failed-over job only
                 self.deliver([job])
             self.grow(job)
@@ -319,7 +324,10 @@ class Twin(FleetManager):
             if node in job.nodes and job.spec.checkpoint == "flowcheck" and job.state == "up":
                 job.accrue(self.now_s)
                 self.rv.report_checkpoint(
-                    job.spec.job_id, at=self.clock(), incarnation=job.incarnation
+                    job.spec.job_id,
+                    at=self.clock(),
+                    incarnation=job.incarnation,
+                    spare_nodes=bool(self.free_nodes()),
                 )
         out = self.rv.report_events(stamped)
         self.events += len(stamped)

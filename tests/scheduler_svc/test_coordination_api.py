@@ -340,3 +340,31 @@ def test_checkpoint_while_failed_over_redecides(make_service: Callable[..., http
     quick = decisions(http, "quick-repair")[0]
     assert quick["action"] == "none" and quick["reason"].startswith("keep running degraded")
     assert http.get("/v1/jobs/quick-repair").json()["mode"] == "failed_over"
+
+
+def test_a_checkpoint_saying_no_spare_is_free_keeps_the_job_running_degraded(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    """Posted while a spare was free; by its checkpoint the spares are gone, and the fleet
+    manager says so with the checkpoint: a restart would wait for a node, so the job keeps
+    running failed over. A later checkpoint saying a spare is free again restarts it."""
+    http = make_service()
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000, repair_estimate_s=86400)
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
+
+    none_free = {"at": datetime.now(UTC).isoformat(), "spare_nodes": False}
+    assert http.post("/v1/jobs/j/checkpoints", json=none_free).status_code == 201
+    kept = decisions(http, "j")[0]
+    assert kept["action"] == "none" and "no spare node" in kept["reason"]
+    assert http.get("/v1/jobs/j").json()["mode"] == "failed_over"
+
+    one_free = {"at": datetime.now(UTC).isoformat(), "spare_nodes": True}
+    assert http.post("/v1/jobs/j/checkpoints", json=one_free).status_code == 201
+    restarted = decisions(http, "j")[0]
+    assert restarted["action"] == "restart", restarted
+    assert restarted["reason"].startswith("restart at this checkpoint")
+    bad = {"at": datetime.now(UTC).isoformat(), "spare_nodes": "no"}
+    r = http.post("/v1/jobs/j/checkpoints", json=bad)
+    assert r.status_code == 422 and "spare_nodes" in r.text

@@ -300,6 +300,12 @@ class CheckpointIn(Strict):
         "the same placement. Without it, a checkpoint of a restarting job taken before the "
         "restart decision is the ended incarnation's",
     )
+    spare_nodes: StrictBool | None = Field(
+        default=None,
+        description="Whether a healthy spare node is free now, as the fleet manager knows "
+        "it at this checkpoint (the job's spare_nodes until it says otherwise; the "
+        "restart the checkpoint may decide needs one). Left out: as last said",
+    )
 
 
 class CheckpointOut(BaseModel):
