@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,14 +16,43 @@ import pytest
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.planning.params import JobModel
-from scheduler_svc.twin.books import CAUSES, TwinResult
+from scheduler_svc.twin.books import CAUSES, TwinJob, TwinResult
 from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, Reports, job_mix, trace
-from scheduler_svc.twin.loop import Twin
+from scheduler_svc.twin.loop import COMM_ID, Twin
 
 DAY = 86400.0
 # 64 nodes, 16 per leaf and rail; 4 spares; job-0 (interval checkpoints) on n00000-n00029,
 # job-1 (FlowCheck) on n00030-n00059.
 SPEC = ClusterSpec(nodes=64, spares=4, nodes_per_leaf=16, jobs=2)
+
+
+def checkpoints_told(monkeypatch: pytest.MonkeyPatch, twin: Twin) -> list[float]:
+    """The twin's times of the checkpoints its jobs report to the service, as they come."""
+    told: list[float] = []
+    report = RailoverClient.report_checkpoint
+
+    def counted(client: RailoverClient, job_id: str, **kw: Any) -> Any:
+        told.append(twin.now_s)
+        return report(client, job_id, **kw)
+
+    monkeypatch.setattr(RailoverClient, "report_checkpoint", counted)
+    return told
+
+
+def test_a_shrunk_job_failed_over_loses_each_share_once() -> None:
+    """Run with 12 of its 16 nodes and failed over at k = 1.5: a quarter of the time is lost
+    as `scaled`, and of the rest a third (1 - 1/k) as `degraded`."""
+    spec = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1)
+    (job_spec,) = job_mix(spec, JobModel())
+    job = TwinJob(replace(job_spec, k=1.5), COMM_ID, list(job_spec.nodes))
+    job.nodes = job.nodes[:12]
+    job.mode = "failed_over"
+    job.accrue(3600.0)
+    assert job.full_nodes == 16
+    assert math.isclose(job.lost["scaled"], 900.0)
+    assert math.isclose(job.lost["degraded"], 2700.0 / 3)
+    assert math.isclose(job.progress, 2700.0 / 1.5)
+    assert math.isclose(job.progress + sum(job.lost.values()), 3600.0)
 
 
 def conserved(r: TwinResult) -> None:
@@ -201,7 +231,9 @@ def test_two_gpu_losses_on_the_same_placement_are_two_restarts_not_one_twice() -
     conserved(r)
 
 
-def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back() -> None:
+def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """No spare, jobs that may shrink (a DP replica per node): node 3's GPU is lost for six
     hours. The service decides restart_scaled (waiting for a node is dearer), the fleet
     manager restarts the job on the other 15 nodes, and at the first checkpoint after the
@@ -212,7 +244,9 @@ def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back()
     assert job.allow_scaling
     repair = 6 * 3600.0
     faults = [Fault(5000.0, FaultKind.GPU, 3, 2, repair)]
-    r = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults).run()
+    twin = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults)
+    told = checkpoints_told(monkeypatch, twin)
+    r = twin.run()
     assert r.violations == {}, r.first_violation
     conserved(r)
     assert r.decisions == {"restart_scaled": 1}
@@ -222,6 +256,12 @@ def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back()
     grown = running + job.interval_s * math.ceil((5000.0 + repair - running) / job.interval_s)
     shrunk_gpu_h = (grown - running) * job.gpus / 16 / 3600
     assert math.isclose(r.gpu_hours_lost["scaled"], shrunk_gpu_h, rel_tol=1e-6)
+    # Grown back, it checkpoints once an interval from its reload: the checkpoint that
+    # grew it goes on with no schedule of its own.
+    after = told[told.index(grown) + 1 :]
+    assert after and math.isclose(after[0], grown + job.reload_s + job.interval_s)
+    assert all(math.isclose(b - a, job.interval_s) for a, b in itertools.pairwise(after)), after
+    assert (twin.jobs[job.job_id].incarnation, len(twin.jobs[job.job_id].nodes)) == (3, 16)
 
     fixed = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1)
     waited = Twin(fixed, days=1, seed=1, fault_scale=0, faults=faults).run()
@@ -241,14 +281,7 @@ def test_a_job_restarted_at_a_checkpoint_checkpoints_once_an_interval_after(
     (job,) = job_mix(spec, JobModel())
     twin = Twin(spec, days=1, seed=1, fault_scale=0,
                 faults=[Fault(5000.0, FaultKind.LINK, 2, 2, 10 * DAY)])  # fmt: skip
-    told: list[float] = []
-    report = RailoverClient.report_checkpoint
-
-    def counted(client: RailoverClient, job_id: str, **kw: Any) -> Any:
-        told.append(twin.now_s)
-        return report(client, job_id, **kw)
-
-    monkeypatch.setattr(RailoverClient, "report_checkpoint", counted)
+    told = checkpoints_told(monkeypatch, twin)
     r = twin.run()
     assert r.violations == {}, r.first_violation
     assert r.decisions.get("restart") == 1 and r.decisions.get("failover") == 1
