@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from railover_testing.local import local_service
+from railover_testing.local import free_port, local_service
 from scheduler_svc.api.schemas.jobs import JobIn
 from scheduler_svc.config import Settings
 from scheduler_svc.fleet.client import RailoverClient, RailoverError
@@ -147,9 +146,10 @@ def test_torchrun_two_processes_register_and_checkpoint(tmp_path: Path) -> None:
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, below the ephemeral range: torchrun's store binds it as
+    MASTER_PORT, and a port from the ephemeral range can meanwhile be taken by any
+    outgoing connection (a CI run saw EADDRINUSE)."""
+    return free_port()
 
 
 @pytest.mark.slow
