@@ -10,10 +10,13 @@ as (run index, fraction done) through a queue.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
 import queue
+import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -30,6 +33,8 @@ from scheduler_svc.twin.plot import LossCurve
 # events would otherwise put millions of messages through the queue.
 PROGRESS_STEP = 0.005
 QUIET = ("scheduler_svc", "railover")  # loggers whose levels the workers take from here
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+_WORKER: dict[str, Any] = {}  # in a worker process: what it was handed at its start
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +114,15 @@ def run_all(
     if workers == 1 or len(runs) == 1:
         return [run_one(r, _reporter(progress, i)) for i, r in enumerate(runs)]
     ctx = multiprocessing.get_context("spawn")
-    # The workers log as quietly as this process does (a spawned process starts afresh).
+    # The workers log as quietly as this process does (a spawned process starts afresh),
+    # and put their progress on a queue they are handed when they start.
     levels = {name: logging.getLogger(name).level for name in QUIET}
-    with (
-        ctx.Manager() as manager,
-        ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_levels, initargs=(levels,)
-        ) as pool,
-    ):
-        updates = manager.Queue()
+    updates = ctx.Queue()
+    with ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_worker_start, initargs=(levels, updates)
+    ) as pool:
         pending: dict[Future[Done], int] = {
-            pool.submit(_in_worker, r, i, updates): i for i, r in enumerate(runs)
+            pool.submit(_in_worker, r, i): i for i, r in enumerate(runs)
         }
         done: dict[int, Done] = {}
         while pending:
@@ -146,12 +149,22 @@ def _reporter(
     return report
 
 
-def _levels(levels: Mapping[str, int]) -> None:
+def _worker_start(levels: Mapping[str, int], updates: Any) -> None:
+    """A worker logs as the parent does, reports progress on `updates`, and ends with the
+    parent: one stopped by SIGTERM or SIGKILL (a scheduler's time limit) would otherwise
+    leave its workers running their runs to the end, minutes each."""
+    _WORKER["updates"] = updates
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() == 1:  # the parent was gone before the call took effect
+            os._exit(1)
 
 
-def _in_worker(run: Run, index: int, updates: Any) -> Done:
+def _in_worker(run: Run, index: int) -> Done:
+    updates = _WORKER["updates"]
     return run_one(run, _reporter(lambda i, f: updates.put((i, f)), index))
 
 
