@@ -36,20 +36,13 @@ from dataclasses import replace
 
 from benchmarks import benchlib
 from scheduler_svc.engine.decision import Policy
+from scheduler_svc.planning.fit import monthly_fraction
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.planning.simulate import simulate
 from scheduler_svc.twin.cluster import GPUS, ClusterSpec, FaultKind, trace
 from scheduler_svc.twin.loop import Twin
 
 PAIRS = {Policy.RESTART_ONLY: "restart", Policy.RAILOVER: "railover"}
-HOURS_PER_MONTH = 730.0
-
-
-def scaled_monthly(monthly: float, scale: float) -> float:
-    """The monthly failure probability whose hourly hazard is `scale` times `monthly`'s
-    (the planner turns f into -ln(1 - f) / 730 per hour; the twin multiplies that)."""
-    hazard = -math.log1p(-monthly) / HOURS_PER_MONTH
-    return -math.expm1(-hazard * scale * HOURS_PER_MONTH)
 
 
 def twin_shares(
@@ -90,7 +83,9 @@ def main() -> None:
         model,
         gpus=job_gpus,
         hours=args.days * 24,
-        link_failure_monthly=scaled_monthly(model.link_failure_monthly, args.fault_scale),
+        # The monthly probability whose hourly hazard is the twin's: the link rate times
+        # the scale.
+        link_failure_monthly=monthly_fraction(model.link_rate_per_h * args.fault_scale),
         switch_failure_monthly=0.0,
     )
     print(

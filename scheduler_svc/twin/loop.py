@@ -226,6 +226,16 @@ class Twin(FleetManager):
         step = FLOWCHECK_POST_S if job.spec.checkpoint == "flowcheck" else job.spec.interval_s
         self.at(self.now_s + max(after, step), lambda: self.checkpoint(job, gen))
 
+    def tell_checkpoint(self, job: TwinJob) -> None:
+        """The job's newest checkpoint, as of now, told to the service, with the fleet
+        manager's word on whether a spare node is free."""
+        self.rv.report_checkpoint(
+            job.spec.job_id,
+            at=self.clock(),
+            incarnation=job.incarnation,
+            spare_nodes=bool(self.free_nodes()),
+        )
+
     def checkpoint(self, job: TwinJob, generation: int, *, again: bool = True) -> None:
         """The job checkpoints now (and, `again`, at its next time)."""
         if generation != job.generation:
@@ -234,12 +244,7 @@ class Twin(FleetManager):
         if job.state == "up":
             job.checkpoint_now()
             job.checkpoint_at = self.now_s
-            self.rv.report_checkpoint(
-                job.spec.job_id,
-                at=self.clock(),
-                incarnation=job.incarnation,
-                spare_nodes=bool(self.free_nodes()),
-            )
+            self.tell_checkpoint(job)
             if job.mode == "failed_over":  # the service re-decides a failed-over job only
                 self.deliver([job])
             self.grow(job)
@@ -323,12 +328,7 @@ class Twin(FleetManager):
         for job in self.jobs.values():  # FlowCheck jobs say their newest checkpoint first
             if node in job.nodes and job.spec.checkpoint == "flowcheck" and job.state == "up":
                 job.accrue(self.now_s)
-                self.rv.report_checkpoint(
-                    job.spec.job_id,
-                    at=self.clock(),
-                    incarnation=job.incarnation,
-                    spare_nodes=bool(self.free_nodes()),
-                )
+                self.tell_checkpoint(job)
         out = self.rv.report_events(stamped)
         self.events += len(stamped)
         ids = [e["event_id"] for e in stamped]
