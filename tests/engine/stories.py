@@ -26,8 +26,10 @@ from scheduler_svc.engine.intents import Intent, command_diff
 from scheduler_svc.engine.paths import Gpu, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.reconcile import reconcile
 from scheduler_svc.engine.state import (
+    Action,
     CheckpointSeen,
     CommSpec,
+    DecisionRecord,
     Desired,
     FabricView,
     JobState,
@@ -178,3 +180,25 @@ def kinds(intents: list[Intent]) -> list[tuple[str, tuple[int, ...], tuple[int, 
 
 
 SCALED = {"allow_scaling": True, "spare_nodes": False, "node_replace_s": 7200, "slowdown_k": 3.0}
+
+
+def rails_3_and_6_fail(s: Story) -> None:
+    """Rail 3 fails on n0 and n1, rail 6 on n0 (the one-rail waiting story of
+    test_failback_decisions and the held-rank strength tests)."""
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
+    s.faults[3] = down(3, "n0", "mlx5_6", 3000)
+    s.step(3000)
+
+
+def n0_returns_and_rank_3_waits(s: Story) -> DecisionRecord:
+    """After rails_3_and_6_fail, n0's rails come back: rank 6 returns, rank 3 waits for
+    rank 11 (still on n1's failed rail 3). The fail-back decision."""
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
+    s.faults[3] = down(3, "n0", "mlx5_6", 3000, recovered_at=at(3100))
+    d = s.step(3220).decision
+    assert d is not None and d.action == Action.FAILBACK
+    assert [r["rank"] for r in d.plan["returning"]] == [6]
+    assert d.plan["held"] == [3]
+    assert dict(s.desired.moved) == {3: "mlx5_2/1", 11: "mlx5_2/1"}
+    return d

@@ -10,27 +10,13 @@ from __future__ import annotations
 
 from scheduler_svc.engine.intents import IntentKind
 from scheduler_svc.engine.state import Action, CommSpec, Mode
-from tests.engine.stories import Story, at, down
-
-
-def _rails_3_and_6_fail(s: Story) -> None:
-    """Rail 3 fails on n0 and n1, rail 6 on n0."""
-    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
-    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
-    s.faults[3] = down(3, "n0", "mlx5_6", 3000)
-    s.step(3000)
-
-
-def _n0_returns_and_rank_3_waits(s: Story) -> None:
-    """n0's rails come back: rank 6 returns, rank 3 waits for rank 11 (still on n1's
-    failed rail 3)."""
-    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
-    s.faults[3] = down(3, "n0", "mlx5_6", 3000, recovered_at=at(3100))
-    d = s.step(3220).decision
-    assert d is not None and d.action == Action.FAILBACK
-    assert [r["rank"] for r in d.plan["returning"]] == [6]
-    assert d.plan["held"] == [3]
-    assert dict(s.desired.moved) == {3: "mlx5_2/1", 11: "mlx5_2/1"}
+from tests.engine.stories import (
+    Story,
+    at,
+    down,
+    n0_returns_and_rank_3_waits,
+    rails_3_and_6_fail,
+)
 
 
 def test_a_held_rank_makes_a_communicator_listed_before_wait_too() -> None:
@@ -61,9 +47,9 @@ def test_a_returning_rank_of_a_communicator_nobody_stays_in_returns() -> None:
     primary, returns at once."""
     comms = (CommSpec(5, 4, ranks=(3, 11)), CommSpec(6, 4, ranks=(6, 14)))
     s = Story(["n0", "n1"], job_kw={"communicators": comms})
-    _rails_3_and_6_fail(s)
+    rails_3_and_6_fail(s)
     assert dict(s.desired.moved) == {3: "mlx5_2/1", 6: "mlx5_7/1", 11: "mlx5_2/1"}
-    _n0_returns_and_rank_3_waits(s)
+    n0_returns_and_rank_3_waits(s)
 
 
 def test_a_rank_waits_for_its_one_rail_peer_behind_a_communicator_with_dcr() -> None:
@@ -71,9 +57,9 @@ def test_a_rank_waits_for_its_one_rail_peer_behind_a_communicator_with_dcr() -> 
     fail-back keeps the failed rail out) listed first: rank 3 still waits for rank 11."""
     comms = (CommSpec(77, 16), CommSpec(5, 4, ranks=(3, 11)))
     s = Story(["n0", "n1"], job_kw={"communicators": comms})
-    _rails_3_and_6_fail(s)
+    rails_3_and_6_fail(s)
     assert s.desired.disabled.get(77)
-    _n0_returns_and_rank_3_waits(s)
+    n0_returns_and_rank_3_waits(s)
 
 
 def test_a_communicator_of_every_rank_listed_without_its_ranks_returns_whole() -> None:

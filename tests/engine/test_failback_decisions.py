@@ -6,7 +6,13 @@ from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.intents import IntentKind
 from scheduler_svc.engine.nccl import NcclSpec
 from scheduler_svc.engine.state import Action, CommSpec, Desired, Mode
-from tests.engine.stories import Story, at, down
+from tests.engine.stories import (
+    Story,
+    at,
+    down,
+    n0_returns_and_rank_3_waits,
+    rails_3_and_6_fail,
+)
 
 
 def test_whole_failback_record() -> None:
@@ -91,17 +97,9 @@ def test_a_rank_waits_on_its_backup_while_a_one_rail_peer_is_still_failed() -> N
     world communicator with DCR: it waits, and the decision says why."""
     comms = (CommSpec(5, 4, ranks=(3, 11)), CommSpec(77, 16))
     s = Story(["n0", "n1"], job_kw={"communicators": comms})
-    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
-    s.faults[2] = down(2, "n1", "mlx5_3", 3000)
-    s.faults[3] = down(3, "n0", "mlx5_6", 3000)
-    s.step(3000)
+    rails_3_and_6_fail(s)
     assert s.desired.moved == {3: "mlx5_2/1", 6: "mlx5_7/1", 11: "mlx5_2/1"}
-    s.faults[1] = down(1, "n0", "mlx5_3", 3000, recovered_at=at(3100))
-    s.faults[3] = down(3, "n0", "mlx5_6", 3000, recovered_at=at(3100))
-    d = s.step(3220).decision
-    assert d is not None and d.action == Action.FAILBACK
-    assert [r["rank"] for r in d.plan["returning"]] == [6]
-    assert d.plan["held"] == [3]
+    d = n0_returns_and_rank_3_waits(s)  # 6 returns, 3 held, {3, 11} still moved
     assert d.plan["still_failed_over"] == [3, 11]
     assert d.reason.endswith(
         "1 rank(s) stay on their backup (their primary is still failed); 1 rank(s) wait on "
