@@ -22,8 +22,6 @@ multiples: 1k p50 <= 3x, 64k p99 <= 10x).
 from __future__ import annotations
 
 import argparse
-import sqlite3
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +29,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -85,28 +82,6 @@ def hooked(tally: Tally) -> Iterator[None]:
         event.remove(Engine, "commit", tally.commit)
 
 
-def floor_ms(http: httpx.Client, rounds: int = 200) -> tuple[float, float]:
-    """(median empty round trip, median one-row SQLite commit), each in ms."""
-    trips = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        http.get("/healthz").raise_for_status()
-        trips.append(time.perf_counter() - started)
-    commits = []
-    with tempfile.TemporaryDirectory(prefix="railover-floor-") as tmp:
-        db = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-        for i in range(rounds):
-            started = time.perf_counter()
-            db.execute("BEGIN")
-            db.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
-            db.execute("COMMIT")
-            commits.append(time.perf_counter() - started)
-        db.close()
-    return benchlib.percentile(trips, 50) * 1e3, benchlib.percentile(commits, 50) * 1e3
-
-
 def fault(names: list[str], i: int, kind: str, at: datetime) -> dict[str, Any]:
     nodes = len(names)
     return {
@@ -132,7 +107,7 @@ def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:
         bench_registration.register(url, names)
         checkpoint = datetime.now(UTC) - timedelta(hours=1)
         http.post("/v1/jobs", json=benchlib.job_body("bench", names, checkpoint)).raise_for_status()
-        trip_ms, commit_ms = floor_ms(http)
+        trip_ms, commit_ms = benchlib.floor_ms(http)
         latencies: list[float] = []
         statements: list[float] = []
         commits: list[float] = []

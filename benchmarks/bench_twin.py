@@ -15,16 +15,29 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import tempfile
 import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from benchmarks import benchlib
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.twin.cluster import ClusterSpec
+from scheduler_svc.twin.harness import service, twin_settings
 from scheduler_svc.twin.loop import Twin
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_NAMED = re.compile(r"/(jobs|nodes|commands)/[^/?]+")
+
+
+def _template(path: str) -> str:
+    return _NAMED.sub(r"/\1/{}", path.split("?", maxsplit=1)[0])
 
 
 def rss_mb() -> float:
@@ -39,17 +52,48 @@ class Timed:
     def __init__(self) -> None:
         self.waited = 0.0
         self.requests = 0
+        # (method, path with names as {}) -> each request's wall seconds
+        self.by_kind: dict[tuple[str, str], list[float]] = defaultdict(list)
         original = RailoverClient._request
 
-        def request(client: RailoverClient, *args: Any, **kw: Any) -> Any:
+        def request(client: RailoverClient, method: str, path: str, *a: Any, **kw: Any) -> Any:
             started = time.perf_counter()
             try:
-                return original(client, *args, **kw)
+                return original(client, method, path, *a, **kw)
             finally:
-                self.waited += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.waited += took
                 self.requests += 1
+                self.by_kind[(method, _template(path))].append(took)
 
         RailoverClient._request = request  # type: ignore[method-assign,assignment]
+
+
+def measure_floor() -> float:
+    """The machine's floor in ms, measured now: an empty round trip to a twin's service, plus
+    a one-row SQLite commit (benchlib.floor_ms)."""
+    with tempfile.TemporaryDirectory(prefix="railover-floor-") as tmp:
+        settings = twin_settings(Policy.RAILOVER, None, Path(tmp))
+        with (
+            service(settings, datetime.now(UTC)) as (_app, url, _clock),
+            httpx.Client(base_url=url) as http,
+        ):
+            trip_ms, commit_ms = benchlib.floor_ms(http)
+    return trip_ms + commit_ms
+
+
+def print_kinds(by_kind: dict[tuple[str, str], list[float]], floor_ms: float) -> None:
+    """Per kind of request, most wall time first: count, total, p50 and p99, the p50 also
+    as a multiple of the floor."""
+    head = f"{'count':>8} {'total s':>8} {'p50 ms':>7} {'p99 ms':>7} {'p50 x':>6}"
+    print(f"    {'request':48} {head}")
+    for (method, path), took in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
+        p50 = benchlib.percentile(took, 50) * 1e3
+        p99 = benchlib.percentile(took, 99) * 1e3
+        print(
+            f"    {method + ' ' + path:48} {len(took):8,} {sum(took):8.1f} {p50:7.2f} "
+            f"{p99:7.2f} {p50 / floor_ms:6.1f}"
+        )
 
 
 def main() -> None:
@@ -68,10 +112,13 @@ def main() -> None:
     logging.disable(logging.WARNING)
     m = benchlib.machine()
     print(f"machine: {m['nproc']} cores, {m['cpu']}")
+    floor = measure_floor()
+    print(f"floor: {floor:.2f} ms (an empty round trip plus a one-row SQLite commit)")
     spec = ClusterSpec(args.nodes, args.spares, args.nodes_per_leaf, args.jobs)
     timed = Timed()
     for policy in args.policy or list(Policy):
         timed.waited, timed.requests = 0.0, 0
+        timed.by_kind.clear()
         rss: dict[str, float] = {}
 
         started = time.perf_counter()
@@ -116,6 +163,7 @@ def main() -> None:
             f"lost {r.gpu_hours_total:,.1f} of {r.gpu_hours:,.0f} GPU-h; "
             f"violations {sum(r.violations.values())}"
         )
+        print_kinds(timed.by_kind, floor)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,28 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile, q in 0..100."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def floor_ms(http: httpx.Client, rounds: int = 200) -> tuple[float, float]:
+    """(median empty round trip, median one-row SQLite commit), each in ms."""
+    trips = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        http.get("/healthz").raise_for_status()
+        trips.append(time.perf_counter() - started)
+    commits = []
+    with tempfile.TemporaryDirectory(prefix="railover-floor-") as tmp:
+        db = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        for i in range(rounds):
+            started = time.perf_counter()
+            db.execute("BEGIN")
+            db.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
+            db.execute("COMMIT")
+            commits.append(time.perf_counter() - started)
+        db.close()
+    return percentile(trips, 50) * 1e3, percentile(commits, 50) * 1e3
 
 
 @contextmanager
