@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc.config import Settings
+from scheduler_svc.fleet import audit
 from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets
 from scheduler_svc.fleet.repositories import AuditRepo
 from scheduler_svc.fleet.worker import DeliveryWorker
@@ -50,13 +51,14 @@ class Fleet:
 class AuditRequests:
     """ASGI middleware recording every state-changing /v1 call, refused ones included.
 
-    The entry is written when the answer starts, before the client sees any of it,
-    apart from the request's own transaction so refused and failed calls are kept too
-    (in one shared with other requests' short writes, store/groupcommit.py); the principal
-    is the one deps.get_principal resolved for the request (none for a call that
-    never got past authentication). A call that raises instead of answering (the
-    outer error handler then answers 500) is not recorded. Every other request
-    passes straight through: long-polls and reads cost nothing here.
+    The entry is written in the transaction of the change it records where the route
+    commits one (fleet/audit.py); otherwise when the answer starts, before the client sees
+    any of it, apart from the request's own transaction so refused and failed calls are
+    kept too (in one shared with other requests' short writes, store/groupcommit.py). The
+    principal is the one deps.get_principal resolved for the request (none for a call that
+    never got past authentication). A call that raises instead of answering (the outer
+    error handler then answers 500) is not recorded. Every other request passes straight
+    through: long-polls and reads cost nothing here.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -70,13 +72,17 @@ class AuditRequests:
         ):
             await self.app(scope, receive, send)
             return
+        unwritten, token = audit.expect(Request(scope))
 
         async def audited(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                await _audit(Request(scope), message["status"])
+            if message["type"] == "http.response.start" and unwritten.status != message["status"]:
+                await _audit(unwritten.request, message["status"])
             await send(message)
 
-        await self.app(scope, receive, audited)
+        try:
+            await self.app(scope, receive, audited)
+        finally:
+            audit.done(token)
 
 
 @dataclass
@@ -135,18 +141,7 @@ async def _audit(request: Request, status: int) -> None:
         if done:
             await _write_entries(request.app.state.writes, done)
         return
-    route = request.scope.get("route")
-    entry = m.AuditEntry(
-        at=datetime.now(UTC),
-        token_id=getattr(principal, "token_id", None),
-        role=None if principal is None else str(principal.role.value),
-        method=request.method,
-        path=request.url.path[:512],
-        operation=getattr(route, "operation_id", None),
-        status=status,
-        client=None if request.client is None else request.client.host[:64],
-        detail=getattr(request.state, "audit_detail", None),
-    )
+    entry = audit.entry(request, status)
     try:
         await run_in_threadpool(_write_audit, request.app.state.writes, entry)
     except Exception:  # an audit failure must not turn a done change into an error

@@ -13,8 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from prometheus_client import REGISTRY
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import served_app
@@ -140,6 +142,8 @@ def test_writes_are_audited_before_the_answer_and_reads_are_not(http: httpx.Clie
 def test_an_audit_failure_leaves_the_answer_alone(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An entry written apart from the request's change (here a refused write's) that cannot
+    be written leaves the answer as it was."""
     from scheduler_svc.fleet import service
 
     def broken(*_: Any) -> None:
@@ -147,7 +151,48 @@ def test_an_audit_failure_leaves_the_answer_alone(
 
     monkeypatch.setattr(service, "_write_audit", broken)
     with serving(make_app(settings)) as http:
-        r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": []})
-        assert r.status_code == 200, r.text
-        assert http.get("/v1/nodes/n0").status_code == 200
+        r = http.put("/v1/nodes/n0", json={"gpus": "x"})
+        assert r.status_code == 422, r.text
+        assert http.get("/v1/nodes/n0").status_code == 404
         assert audit(http) == []
+
+
+def test_a_committed_change_and_its_audit_entry_are_one_commit(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write whose route commits its change carries its audit entry in that commit: the
+    separate path is not taken (it is broken here), and the store sees one commit."""
+    from scheduler_svc.fleet import service
+
+    def broken(*_: Any) -> None:
+        raise AssertionError("written apart from its change")
+
+    monkeypatch.setattr(service, "_write_audit", broken)
+    commits: list[object] = []
+
+    def committed(conn: object) -> None:
+        commits.append(conn)
+
+    with serving(make_app(settings)) as http:
+        event.listen(Engine, "commit", committed)
+        try:
+            r = http.put("/v1/nodes/n0", json={"gpus": [], "rnics": []})
+        finally:
+            event.remove(Engine, "commit", committed)
+        assert r.status_code == 200, r.text
+        assert len(commits) == 1
+        assert audit(http) == [("PUT", "/v1/nodes/n0", 200, "register_node")]
+
+
+def test_the_status_recorded_with_the_change_is_the_one_answered() -> None:
+    """A Response the route returns, else one it set on its `response`, else its declared."""
+    from scheduler_svc.api.routing import answering_status
+
+    set_on = Response()
+    set_on.status_code = 200
+    assert answering_status(Response(status_code=204), set_on, 201) == 204
+    assert answering_status({"created": False}, set_on, 201) == 200
+    untouched = Response()  # as FastAPI makes the `response` it passes: no status set
+    untouched.status_code = None  # type: ignore[assignment]
+    assert answering_status({"created": True}, untouched, 201) == 201
+    assert answering_status({"created": True}, None, 202) == 202
