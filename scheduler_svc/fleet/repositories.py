@@ -4,15 +4,35 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, delete, func, or_, select, update
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import and_, delete, event, func, or_, select, update
+from sqlalchemy.orm import Session, SessionTransaction, aliased
 
 from scheduler_svc.store import models as m
 
 PENDING, DELIVERED, DEAD, CANCELLED = "pending", "delivered", "dead", "cancelled"
 ACTION_TARGETS = ("k8s", "slurm")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What an event's delivery needs of a subscription that wants it."""
+
+    subscription_id: str
+    url: str
+    event_types: tuple[str, ...]
+
+
+# session.info key: the subscriptions read in this transaction, by job (`matching`).
+_MATCHING_KEY = "railover.subscriptions"
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_matching(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the transaction itself, not a flush's or a savepoint's
+        session.info.pop(_MATCHING_KEY, None)
 
 
 class SubscriptionRepo:
@@ -42,6 +62,7 @@ class SubscriptionRepo:
         )
         self.s.add(row)
         self.s.flush()
+        self.s.info.pop(_MATCHING_KEY, None)
         return row
 
     def get(self, subscription_id: str) -> m.Subscription | None:
@@ -50,15 +71,26 @@ class SubscriptionRepo:
     def all(self) -> Sequence[m.Subscription]:
         return self.s.scalars(select(m.Subscription).order_by(m.Subscription.created_at)).all()
 
-    def matching(self, event_type: str, job_id: str | None) -> list[m.Subscription]:
-        """Subscriptions that want this event: type filter empty or naming it, job unset or it."""
-        rows = self.s.scalars(
-            select(m.Subscription)
-            .where(or_(m.Subscription.job_id.is_(None), m.Subscription.job_id == job_id))
-            .order_by(m.Subscription.subscription_id)
-        ).all()
+    def matching(self, event_type: str, job_id: str | None) -> list[Target]:
+        """Subscriptions that want this event: type filter empty or naming it, job unset or it.
+
+        Every event asks (a switch point's commands each announce their state, one by one),
+        so this is one Core query for what a delivery needs, remembered for the rest of the
+        transaction: a subscription made meanwhile is another transaction's, and gets the
+        events of the transactions that start after it."""
+        cached: dict[str | None, list[Target]] = self.s.info.setdefault(_MATCHING_KEY, {})
+        if job_id not in cached:
+            sub = m.Subscription.__table__.c
+            cached[job_id] = [
+                Target(row.subscription_id, row.url, tuple(row.event_types or ()))
+                for row in self.s.execute(
+                    select(sub.subscription_id, sub.url, sub.event_types)
+                    .where(or_(sub.job_id.is_(None), sub.job_id == job_id))
+                    .order_by(sub.subscription_id)
+                )
+            ]
         # The type filter is a JSON list: matched here rather than with backend-specific JSON SQL.
-        return [r for r in rows if not r.event_types or event_type in r.event_types]
+        return [t for t in cached[job_id] if not t.event_types or event_type in t.event_types]
 
     def delete(self, row: m.Subscription) -> None:
         self.s.execute(
@@ -68,6 +100,7 @@ class SubscriptionRepo:
         )
         self.s.delete(row)
         self.s.flush()
+        self.s.info.pop(_MATCHING_KEY, None)
 
 
 class OutboxRepo:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.local import free_port
@@ -244,3 +244,53 @@ def test_post_event_answers_and_failures(
             post_event(client, f"http://127.0.0.1:{free_port()}/", SECRET, ev, 5.0)
         assert str(unreachable.value).startswith("ConnectError: ")
         assert unreachable.value.status is None
+
+
+def test_a_transaction_reads_the_subscriptions_once_and_sees_its_own_changes(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """A switch point announces every command in one transaction: the subscriptions are read
+    once for it, by job; one made or deleted in the transaction counts from then on, and
+    one another transaction made counts from the next transaction."""
+    statements: list[str] = []
+
+    def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM subscriptions" in statement:
+            statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", executed)
+    try:
+        first = subscribe(sessions, "http://127.0.0.1:9/a", job_id="j1")
+        with sessions() as s, s.begin():
+            for i in range(5):
+                emit(s, "io.railover.command.applied", job_id="j1", subject=f"command/{i}", data={})
+            emit(s, "io.railover.switch.fault", job_id=None, subject="switch/s", data={})
+            assert len(statements) == 2  # j1's and the cluster's
+            later = SubscriptionRepo(s).create(
+                url="http://127.0.0.1:9/b", event_types=["io.railover.command.applied"],
+                job_id=None, description="", secret=SECRET, created_by=None,
+                now=datetime.now(UTC),
+            )  # fmt: skip
+            emit(s, "io.railover.command.applied", job_id="j1", subject="command/9", data={})
+            emit(s, "io.railover.switch.fault", job_id=None, subject="switch/t", data={})
+            SubscriptionRepo(s).delete(SubscriptionRepo(s).get(first))
+            emit(s, "io.railover.command.applied", job_id="j1", subject="command/10", data={})
+        # Made by another transaction meanwhile: seen by this session's next transaction.
+        with sessions() as s:
+            with s.begin():
+                emit(s, "io.railover.switch.fault", job_id=None, subject="switch/u", data={})
+            third = subscribe(sessions, "http://127.0.0.1:9/c")
+            with s.begin():
+                emit(s, "io.railover.switch.fault", job_id=None, subject="switch/v", data={})
+    finally:
+        event.remove(engine, "before_cursor_execute", executed)
+    targets = [(d.outbox_id, d.target) for d in deliveries(sessions)]
+    per_event = [
+        sorted(t for o, t in targets if o == outbox) for outbox in sorted({o for o, _ in targets})
+    ]
+    assert per_event == (
+        [[f"sub:{first}"]] * 5
+        + [sorted([f"sub:{first}", f"sub:{later.subscription_id}"])]
+        + [[f"sub:{later.subscription_id}"]]
+        + [[f"sub:{third}"]]
+    )
