@@ -129,7 +129,9 @@ def _settle(
             cannot_move(session, cmd, why, now, settings)
         return
     if status == AckStatus.APPLIED:
-        applied = {a.rank for a in repo.acks(cmd.command_id) if a.status == AckStatus.APPLIED}
+        applied = set(body.answering())  # most acks speak for all the command's ranks at once
+        if None not in applied and not set(cmd.ranks) <= applied:
+            applied = {a.rank for a in repo.acks(cmd.command_id) if a.status == AckStatus.APPLIED}
         if None in applied or set(cmd.ranks) <= applied:
             commands.transition(session, cmd, CommandState.APPLIED, now)
         else:
