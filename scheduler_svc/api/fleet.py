@@ -1,4 +1,5 @@
-"""Webhook subscriptions, deliveries (dead letters and replay) and the audit log."""
+"""Webhook subscriptions, deliveries (dead letters and replay), the audit log, and the
+fleet's history for planning."""
 
 from __future__ import annotations
 
@@ -8,9 +9,23 @@ from typing import Annotated
 from fastapi import Query, Response
 
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import FleetAuth, SessionDep, SettingsDep, check_webhook_url
-from scheduler_svc.api.schemas.fields import JSON_INT_MAX, Id64, JobId
-from scheduler_svc.errors import VALIDATION, Conflict, Forbidden, NotFound, Unauthorized, responses
+from scheduler_svc.api.deps import (
+    FleetAuth,
+    NowDep,
+    SessionDep,
+    SettingsDep,
+    check_webhook_url,
+)
+from scheduler_svc.api.schemas.fields import JSON_INT_MAX, Id64, JobId, UtcTime
+from scheduler_svc.errors import (
+    VALIDATION,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+    Unprocessable,
+    responses,
+)
 from scheduler_svc.fleet import admin
 from scheduler_svc.fleet.repositories import AuditRepo, OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.schemas import (
@@ -29,6 +44,8 @@ from scheduler_svc.fleet.schemas import (
     SubscriptionOut,
 )
 from scheduler_svc.fleet.types import EventType
+from scheduler_svc.planning.export import history_from
+from scheduler_svc.planning.history import History
 
 router = routing.router(prefix="/v1", tags=["fleet"])
 AUTH = responses(Unauthorized, Forbidden)
@@ -164,3 +181,31 @@ def list_audit(
     return AuditList(
         entries=entries, next_before_id=entries[-1].id if len(entries) == limit else None
     )
+
+
+@router.get(
+    "/history",
+    operation_id="export_history",
+    responses=responses(Unauthorized, Forbidden, Unprocessable) | VALIDATION,
+)
+def export_history(
+    session: SessionDep,
+    settings: SettingsDep,
+    _: FleetAuth,
+    now: NowDep,
+    *,
+    since: Annotated[
+        UtcTime | None, Query(description="From this time; default: the first registration")
+    ] = None,
+    until: Annotated[UtcTime | None, Query(description="Up to this time; default: now")] = None,
+) -> History:
+    """What the service recorded in [since, until), as `railover export` writes it, for
+    `railover simulate --history` and `railover twin --history`: nodes, faults, switch
+    failures, jobs and decisions with their commands' outcomes. No secrets."""
+    end = until or now
+    if since is not None and since >= end:
+        raise Unprocessable(
+            f"since: {since.isoformat()} is not before until {end.isoformat()}; "
+            "give a window that ends after it starts"
+        )
+    return history_from(session, settings, since, end, now)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy.orm import Session
+
 from scheduler_svc.config import Settings
 from scheduler_svc.planning.history import (
     COMPONENT,
@@ -55,47 +57,56 @@ def export_history(
                 "railover version that serves it)",
             )
         with make_read_sessionmaker(engine)() as session:
-            repo = HistoryRepo(session)
-            start = since or repo.first_record() or until
-            return History(
-                exported_at=now,
-                window=Window(since=start, until=until),
-                service=ServiceRules(
-                    failback_damping_s=settings.failback_damping_s,
-                    fault_quiet_s=settings.fault_quiet_s,
-                    correlation_window_s=settings.correlation_window_s,
-                    policy=settings.policy.value,
-                ),
-                nodes=[
-                    NodeRecord(
-                        name=n.name,
-                        registered_at=n.registered_at,
-                        gpus=n.gpus,
-                        rnics=n.rnics,
-                        ports=n.ports,
-                        switches=list(n.switches),
-                    )
-                    for n in repo.nodes()
-                ],
-                **_faults(repo, start, until, settings.correlation_window_s),
-                jobs=[_job(r.job, r.ranks, r.nodes) for r in repo.jobs(until)],
-                decisions=[
-                    DecisionRecord(
-                        decision_id=d.decision.decision_id,
-                        job_id=d.decision.job_id,
-                        created_at=d.decision.created_at,
-                        trigger=d.decision.trigger,
-                        fault_id=d.decision.fault_id,
-                        action=d.decision.action,
-                        reason=d.decision.reason,
-                        saved_gpu_s=d.decision.saved_gpu_s,
-                        outcomes=_nested(d.outcomes),
-                    )
-                    for d in repo.decisions(start, until)
-                ],
-            )
+            return history_from(session, settings, since, until, now)
     finally:
         engine.dispose()
+
+
+def history_from(
+    session: Session, settings: Settings, since: datetime | None, until: datetime, now: datetime
+) -> History:
+    """Everything `session` (a read of a store at this program's schema) holds in
+    [since, until); `since` unset: from the first registration (an empty window when that
+    is after `until`)."""
+    repo = HistoryRepo(session)
+    start = since or min(repo.first_record() or until, until)
+    return History(
+        exported_at=now,
+        window=Window(since=start, until=until),
+        service=ServiceRules(
+            failback_damping_s=settings.failback_damping_s,
+            fault_quiet_s=settings.fault_quiet_s,
+            correlation_window_s=settings.correlation_window_s,
+            policy=settings.policy.value,
+        ),
+        nodes=[
+            NodeRecord(
+                name=n.name,
+                registered_at=n.registered_at,
+                gpus=n.gpus,
+                rnics=n.rnics,
+                ports=n.ports,
+                switches=list(n.switches),
+            )
+            for n in repo.nodes()
+        ],
+        **_faults(repo, start, until, settings.correlation_window_s),
+        jobs=[_job(r.job, r.ranks, r.nodes) for r in repo.jobs(until)],
+        decisions=[
+            DecisionRecord(
+                decision_id=d.decision.decision_id,
+                job_id=d.decision.job_id,
+                created_at=d.decision.created_at,
+                trigger=d.decision.trigger,
+                fault_id=d.decision.fault_id,
+                action=d.decision.action,
+                reason=d.decision.reason,
+                saved_gpu_s=d.decision.saved_gpu_s,
+                outcomes=_nested(d.outcomes),
+            )
+            for d in repo.decisions(start, until)
+        ],
+    )
 
 
 def _faults(

@@ -153,6 +153,40 @@ def test_an_export_is_bounded_by_its_window(filled: tuple[str, httpx.Client]) ->
     assert fit(history).rates["link"].exposure_h == pytest.approx(len(NODES) * 8 * 48)
 
 
+def test_the_api_exports_what_the_cli_does(filled: tuple[str, httpx.Client]) -> None:
+    """GET /v1/history, for a fleet manager without access to the store: the same document
+    as `railover export` of the same window, apart from when it was made and the rules:
+    the service gives those it runs under, the CLI those of its own settings."""
+    db_url, http = filled
+    window = {"since": T0.isoformat(), "until": UNTIL.isoformat()}
+    r = http.get("/v1/history", params=window)
+    assert r.status_code == 200, r.text
+    assert not [s for s in SECRETS if s in r.text]
+    served = r.json()
+    written = json.loads(export(db_url).stdout)
+    assert served.pop("exported_at") and written.pop("exported_at")
+    assert served.pop("service") == {
+        "failback_damping_s": 60.0,
+        "fault_quiet_s": 300.0,
+        "correlation_window_s": 2.0,
+        "policy": "railover",
+    }
+    assert written.pop("service")["failback_damping_s"] == Settings().failback_damping_s
+    assert served == written
+    assert [f["device"] for f in served["faults"]][:2] == ["mlx5_0", "mlx5_1"]
+    # A window that ends before it starts, or a time that is none, names what is wrong.
+    backwards = {"since": UNTIL.isoformat(), "until": T0.isoformat()}
+    r = http.get("/v1/history", params=backwards)
+    assert r.status_code == 422 and r.json()["detail"].startswith("since: "), r.text
+    r = http.get("/v1/history", params={"since": "yesterday"})
+    assert r.status_code == 422 and "since" in r.text, r.text
+    r = http.get("/v1/history", params={"until": "0.5"})  # not a Unix time: RFC 3339 only
+    assert r.status_code == 422 and "RFC 3339" in r.text, r.text
+    # Before the first registration: an empty window, not one that ends before it starts.
+    early = http.get("/v1/history", params={"until": "2000-01-01T00:00:00Z"}).json()
+    assert early["window"]["since"] == early["window"]["until"] and early["faults"] == []
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

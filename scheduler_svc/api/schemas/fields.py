@@ -116,9 +116,15 @@ def _utc(value: datetime) -> datetime:
     return utc
 
 
+_RFC3339_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ]")
+
+
 def _text_time(value: Any) -> Any:
-    # A bare number would pass as a Unix time; the API takes RFC 3339 text only.
-    if not isinstance(value, (str, datetime)):
+    # A bare number, or a number in a string (a query parameter is always one), would pass
+    # as a Unix time; the API takes RFC 3339 text only.
+    if not isinstance(value, datetime) and not (
+        isinstance(value, str) and _RFC3339_DATE.match(value)
+    ):
         raise ValueError("give an RFC 3339 time with its offset, e.g. 2026-11-01T12:00:00Z")
     return value
 
