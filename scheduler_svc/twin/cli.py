@@ -24,7 +24,7 @@ from scheduler_svc.planning.cli_history import FillDefaults, HistoryOpt, print_f
 from scheduler_svc.planning.cli_options import param_errors
 from scheduler_svc.planning.cli_simulate import check_plot_path
 from scheduler_svc.twin.books import CAUSES, Curve, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, Reports
+from scheduler_svc.twin.cluster import ClusterSpec, Reports, job_mix
 from scheduler_svc.twin.fitted import TwinFit, twin_fit
 from scheduler_svc.twin.runs import Run, default_workers, run_all
 
@@ -110,7 +110,7 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
         with param_errors("twin"):
             fitted = twin_fit(history, fill_defaults=fill_defaults)
         nodes = nodes or max(2, fitted.nodes)
-        jobs = jobs or max(1, min(fitted.jobs, nodes - spares))
+        jobs = jobs or max(1, min(len(fitted.shapes), nodes - spares))
         nodes_per_leaf = nodes_per_leaf or fitted.nodes_per_leaf
     nodes, jobs, nodes_per_leaf = nodes or 256, jobs or 2, nodes_per_leaf or 32
     try:
@@ -136,11 +136,22 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             + ", ".join(f"{k.value} {v:.3g}" for k, v in fitted.per_component_h.items())
             + f"; from its model (a multiple of the link rate): {', '.join(fitted.modelled)}"
         )
+        laid = job_mix(spec, fitted.model, fitted.shapes)
+        out.print(
+            f"the history's jobs the twin runs (newest first, as many as fit on "
+            f"{nodes - spares} non-spare nodes): {len(laid)} of {len(fitted.shapes)}: "
+            + "; ".join(
+                f"{len(j.nodes)} nodes, {j.checkpoint} {j.interval_s:g} s, reload "
+                f"{j.reload_s:g} s, k {j.k:g}"
+                for j in laid
+            )
+        )
     runs = [
         Run(
             spec, days, s, fault_scale, p, reports,
             model=fitted.model if fitted is not None else None,
             per_component_h=fitted.per_component_h if fitted is not None else None,
+            shapes=fitted.shapes if fitted is not None else (),
             curve=plot is not None,
         )
         for p in policies

@@ -8,7 +8,7 @@ module says happened, and the service decides.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -138,10 +138,29 @@ class JobSpec:
         return GPUS * len(self.nodes)
 
 
-def job_mix(spec: ClusterSpec, model: JobModel) -> list[JobSpec]:
-    """The jobs on the non-spare nodes: the first takes half of them, the others share the
-    rest; every other job checkpoints with FlowCheck (every iteration)."""
+@dataclass(frozen=True, slots=True)
+class JobShape:
+    """A job of a fleet's history, as the twin lays it out: its size and its regime."""
+
+    nodes: int
+    checkpoint: str  # "interval" or "flowcheck"
+    interval_s: float  # between checkpoints (an iteration under FlowCheck)
+    reload_s: float
+    detect_s: float
+    timeout_s: float
+    k: float
+
+
+def job_mix(
+    spec: ClusterSpec, model: JobModel, shapes: Sequence[JobShape] | None = None
+) -> list[JobSpec]:
+    """The jobs on the non-spare nodes. From a history (`shapes`, newest first): each at its
+    own size and regime, as many of them as fit side by side, up to `spec.jobs` (one larger
+    than every non-spare node runs on all of them). Otherwise the first takes half of the
+    nodes, the others share the rest, and every other job checkpoints with FlowCheck."""
     usable = spec.nodes - spec.spares
+    if shapes:
+        return _from_history(spec, shapes, usable)
     sizes = [max(1, usable // 2)] if spec.jobs > 1 else [usable]
     rest = usable - sizes[0]
     for j in range(1, spec.jobs):
@@ -161,6 +180,30 @@ def job_mix(spec: ClusterSpec, model: JobModel) -> list[JobSpec]:
                 detect_s=model.detect_h * 3600,
                 timeout_s=model.timeout_s,
                 k=model.k[0],
+                allow_scaling=spec.scaling,
+            )
+        )
+        start += size
+    return jobs
+
+
+def _from_history(spec: ClusterSpec, shapes: Sequence[JobShape], usable: int) -> list[JobSpec]:
+    jobs: list[JobSpec] = []
+    start = 0
+    for shape in shapes:
+        size = min(shape.nodes, usable)
+        if len(jobs) == spec.jobs or start + size > usable:
+            continue
+        jobs.append(
+            JobSpec(
+                job_id=f"job-{len(jobs)}",
+                nodes=tuple(node_name(i) for i in range(start, start + size)),
+                checkpoint=shape.checkpoint,
+                interval_s=shape.interval_s,
+                reload_s=shape.reload_s,
+                detect_s=shape.detect_s,
+                timeout_s=shape.timeout_s,
+                k=shape.k,
                 allow_scaling=spec.scaling,
             )
         )

@@ -7,6 +7,10 @@ with no fault in the history is refused unless `--fill-defaults` (then the twin'
 a multiple of the link rate, cluster.KIND_SCALE). PARTITION and NODE are never in a
 history (the service hears nothing while a node is cut off or dead) and always follow
 the model.
+
+The jobs are the history's own, newest first, each with its size, checkpoint regime,
+reload, detection, timeout and k (measured, else declared, else the fitted one): the
+twin runs as many of them side by side as fit (cluster.job_mix).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from pathlib import Path
 
 from scheduler_svc.planning.cli_history import fitted
 from scheduler_svc.planning.fit import UNIT, Fit
+from scheduler_svc.planning.history import History, load_history
 from scheduler_svc.planning.params import JobModel, ParamError
-from scheduler_svc.twin.cluster import FaultKind
+from scheduler_svc.twin.cluster import FaultKind, JobShape
 
 # The twin's kind each fitted rate drives.
 FROM_HISTORY = {
@@ -37,7 +42,7 @@ class TwinFit:
     fit: Fit
     modelled: tuple[str, ...]  # the kinds that follow the model, not the history
     nodes: int
-    jobs: int
+    shapes: tuple[JobShape, ...]  # the history's jobs, newest first
     nodes_per_leaf: int | None
 
 
@@ -66,6 +71,27 @@ def twin_fit(path: Path, *, fill_defaults: bool) -> TwinFit:
         fit=result,
         modelled=tuple(modelled),
         nodes=result.nodes,
-        jobs=result.jobs,
+        shapes=shapes_of(load_history(path), model),
         nodes_per_leaf=int(per_switch.value) if per_switch is not None else None,
+    )
+
+
+def shapes_of(history: History, model: JobModel) -> tuple[JobShape, ...]:
+    """The history's jobs with ranks, newest first, on whole nodes of the twin's 8 GPUs."""
+    jobs = sorted(
+        (j for j in history.jobs if j.ranks > 0 and j.nodes > 0),
+        key=lambda j: j.created_at,
+        reverse=True,
+    )
+    return tuple(
+        JobShape(
+            nodes=j.nodes,
+            checkpoint="flowcheck" if j.checkpoint_kind == "flowcheck" else "interval",
+            interval_s=j.checkpoint_interval_s,
+            reload_s=j.reload_s,
+            detect_s=j.detect_s,
+            timeout_s=j.timeout_s,
+            k=max(1.0, j.measured_k or j.declared_k or model.k[0]),
+        )
+        for j in jobs
     )

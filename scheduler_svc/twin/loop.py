@@ -30,7 +30,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -47,6 +47,7 @@ from scheduler_svc.twin.cluster import (
     ClusterSpec,
     Fault,
     FaultKind,
+    JobShape,
     Reports,
     job_mix,
     leaf_names,
@@ -86,6 +87,7 @@ class Twin(FleetManager):
         db_url: str | None = None,
         progress: Callable[[float], None] | None = None,
         reports: Reports | None = None,
+        shapes: Sequence[JobShape] = (),
     ) -> None:
         self.spec = spec
         self.net = Network(
@@ -102,7 +104,7 @@ class Twin(FleetManager):
         self.on_progress = progress
         self.jobs = {
             j.job_id: TwinJob(j, COMM_ID + i, list(j.nodes))
-            for i, j in enumerate(job_mix(spec, self.model))
+            for i, j in enumerate(job_mix(spec, self.model, shapes))
         }
         self.invariants = Invariants()
         self.down: Counter[tuple[str, int]] = Counter()  # (node, rail) -> reasons it is down

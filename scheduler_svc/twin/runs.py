@@ -25,7 +25,7 @@ from typing import Any
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.twin.books import Curve, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, Reports, trace
+from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, JobShape, Reports, trace
 from scheduler_svc.twin.loop import Twin
 from scheduler_svc.twin.plot import LossCurve
 
@@ -40,7 +40,8 @@ _WORKER: dict[str, Any] = {}  # in a worker process: what it was handed at its s
 @dataclass(frozen=True, slots=True)
 class Run:
     """One twin run: `per_component_h` (fitted from a history) replaces the rates of the
-    kinds it names; `curve` samples the loss over time for --plot."""
+    kinds it names, and `shapes` (the history's jobs) the job mix; `curve` samples the loss
+    over time for --plot."""
 
     spec: ClusterSpec
     days: float
@@ -50,6 +51,7 @@ class Run:
     reports: Reports
     model: JobModel | None = None
     per_component_h: Mapping[FaultKind, float] | None = None
+    shapes: tuple[JobShape, ...] = ()
     curve: bool = False
 
 
@@ -81,6 +83,7 @@ def run_one(run: Run, progress: Callable[[float], None] | None = None) -> Done:
         faults=faults,
         progress=progress,
         reports=run.reports,
+        shapes=run.shapes,
     )
     sampler = None
     if run.curve:

@@ -11,8 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from scheduler_svc.cli import app
+from scheduler_svc.planning.history import History
 from scheduler_svc.planning.params import JobModel
-from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, trace
+from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, job_mix, node_name, trace
+from scheduler_svc.twin.fitted import shapes_of
 from tests.planning.test_history import history_with
 
 SMALL = ["--nodes", "4", "--spares", "0", "--days", "0.05", "--policy", "railover"]
@@ -60,3 +62,41 @@ def test_fitted_rates_replace_only_the_kinds_they_name() -> None:
     cqe = trace(spec, JobModel(), 7, 3, 1, per_component_h={FaultKind.CQE: 1.0})
     n = sum(f.kind == FaultKind.CQE for f in cqe)
     assert abs(n - 512 * 168) < 5 * (512 * 168) ** 0.5
+
+
+def test_the_twin_runs_the_historys_own_jobs_as_many_as_fit() -> None:
+    """Newest first, each at its own size and regime; one that does not fit beside the
+    others is left out, one larger than every non-spare node runs on all of them."""
+    job = history_with()["jobs"][0]
+    jobs = [
+        job | {"job_id": "old", "created_at": "2026-10-01T00:00:00Z", "nodes": 3, "ranks": 24},
+        job | {"job_id": "big", "created_at": "2026-10-03T00:00:00Z", "nodes": 9, "ranks": 72},
+        job | {"job_id": "new", "created_at": "2026-10-05T00:00:00Z", "nodes": 4, "ranks": 32,
+               "checkpoint_kind": "flowcheck", "checkpoint_interval_s": 2.5,
+               "measured_k": 1.4, "reload_s": 300},
+    ]  # fmt: skip
+    shapes = shapes_of(History.model_validate(history_with(jobs=jobs)), JobModel())
+    assert [(s.nodes, s.checkpoint, s.interval_s, s.k) for s in shapes] == [
+        (4, "flowcheck", 2.5, 1.4),
+        (9, "interval", 1800, 1.2),
+        (3, "interval", 1800, 1.2),
+    ]
+    laid = job_mix(ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=3), JobModel(), shapes)
+    assert [(len(j.nodes), j.checkpoint, j.reload_s) for j in laid] == [
+        (4, "flowcheck", 300),
+        (3, "interval", 900),
+    ]
+    assert laid[1].nodes == tuple(node_name(i) for i in range(4, 7))
+    alone = job_mix(
+        ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=1), JobModel(), shapes[1:]
+    )
+    assert [len(j.nodes) for j in alone] == [8]  # the 9-node job, on all 8 non-spare nodes
+
+
+def test_twin_on_a_history_says_which_of_its_jobs_it_runs(tmp_path: Path) -> None:
+    job = history_with()["jobs"][0]
+    doc = history_with(jobs=[job, job | {"job_id": "k", "nodes": 1, "ranks": 8}])
+    result = twin(tmp_path, doc, "--fill-defaults", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "the history's jobs the twin runs" in result.output
+    assert "on 4 non-spare nodes): 2 of 2: 2 nodes, interval 1800 s" in result.output
