@@ -261,13 +261,36 @@ def test_a_job_that_may_shrink_restarts_without_the_broken_node_and_grows_back(
     after = told[told.index(grown) + 1 :]
     assert after and math.isclose(after[0], grown + job.reload_s + job.interval_s)
     assert all(math.isclose(b - a, job.interval_s) for a, b in itertools.pairwise(after)), after
-    assert (twin.jobs[job.job_id].incarnation, len(twin.jobs[job.job_id].nodes)) == (3, 16)
+    grown_job = twin.jobs[job.job_id]
+    assert (grown_job.incarnation, len(grown_job.nodes)) == (3, 16)
+    assert grown_job.on_backup == set()  # restarted whole: every rank on its primary
 
     fixed = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1)
     waited = Twin(fixed, days=1, seed=1, fault_scale=0, faults=faults).run()
     assert waited.violations == {}, waited.first_violation
     assert waited.decisions == {"restart": 1}
     assert waited.gpu_hours_lost["scaled"] == 0 and waited.gpu_hours_lost["waiting"] > 0
+
+
+def test_a_job_that_may_shrink_waits_when_a_node_it_would_keep_is_dead() -> None:
+    """No spare: node 3's GPU is lost and node 5 dies a second later (the service hears
+    nothing of it). The service decides restart_scaled without node 3, but the job cannot
+    run on node 5 either and no node is free to replace it: it waits for the repairs, down,
+    and never runs shrunk."""
+    spec = ClusterSpec(nodes=16, spares=0, nodes_per_leaf=16, jobs=1, scaling=True)
+    repair = 6 * 3600.0
+    faults = [
+        Fault(5000.0, FaultKind.GPU, 3, 2, repair),
+        Fault(5001.0, FaultKind.NODE, 5, 0, repair),
+    ]
+    twin = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults)
+    r = twin.run()
+    assert r.violations == {}, r.first_violation
+    conserved(r)
+    assert r.decisions == {"restart_scaled": 1}
+    assert r.gpu_hours_lost["scaled"] == 0 and r.gpu_hours_lost["waiting"] > 0
+    (placed,) = twin.jobs.values()
+    assert len(placed.nodes) == 16 and placed.state == "up"
 
 
 def test_a_job_restarted_at_a_checkpoint_checkpoints_once_an_interval_after(
