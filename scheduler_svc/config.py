@@ -231,6 +231,13 @@ class Settings(BaseSettings):
         "checkpoints by the repair rule); restart-only, nccl-failover-only (never fail back) "
         "and failover-always are the behaviours the fleet twin compares it with",
     )
+    spare_reserve: Annotated[int, Field(ge=0, le=65536)] = Field(
+        default=0,
+        description="Spare nodes kept for faults only a replacement fixes (a lost GPU, a "
+        "dead node): a job restarts to escape a fault it could fail over from only while "
+        "more spares than this are free, by the count its fleet manager last said "
+        "(spares_free); 0 keeps none back",
+    )
     fault_quiet_s: Annotated[float, Field(ge=0)] = Field(
         default=600.0,
         description="CQE, counter and PCIe faults close after this long with the port ACTIVE "

@@ -113,6 +113,7 @@ def job_out(session: Session, job: m.Job, ranks: list[RankIn] | None = None) -> 
         pp_size=job.pp_size,
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
+        spares_free=job.spares_free,
         node_replace_s=job.node_replace_s,
         nvl_cap_mb=job.nvl_cap_mb,
         notify_url=None if job.notify_url is None else redact(job.notify_url),

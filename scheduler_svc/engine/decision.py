@@ -161,6 +161,10 @@ class DecisionInputs:
     new_dp_size: int | None = None
     allow_scaling: bool = False
     spare_nodes: bool = True
+    # How many spares are free (None: not said), and how many are kept back for faults only
+    # a replacement fixes (spare_usable).
+    spares_free: int | None = None
+    spare_reserve: int = 0
     node_replace_s: float = 0.0
     # Planned maintenance: the ranks move before the target goes down, so nothing is
     # lost and no collective hangs; only a GPU left without any path restarts.
@@ -251,6 +255,19 @@ def decide(inp: DecisionInputs) -> Decision:
     )
 
 
+def spare_usable(
+    spare_nodes: bool, spares_free: int | None, reserve: int, *, can_fail_over: bool
+) -> bool:
+    """Whether a restart may take a spare node: one is free and, where the job could fail
+    over instead, more than the `reserve` kept for faults only a replacement fixes (a lost
+    GPU, a dead node). With 8 spares and repairs of a day, restarts for cables that could
+    have failed over used up the pool, and the GPU losses after them waited (the fleet
+    twin, 256 nodes, a week at 100x the papers' rates)."""
+    if not spare_nodes:
+        return False
+    return not can_fail_over or spares_free is None or spares_free > reserve
+
+
 @dataclass(frozen=True, slots=True)
 class _Costs:
     """Each option's cost in seconds of the job's time; None: not an option."""
@@ -263,7 +280,10 @@ class _Costs:
     @classmethod
     def of(cls, inp: DecisionInputs, elapsed: float) -> _Costs:
         interval = inp.checkpoint_interval_s
-        restart_wait = 0.0 if inp.spare_nodes else inp.node_replace_s
+        spare = spare_usable(
+            inp.spare_nodes, inp.spares_free, inp.spare_reserve, can_fail_over=inp.path_available
+        )
+        restart_wait = 0.0 if spare else inp.node_replace_s
         restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
         scaled: float | None = None
         if inp.allow_scaling and inp.new_dp_size is not None:

@@ -139,6 +139,8 @@ def _ask_cost_model(p: ReconcilePass, *, at: datetime, planned: bool) -> _Asked:
         new_dp_size=None if scaled is None else scaled.new_dp_size,
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
+        spares_free=job.spares_free,
+        spare_reserve=options.spare_reserve,
         node_replace_s=job.node_replace_s,
         planned=planned,
     )
@@ -499,10 +501,22 @@ def _restart_at(p: ReconcilePass, prev: Desired, k: float, remaining: float) -> 
             "keep running degraded: a restart cannot escape a switch failure (every node "
             f"under the switch would need a spare): {reason}"
         )
-    elif restart and not (job.spare_nodes or (job.allow_scaling and scaled_plan(job, p.conn))):
+    elif restart and not (
+        cost.spare_usable(
+            job.spare_nodes, job.spares_free, p.options.spare_reserve, can_fail_over=True
+        )
+        or (job.allow_scaling and scaled_plan(job, p.conn))
+    ):
         restart = False
         reason = (
             "keep running degraded: a restart cannot escape the fault (no spare node to "
-            f"take the faulty one's place, and no scaled restart): {reason}"
+            f"take the faulty one's place{_beyond_reserve(job, p.options)}, and no scaled "
+            f"restart): {reason}"
         )
     return restart, reason
+
+
+def _beyond_reserve(job: JobState, options: Options) -> str:
+    if job.spare_nodes and job.spares_free is not None and options.spare_reserve:
+        return f" beyond the {options.spare_reserve} kept back, of {job.spares_free} free"
+    return ""

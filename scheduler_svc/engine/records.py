@@ -38,6 +38,8 @@ def inputs_record(result: cost.Decision, concurrent: int) -> dict[str, Any]:
         "new_dp_size": i.new_dp_size,
         "allow_scaling": i.allow_scaling,
         "spare_nodes": i.spare_nodes,
+        "spares_free": i.spares_free,
+        "spare_reserve": i.spare_reserve,
         "node_replace_s": i.node_replace_s,
         "planned": i.planned,
     }

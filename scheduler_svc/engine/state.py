@@ -237,6 +237,7 @@ class JobState:
     pp_size: int = 1
     allow_scaling: bool = False
     spare_nodes: bool = True
+    spares_free: int | None = None  # how many, where the fleet manager said
     node_replace_s: float = 0.0
     repair_estimate_s: float | None = None
     failed_over_at: datetime | None = None
@@ -330,6 +331,8 @@ class Options:
     failback_retry_s: float = 120.0
     # How faults are answered: the cost model, or a behaviour it is compared with.
     policy: cost.Policy = cost.Policy.RAILOVER
+    # Spares kept for faults only a replacement fixes (decision.spare_usable).
+    spare_reserve: int = 0
 
 
 @dataclass(frozen=True, slots=True)

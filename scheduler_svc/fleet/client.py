@@ -139,10 +139,12 @@ class RailoverClient:
         kind: str = "full",
         incarnation: int | None = None,
         spare_nodes: bool | None = None,
+        spares_free: int | None = None,
     ) -> CheckpointOut:
         """A usable checkpoint exists now (or at `at`): restart would resume from here.
         `incarnation`: the job's incarnation that took it (the processes know it);
-        `spare_nodes`: whether a healthy spare node is free now (left out: as last said)."""
+        `spare_nodes`: whether a healthy spare node is free now, or `spares_free`: how many
+        (left out: as last said)."""
         body = CheckpointIn.model_validate(
             {
                 "at": at or datetime.now(UTC),
@@ -150,6 +152,7 @@ class RailoverClient:
                 "kind": kind,
                 "incarnation": incarnation,
                 "spare_nodes": spare_nodes,
+                "spares_free": spares_free,
             }
         )
         return self._call(

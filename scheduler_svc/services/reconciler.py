@@ -66,6 +66,7 @@ def options(settings: Settings) -> Options:
         nvl_cap_mb=settings.nvl_cap_mb,
         failback_retry_s=settings.failback_damping_s,
         policy=settings.policy,
+        spare_reserve=settings.spare_reserve,
     )
 
 
@@ -112,6 +113,7 @@ def job_state(
         pp_size=job.pp_size,
         allow_scaling=job.allow_scaling,
         spare_nodes=job.spare_nodes,
+        spares_free=job.spares_free,
         node_replace_s=job.node_replace_s,
         nvl_cap_mb=job.nvl_cap_mb,
         repair_estimate_s=job.repair_estimate_s,

@@ -118,7 +118,8 @@ def create_job(session: Session, body: JobIn, now: datetime, settings: Settings)
         tp_size=body.tp_size,
         pp_size=body.pp_size,
         allow_scaling=body.allow_scaling,
-        spare_nodes=body.spare_nodes,
+        spare_nodes=body.spare_nodes if body.spares_free is None else body.spares_free > 0,
+        spares_free=body.spares_free,
         node_replace_s=body.node_replace_s,
         nvl_cap_mb=body.nvl_cap_mb,
         notify_url=None if body.notify_url is None else str(body.notify_url),
@@ -337,8 +338,10 @@ def add_checkpoint(
     if incarnation > job.incarnation:
         # The restart acknowledged: the next incarnation runs, on the same placement.
         start_incarnation(session, job, incarnation, now)
-    if body.spare_nodes is not None:  # the fleet manager's word on spares, as of now
-        job.spare_nodes = body.spare_nodes
+    if body.spares_free is not None:  # the fleet manager's word on spares, as of now
+        job.spare_nodes, job.spares_free = body.spares_free > 0, body.spares_free
+    elif body.spare_nodes is not None:
+        job.spare_nodes, job.spares_free = body.spare_nodes, None
     current = body.at > job.last_checkpoint_at
     if current:
         job.last_checkpoint_at = body.at

@@ -138,6 +138,8 @@ class Job(Base):
     pp_size: Mapped[int] = mapped_column(Integer, default=1)
     allow_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
     spare_nodes: Mapped[bool] = mapped_column(Boolean, default=True)
+    # How many healthy spares are free, as last said (null: never said, only spare_nodes).
+    spares_free: Mapped[int | None] = mapped_column(Integer)
     node_replace_s: Mapped[float] = mapped_column(Float, default=0.0)
     # GPU memory the job gives NVL transit on one GPU, MB; null: the service's setting.
     nvl_cap_mb: Mapped[float | None] = mapped_column(Float)

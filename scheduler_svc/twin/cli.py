@@ -93,6 +93,16 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             "checkpoint once one is",
         ),
     ] = False,
+    spare_reserve: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65536,
+            help="The service's RAILOVER_SPARE_RESERVE: spares it keeps for lost GPUs and "
+            "dead nodes, restarting for a fault it could fail over from only while more "
+            "are free",
+        ),
+    ] = 0,
     workers: Annotated[
         int,
         typer.Option(
@@ -152,6 +162,7 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             model=fitted.model if fitted is not None else None,
             per_component_h=fitted.per_component_h if fitted is not None else None,
             shapes=fitted.shapes if fitted is not None else (),
+            spare_reserve=spare_reserve,
             curve=plot is not None,
         )
         for p in policies

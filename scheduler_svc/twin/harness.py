@@ -16,15 +16,18 @@ from scheduler_svc.main import create_app
 from scheduler_svc.twin.inprocess import ManualClock, served_app
 
 
-def twin_settings(policy: Policy, db_url: str | None, tmp: Path) -> Settings:
-    """The service's settings in the twin: its defaults, the policy under study, a store of
-    its own (SQLite in `tmp`; `db_url` must name an empty one), and no coordinator thread
-    (the twin sweeps after each move of its clock)."""
+def twin_settings(
+    policy: Policy, db_url: str | None, tmp: Path, *, spare_reserve: int = 0
+) -> Settings:
+    """The service's settings in the twin: its defaults, the policy under study (and the
+    spares it keeps back), a store of its own (SQLite in `tmp`; `db_url` must name an empty
+    one), and no coordinator thread (the twin sweeps after each move of its clock)."""
     return Settings(
         db_url=db_url or f"sqlite:///{tmp / 'twin.db'}",
         port=0,
         allow_anonymous_loopback=True,  # the twin's agents and driver call it without tokens
         policy=policy,
+        spare_reserve=spare_reserve,
         coordinator=False,
         command_ack_timeout_s=10**6,  # the twin's agents answer at once
     )

@@ -88,6 +88,7 @@ class Twin(FleetManager):
         progress: Callable[[float], None] | None = None,
         reports: Reports | None = None,
         shapes: Sequence[JobShape] = (),
+        spare_reserve: int = 0,
     ) -> None:
         self.spec = spec
         self.net = Network(
@@ -97,6 +98,7 @@ class Twin(FleetManager):
         self.days = days
         self.seed = seed
         self.policy = policy
+        self.spare_reserve = spare_reserve
         self.faults = (
             faults if faults is not None else trace(spec, self.model, days, seed, fault_scale)
         )
@@ -133,7 +135,12 @@ class Twin(FleetManager):
         horizon = self.days * 86400.0
         with (
             tempfile.TemporaryDirectory(prefix="railover-twin-") as tmp,
-            service(twin_settings(self.policy, self.db_url, Path(tmp)), T0) as (app, url, clock),
+            service(
+                twin_settings(
+                    self.policy, self.db_url, Path(tmp), spare_reserve=self.spare_reserve
+                ),
+                T0,
+            ) as (app, url, clock),
         ):
             self.app, self.clock, self.settings = app, clock, app.state.settings
             with RailoverClient(url, retries=0, timeout_s=120) as rv:
@@ -206,9 +213,9 @@ class Twin(FleetManager):
                 "slowdown_k": job.spec.k,
                 "communicators": [{"comm_id": job.comm_id, "channels": 16}],
                 "incarnation": job.incarnation,
-                # What the fleet manager knows when it posts: whether a healthy node is
+                # What the fleet manager knows when it posts: how many healthy nodes are
                 # free to replace a broken one, and else how long getting one takes.
-                "spare_nodes": bool(self.free_nodes()),
+                "spares_free": len(self.free_nodes()),
                 "node_replace_s": self.model.node_replace_h * 3600,
             }
             # One DP replica per node (8-way TP inside it): the service may restart the
@@ -230,12 +237,12 @@ class Twin(FleetManager):
 
     def tell_checkpoint(self, job: TwinJob) -> None:
         """The job's newest checkpoint, as of now, told to the service, with the fleet
-        manager's word on whether a spare node is free."""
+        manager's word on how many spare nodes are free."""
         self.rv.report_checkpoint(
             job.spec.job_id,
             at=self.clock(),
             incarnation=job.incarnation,
-            spare_nodes=bool(self.free_nodes()),
+            spares_free=len(self.free_nodes()),
         )
 
     def checkpoint(self, job: TwinJob, generation: int, *, again: bool = True) -> None:

@@ -52,6 +52,7 @@ class Run:
     model: JobModel | None = None
     per_component_h: Mapping[FaultKind, float] | None = None
     shapes: tuple[JobShape, ...] = ()
+    spare_reserve: int = 0
     curve: bool = False
 
 
@@ -84,6 +85,7 @@ def run_one(run: Run, progress: Callable[[float], None] | None = None) -> Done:
         progress=progress,
         reports=run.reports,
         shapes=run.shapes,
+        spare_reserve=run.spare_reserve,
     )
     sampler = None
     if run.curve:

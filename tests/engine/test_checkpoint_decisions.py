@@ -311,6 +311,25 @@ def test_a_restart_that_cannot_escape_the_fault_is_not_decided() -> None:
     assert s.mode == Mode.FAILED_OVER
 
 
+def test_a_checkpoint_restart_leaves_the_spares_kept_back_for_lost_gpus() -> None:
+    """One spare free and one kept back (RAILOVER_SPARE_RESERVE): the job runs degraded on,
+    and says so; with two free it restarts onto one of them."""
+    s = failed_over(repair_estimate_s=86400, spares_free=1)
+    s.options = replace(s.options, spare_reserve=1)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.NONE
+    assert d.reason.startswith(
+        "keep running degraded: a restart cannot escape the fault (no spare node to take "
+        "the faulty one's place beyond the 1 kept back, of 1 free, and no scaled restart)"
+    )
+    s = failed_over(repair_estimate_s=86400, spares_free=2)
+    s.options = replace(s.options, spare_reserve=1)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.RESTART
+
+
 def test_a_restart_cannot_escape_a_switch_failure_so_the_checkpoint_keeps_running() -> None:
     """A leaf fails under both nodes with a day's repair ahead: a restart would need a spare
     for every node under it, and placed back on them the job fails over again, so the

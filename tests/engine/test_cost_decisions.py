@@ -43,6 +43,8 @@ def test_a_modelled_k_failover_record() -> None:
         "new_dp_size": None,
         "allow_scaling": False,
         "spare_nodes": True,
+        "spares_free": None,
+        "spare_reserve": 0,
         "node_replace_s": 0.0,
         "planned": False,
     }

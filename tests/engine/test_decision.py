@@ -15,6 +15,7 @@ from scheduler_svc.engine.decision import (
     failover_threshold_s,
     ib_timeout_s,
     restart_cost_s,
+    spare_usable,
 )
 from scheduler_svc.engine.slowdown import KSource, default_k, estimate_k, modelled_k
 
@@ -110,6 +111,27 @@ def test_restart_scaled_needs_permission() -> None:
     )
     assert d.costs_s["restart_scaled"] is None
     assert d.action == Action.FAILOVER  # a day's wait makes degraded running cheaper
+
+
+def test_the_last_spares_are_kept_for_faults_only_a_replacement_fixes() -> None:
+    """Early in the interval a restart is cheaper than running degraded, if a spare is free
+    beyond the reserve; at the reserve the restart would wait for a node, so the job fails
+    over. A fault no failover escapes (no path left) may take a kept spare."""
+    early = {"elapsed_s": 0, "node_replace_s": 86400, "spare_reserve": 2}
+    assert decide(inputs(**early, spares_free=3)).action == Action.RESTART
+    at_reserve = decide(inputs(**early, spares_free=2))
+    assert at_reserve.action == Action.FAILOVER
+    assert at_reserve.costs_s["restart"] == pytest.approx(restart_cost_s(3600, 0, 600 + 86400, 30))
+    unsaid = decide(inputs(**early))  # no count said: a spare is a spare
+    assert unsaid.action == Action.RESTART
+    no_path = decide(inputs(**early | {"elapsed_s": 3500}, spares_free=1, path_available=False))
+    assert no_path.action == Action.RESTART
+    assert no_path.costs_s["restart"] == pytest.approx(restart_cost_s(3600, 0, 600, 30))
+    assert no_path.costs_s["restart"] < at_reserve.costs_s["restart"]  # type: ignore[operator]
+    assert not spare_usable(False, None, 0, can_fail_over=False)
+    assert spare_usable(True, 0, 0, can_fail_over=False)
+    assert not spare_usable(True, 0, 0, can_fail_over=True)
+    assert spare_usable(True, 1, 0, can_fail_over=True)
 
 
 def test_healed_flap_needs_nothing() -> None:

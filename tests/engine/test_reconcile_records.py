@@ -230,6 +230,8 @@ def decision(**kw: object) -> cost.Decision:
         "new_dp_size": 3,
         "allow_scaling": True,
         "spare_nodes": False,
+        "spares_free": 0,
+        "spare_reserve": 1,
         "node_replace_s": 120.0,
         "planned": True,
     }
@@ -256,6 +258,8 @@ def test_inputs_record_is_the_exact_dict() -> None:
         "new_dp_size": 3,
         "allow_scaling": True,
         "spare_nodes": False,
+        "spares_free": 0,
+        "spare_reserve": 1,
         "node_replace_s": 120.0,
         "planned": True,
     }
@@ -276,6 +280,8 @@ def test_inputs_record_is_the_exact_dict() -> None:
         "new_dp_size",
         "allow_scaling",
         "spare_nodes",
+        "spares_free",
+        "spare_reserve",
         "node_replace_s",
         "planned",
     ]

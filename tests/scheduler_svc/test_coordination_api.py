@@ -368,3 +368,28 @@ def test_a_checkpoint_saying_no_spare_is_free_keeps_the_job_running_degraded(
     bad = {"at": datetime.now(UTC).isoformat(), "spare_nodes": "no"}
     r = http.post("/v1/jobs/j/checkpoints", json=bad)
     assert r.status_code == 422 and "spare_nodes" in r.text
+
+
+def test_spares_kept_back_are_not_taken_by_a_restart_a_failover_could_spare(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    """RAILOVER_SPARE_RESERVE 1: with one spare free (the count the fleet manager gives) the
+    checkpoint keeps the job running degraded; with two it restarts. The count is shown on
+    the job, and one that contradicts spare_nodes is refused naming both."""
+    http = make_service(spare_reserve=1)
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(http, "j", ["n0", "n1"], elapsed_s=3000, repair_estimate_s=86400, spares_free=1)
+    assert http.get("/v1/jobs/j").json()["spares_free"] == 1
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    one = {"at": datetime.now(UTC).isoformat(), "spares_free": 1}
+    assert http.post("/v1/jobs/j/checkpoints", json=one).status_code == 201
+    kept = decisions(http, "j")[0]
+    assert kept["action"] == "none" and "beyond the 1 kept back, of 1 free" in kept["reason"]
+    two = {"at": datetime.now(UTC).isoformat(), "spares_free": 2}
+    assert http.post("/v1/jobs/j/checkpoints", json=two).status_code == 201
+    assert decisions(http, "j")[0]["action"] == "restart"
+    job = http.get("/v1/jobs/j").json()
+    assert (job["spares_free"], job["spare_nodes"]) == (2, True)
+    contradicts = {"at": datetime.now(UTC).isoformat(), "spares_free": 0, "spare_nodes": True}
+    r = http.post("/v1/jobs/j/checkpoints", json=contradicts)
+    assert r.status_code == 422 and "spares_free: 0 free spares, yet spare_nodes is True" in r.text

@@ -132,6 +132,23 @@ class CclIn(Strict):
         return self
 
 
+SparesFree = Annotated[int, Field(strict=True, ge=0, le=65536)]
+SPARES_FREE_DOC = (
+    "How many healthy spare nodes are free now, as the fleet manager knows it. With "
+    "RAILOVER_SPARE_RESERVE the service keeps that many for faults only a replacement "
+    "fixes (a lost GPU, a dead node): it restarts the job to escape a fault it could fail "
+    "over from only while more than the reserve are free."
+)
+
+
+def _spares_agree(spare_nodes: bool | None, free: int | None) -> None:
+    if free is not None and spare_nodes is not None and spare_nodes != (free > 0):
+        raise ValueError(
+            f"spares_free: {free} free spares, yet spare_nodes is {spare_nodes}; give one, "
+            "or both in agreement"
+        )
+
+
 class JobIn(Strict):
     model_config = ConfigDict(json_schema_extra={"allOf": [_TIMEOUT_GIVEN, IB_PAIR]})
 
@@ -172,6 +189,10 @@ class JobIn(Strict):
     )
     spare_nodes: StrictBool = Field(
         default=True, description="A healthy spare node is ready for restart"
+    )
+    spares_free: SparesFree | None = Field(
+        default=None,
+        description=SPARES_FREE_DOC + " Given, it decides spare_nodes: whether it is above 0",
     )
     node_replace_s: Seconds = 0.0
     nvl_cap_mb: Annotated[float, Field(strict=True, ge=0, le=1_048_576)] | None = Field(
@@ -267,6 +288,7 @@ class JobOut(BaseModel):
     pp_size: int
     allow_scaling: bool
     spare_nodes: bool
+    spares_free: int | None = None
     node_replace_s: float
     nvl_cap_mb: float | None = None
     notify_url: str | None
@@ -306,6 +328,16 @@ class CheckpointIn(Strict):
         "it at this checkpoint (the job's spare_nodes until it says otherwise; the "
         "restart the checkpoint may decide needs one). Left out: as last said",
     )
+    spares_free: SparesFree | None = Field(
+        default=None,
+        description=SPARES_FREE_DOC + " Left out: as last said (spare_nodes alone, when only "
+        "that is given, forgets the count)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointIn:
+        _spares_agree(self.spare_nodes, self.spares_free)
+        return self
 
 
 class CheckpointOut(BaseModel):
