@@ -86,6 +86,36 @@ TARGETS = (
         ),
     ),
     Target(
+        # Spares kept back for faults only a replacement fixes (RAILOVER_SPARE_RESERVE).
+        "spares",
+        ("scheduler_svc/engine/decision.py", "scheduler_svc/engine/outcomes.py"),
+        (
+            "tests/engine/test_decision.py",
+            "tests/engine/test_checkpoint_decisions.py",
+            "tests/engine/test_cost_decisions.py",
+        ),
+        only=(
+            "scheduler_svc.engine.decision.x_spare_usable__mutmut_*",
+            "scheduler_svc.engine.outcomes.x__beyond_reserve__mutmut_*",
+        ),
+    ),
+    Target(
+        # A write's audit entry in the commit of its change, and the status it records.
+        "audit",
+        ("scheduler_svc/fleet/audit.py", "scheduler_svc/api/routing.py"),
+        ("tests/scheduler_svc/test_middleware.py",),
+    ),
+    Target(
+        # twin --history: the history's own jobs, newest first, as many as fit.
+        "twin-history",
+        ("scheduler_svc/twin/cluster.py", "scheduler_svc/twin/fitted.py"),
+        ("tests/twin/test_twin_history.py",),
+        only=(
+            "scheduler_svc.twin.cluster.x__from_history__mutmut_*",
+            "scheduler_svc.twin.fitted.x_shapes_of__mutmut_*",
+        ),
+    ),
+    Target(
         "signing",
         ("scheduler_svc/fleet/signing.py",),
         ("tests/scheduler_svc/test_signing.py",),

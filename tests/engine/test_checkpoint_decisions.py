@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler_svc.engine.fabric import SwitchEvidence
-from scheduler_svc.engine.state import Action, CheckpointSeen, Mode, Options
+from scheduler_svc.engine.state import Action, CheckpointSeen, DecisionRecord, Mode, Options
 from tests.engine.stories import Story, at, down
 
 
@@ -314,20 +314,22 @@ def test_a_restart_that_cannot_escape_the_fault_is_not_decided() -> None:
 def test_a_checkpoint_restart_leaves_the_spares_kept_back_for_lost_gpus() -> None:
     """One spare free and one kept back (RAILOVER_SPARE_RESERVE): the job runs degraded on,
     and says so; with two free it restarts onto one of them."""
-    s = failed_over(repair_estimate_s=86400, spares_free=1)
-    s.options = replace(s.options, spare_reserve=1)
-    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
-    d = s.step(3100).decision
-    assert d is not None and d.action == Action.NONE
-    assert d.reason.startswith(
+
+    def checkpoint_with(spares_free: int) -> DecisionRecord:
+        s = failed_over(repair_estimate_s=86400, spares_free=spares_free)
+        s.options = replace(s.options, spare_reserve=1)
+        s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+        d = s.step(3100).decision
+        assert d is not None
+        return d
+
+    kept = checkpoint_with(1)
+    assert kept.action == Action.NONE
+    assert kept.reason.startswith(
         "keep running degraded: a restart cannot escape the fault (no spare node to take "
         "the faulty one's place beyond the 1 kept back, of 1 free, and no scaled restart)"
     )
-    s = failed_over(repair_estimate_s=86400, spares_free=2)
-    s.options = replace(s.options, spare_reserve=1)
-    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
-    d = s.step(3100).decision
-    assert d is not None and d.action == Action.RESTART
+    assert checkpoint_with(2).action == Action.RESTART
 
 
 def test_a_restart_cannot_escape_a_switch_failure_so_the_checkpoint_keeps_running() -> None:
