@@ -517,6 +517,7 @@ def _restart_at(p: ReconcilePass, prev: Desired, k: float, remaining: float) -> 
 
 
 def _beyond_reserve(job: JobState, options: Options) -> str:
-    if job.spare_nodes and job.spares_free is not None and options.spare_reserve:
+    """Why a free spare is not one to take (only the reserve can say no to one)."""
+    if job.spare_nodes:
         return f" beyond the {options.spare_reserve} kept back, of {job.spares_free} free"
     return ""

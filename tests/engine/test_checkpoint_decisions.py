@@ -330,6 +330,11 @@ def test_a_checkpoint_restart_leaves_the_spares_kept_back_for_lost_gpus() -> Non
         "the faulty one's place beyond the 1 kept back, of 1 free, and no scaled restart)"
     )
     assert checkpoint_with(2).action == Action.RESTART
+    none_at_all = failed_over(repair_estimate_s=86400, spare_nodes=False)
+    none_at_all.options = replace(none_at_all.options, spare_reserve=1)
+    none_at_all.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = none_at_all.step(3100).decision
+    assert d is not None and "no spare node to take the faulty one's place, and no" in d.reason
 
 
 def test_a_restart_cannot_escape_a_switch_failure_so_the_checkpoint_keeps_running() -> None:

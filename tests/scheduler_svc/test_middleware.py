@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -182,6 +183,9 @@ def test_a_committed_change_and_its_audit_entry_are_one_commit(
         assert r.status_code == 200, r.text
         assert len(commits) == 1
         assert audit(http) == [("PUT", "/v1/nodes/n0", 200, "register_node")]
+        (written,) = http.get("/v1/audit").json()["entries"]
+        assert written["client"] == "127.0.0.1" and written["count"] == 1
+        assert datetime.fromisoformat(written["at"]) <= datetime.now(UTC)
 
 
 def test_the_status_recorded_with_the_change_is_the_one_answered() -> None:
@@ -196,3 +200,12 @@ def test_the_status_recorded_with_the_change_is_the_one_answered() -> None:
     untouched.status_code = None  # type: ignore[assignment]
     assert answering_status({"created": True}, untouched, 201) == 201
     assert answering_status({"created": True}, None, 202) == 202
+
+
+def test_a_long_path_is_audited_cut_to_its_column(http: httpx.Client) -> None:
+    """The path column holds 512 characters: a longer path is kept cut to them (PostgreSQL
+    would refuse the row, and the entry would be lost)."""
+    long = "/v1/nodes/" + "n" * 600
+    assert http.put(long, json={"gpus": [], "rnics": []}).status_code == 422
+    (entry,) = http.get("/v1/audit").json()["entries"]
+    assert entry["path"] == long[:512]

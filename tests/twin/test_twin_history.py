@@ -66,31 +66,40 @@ def test_fitted_rates_replace_only_the_kinds_they_name() -> None:
 
 def test_the_twin_runs_the_historys_own_jobs_as_many_as_fit() -> None:
     """Newest first, each at its own size and regime; one that does not fit beside the
-    others is left out, one larger than every non-spare node runs on all of them."""
+    others is left out, one larger than every non-spare node runs on all of them, and a
+    job without ranks or nodes is none."""
     job = history_with()["jobs"][0]
     jobs = [
         job | {"job_id": "old", "created_at": "2026-10-01T00:00:00Z", "nodes": 3, "ranks": 24},
+        job | {"job_id": "empty", "created_at": "2026-10-02T00:00:00Z", "nodes": 2, "ranks": 0},
+        job | {"job_id": "nowhere", "created_at": "2026-10-02T00:00:00Z", "nodes": 0, "ranks": 8},
         job | {"job_id": "big", "created_at": "2026-10-03T00:00:00Z", "nodes": 9, "ranks": 72},
+        job | {"job_id": "one", "created_at": "2026-10-04T00:00:00Z", "nodes": 1, "ranks": 1,
+               "declared_k": None},
         job | {"job_id": "new", "created_at": "2026-10-05T00:00:00Z", "nodes": 4, "ranks": 32,
                "checkpoint_kind": "flowcheck", "checkpoint_interval_s": 2.5,
                "measured_k": 1.4, "reload_s": 300},
     ]  # fmt: skip
-    shapes = shapes_of(History.model_validate(history_with(jobs=jobs)), JobModel())
+    model = JobModel()
+    shapes = shapes_of(History.model_validate(history_with(jobs=jobs)), model)
     assert [(s.nodes, s.checkpoint, s.interval_s, s.k) for s in shapes] == [
         (4, "flowcheck", 2.5, 1.4),
+        (1, "interval", 1800, model.k[0]),  # neither measured nor declared: the model's
         (9, "interval", 1800, 1.2),
         (3, "interval", 1800, 1.2),
     ]
-    laid = job_mix(ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=3), JobModel(), shapes)
+    spec = ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=4, scaling=True)
+    laid = job_mix(spec, model, shapes)
     assert [(len(j.nodes), j.checkpoint, j.reload_s) for j in laid] == [
         (4, "flowcheck", 300),
+        (1, "interval", 900),
         (3, "interval", 900),
     ]
-    assert laid[1].nodes == tuple(node_name(i) for i in range(4, 7))
-    alone = job_mix(
-        ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=1), JobModel(), shapes[1:]
-    )
+    assert [j.nodes[0] for j in laid] == [node_name(0), node_name(4), node_name(5)]
+    assert all(j.allow_scaling for j in laid)
+    alone = job_mix(ClusterSpec(nodes=10, spares=2, nodes_per_leaf=4, jobs=1), model, shapes[2:])
     assert [len(j.nodes) for j in alone] == [8]  # the 9-node job, on all 8 non-spare nodes
+    assert not alone[0].allow_scaling
 
 
 def test_twin_on_a_history_says_which_of_its_jobs_it_runs(tmp_path: Path) -> None:
