@@ -273,7 +273,9 @@ def test_a_transaction_reads_the_subscriptions_once_and_sees_its_own_changes(
             )  # fmt: skip
             emit(s, "io.railover.command.applied", job_id="j1", subject="command/9", data={})
             emit(s, "io.railover.switch.fault", job_id=None, subject="switch/t", data={})
-            SubscriptionRepo(s).delete(SubscriptionRepo(s).get(first))
+            gone = SubscriptionRepo(s).get(first)
+            assert gone is not None
+            SubscriptionRepo(s).delete(gone)
             emit(s, "io.railover.command.applied", job_id="j1", subject="command/10", data={})
         # Made by another transaction meanwhile: seen by this session's next transaction.
         with sessions() as s:
