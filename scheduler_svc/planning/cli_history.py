@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler_svc.planning.fit import UNIT, Figure, Fit, fit
-from scheduler_svc.planning.history import load_history
+from scheduler_svc.planning.history import History, load_history
 from scheduler_svc.planning.params import JobModel, ParamError, flag_of
 
 HistoryOpt = Annotated[
@@ -38,13 +38,19 @@ FillDefaults = Annotated[
 
 
 def fitted(
-    path: Path, *, fill_defaults: bool, given: Set[str], flags: bool = True
+    path: Path,
+    *,
+    fill_defaults: bool,
+    given: Set[str],
+    flags: bool = True,
+    history: History | None = None,
 ) -> tuple[dict[str, object], Fit]:
     """The JobModel values fitted from the export at `path` (before --config and flags,
     which win: `given` names the keys they set) and the fit itself. A figure with no data
     that nothing gives raises ParamError naming it, unless `fill_defaults`; `flags`: the
-    command has a flag per figure (else the error is about --history, naming the figure)."""
-    result = fit(load_history(path))
+    command has a flag per figure (else the error is about --history, naming the figure).
+    `history`: the export, where the caller has read it already."""
+    result = fit(history if history is not None else load_history(path))
     defaults = JobModel()
     for key, why in result.missing.items():
         if key in given:

@@ -159,35 +159,35 @@ def job_mix(
     than every non-spare node runs on all of them). Otherwise the first takes half of the
     nodes, the others share the rest, and every other job checkpoints with FlowCheck."""
     usable = spec.nodes - spec.spares
-    if shapes:
-        return _from_history(spec, shapes, usable)
+    return _lay_out(spec, shapes or _modelled(spec, model, usable), usable)
+
+
+def _modelled(spec: ClusterSpec, model: JobModel, usable: int) -> list[JobShape]:
+    """`spec.jobs` jobs of the model's regime filling the usable nodes: the first half of
+    them, the others the rest in equal shares, every other one on FlowCheck."""
     sizes = [max(1, usable // 2)] if spec.jobs > 1 else [usable]
     rest = usable - sizes[0]
     for j in range(1, spec.jobs):
         share = rest // (spec.jobs - j)
         sizes.append(share)
         rest -= share
-    jobs, start = [], 0
-    for j, size in enumerate(sizes):
-        flowcheck = j % 2 == 1
-        jobs.append(
-            JobSpec(
-                job_id=f"job-{j}",
-                nodes=tuple(node_name(i) for i in range(start, start + size)),
-                checkpoint="flowcheck" if flowcheck else "interval",
-                interval_s=model.iteration_s if flowcheck else model.checkpoint_interval_h * 3600,
-                reload_s=model.reload_h * 3600,
-                detect_s=model.detect_h * 3600,
-                timeout_s=model.timeout_s,
-                k=model.k[0],
-                allow_scaling=spec.scaling,
-            )
+    return [
+        JobShape(
+            nodes=size,
+            checkpoint="flowcheck" if j % 2 == 1 else "interval",
+            interval_s=model.iteration_s if j % 2 == 1 else model.checkpoint_interval_h * 3600,
+            reload_s=model.reload_h * 3600,
+            detect_s=model.detect_h * 3600,
+            timeout_s=model.timeout_s,
+            k=model.k[0],
         )
-        start += size
-    return jobs
+        for j, size in enumerate(sizes)
+    ]
 
 
-def _from_history(spec: ClusterSpec, shapes: Sequence[JobShape], usable: int) -> list[JobSpec]:
+def _lay_out(spec: ClusterSpec, shapes: Sequence[JobShape], usable: int) -> list[JobSpec]:
+    """The shapes side by side on the usable nodes, in order, up to `spec.jobs` of them; one
+    that does not fit after the others is left out."""
     jobs: list[JobSpec] = []
     start = 0
     for shape in shapes:

@@ -47,7 +47,10 @@ class TwinFit:
 
 
 def twin_fit(path: Path, *, fill_defaults: bool) -> TwinFit:
-    values, result = fitted(path, fill_defaults=fill_defaults, given=set(), flags=False)
+    history = load_history(path)
+    values, result = fitted(
+        path, fill_defaults=fill_defaults, given=set(), flags=False, history=history
+    )
     model = JobModel(**values)  # type: ignore[arg-type]  # JobModel's fields, typed by the fit
     rates: dict[FaultKind, float] = {}
     modelled = [FaultKind.PARTITION.value, FaultKind.NODE.value]
@@ -71,7 +74,7 @@ def twin_fit(path: Path, *, fill_defaults: bool) -> TwinFit:
         fit=result,
         modelled=tuple(modelled),
         nodes=result.nodes,
-        shapes=shapes_of(load_history(path), model),
+        shapes=shapes_of(history, model),
         nodes_per_leaf=int(per_switch.value) if per_switch is not None else None,
     )
 
