@@ -141,14 +141,6 @@ SPARES_FREE_DOC = (
 )
 
 
-def _spares_agree(spare_nodes: bool | None, free: int | None) -> None:
-    if free is not None and spare_nodes is not None and spare_nodes != (free > 0):
-        raise ValueError(
-            f"spares_free: {free} free spares, yet spare_nodes is {spare_nodes}; give one, "
-            "or both in agreement"
-        )
-
-
 class JobIn(Strict):
     model_config = ConfigDict(json_schema_extra={"allOf": [_TIMEOUT_GIVEN, IB_PAIR]})
 
@@ -336,7 +328,12 @@ class CheckpointIn(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointIn:
-        _spares_agree(self.spare_nodes, self.spares_free)
+        free, said = self.spares_free, self.spare_nodes
+        if free is not None and said is not None and said != (free > 0):
+            raise ValueError(
+                f"spares_free: {free} free spares, yet spare_nodes is {said}; give one, "
+                "or both in agreement"
+            )
         return self
 
 
