@@ -7,7 +7,10 @@ not wrong) and a failure that says what it waited for and what it saw.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -54,3 +57,13 @@ def wait_for(
             seen = detail() if detail is not None else last
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}: {seen!r}")
         time.sleep(step)
+
+
+def thread_stacks() -> str:
+    """Where every thread of this process is now: what a test that gave up waiting on a
+    service it runs in-process shows, so a hang names the call it is stuck in."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    )

@@ -24,6 +24,7 @@ import pytest
 
 from railover_testing.cluster_shapes import hgx_node
 from railover_testing.local import local_service
+from railover_testing.waiting import thread_stacks
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.tokens import TokenRepo
@@ -94,14 +95,22 @@ def test_schemathesis_finds_nothing(db_url: str, tmp_path: Path) -> None:
 
 
 def _seed(url: str, token: str) -> None:
-    """Two nodes, a job on them with a communicator, and a fault decided for it."""
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
-        for node in ("fz0", "fz1"):
-            http.put(f"/v1/nodes/{node}", json=hgx_node()).raise_for_status()
-        comms = [{"comm_id": 7, "channels": 8}]
-        job = job_body("fzjob", ["fz0", "fz1"], communicators=comms)
-        http.post("/v1/jobs", json=job).raise_for_status()
-        r = http.post("/v1/events", json={"events": [event("fz0", after_s=3000)]})
+    """Two nodes, a job on them with a communicator, and a fault decided for it.
+
+    Each call takes milliseconds; the minute allowed is for a loaded machine, and a call
+    that outlasts it fails with where every thread of this process (the service's
+    included) was then."""
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        try:
+            for node in ("fz0", "fz1"):
+                http.put(f"/v1/nodes/{node}", json=hgx_node()).raise_for_status()
+            comms = [{"comm_id": 7, "channels": 8}]
+            job = job_body("fzjob", ["fz0", "fz1"], communicators=comms)
+            http.post("/v1/jobs", json=job).raise_for_status()
+            r = http.post("/v1/events", json={"events": [event("fz0", after_s=3000)]})
+        except httpx.TimeoutException as exc:
+            pytest.fail(f"seeding the service timed out ({exc!r}); threads:\n{thread_stacks()}")
         assert r.status_code == 202 and r.json()["decisions"], r.text
 
 
