@@ -14,6 +14,7 @@ read and write of the connection gets at most what is left of it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import ssl
@@ -248,12 +249,19 @@ class _Body(httpx.SyncByteStream):
             close()
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One context for every delivery client of the process: loading the CA bundle takes
+    tens of milliseconds, and a context is safe to share between connections."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class GuardedTransport(httpx.BaseTransport):
     """httpx's transport on the guarded backend (the stock one takes no network backend)."""
 
     def __init__(self, policy: AddressPolicy, resolver: Resolver = system_resolver) -> None:
         self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            ssl_context=_tls_context(),
             network_backend=GuardedBackend(policy, resolver),
             max_connections=64,
         )
