@@ -26,7 +26,6 @@ from scheduler_svc.planning.cli_simulate import check_plot_path
 from scheduler_svc.twin.books import CAUSES, Curve, TwinResult
 from scheduler_svc.twin.cluster import ClusterSpec, Reports, job_mix
 from scheduler_svc.twin.fitted import TwinFit, twin_fit
-from scheduler_svc.twin.runs import Run, default_workers, run_all
 
 HELP = (
     "Run the real service in closed loop with a simulated cluster, on a manual clock: "
@@ -156,6 +155,9 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
                 for j in laid
             )
         )
+    # The service (FastAPI, SQLAlchemy, the app) loads for a run, not for every `railover`.
+    from scheduler_svc.twin.runs import Run, default_workers, run_all  # noqa: PLC0415
+
     runs = [
         Run(
             spec, days, s, fault_scale, p, reports,
