@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -24,24 +24,29 @@ def asset_dir() -> Path:
 
 def add_docs(app: FastAPI) -> None:
     app.mount(ASSETS, StaticFiles(directory=asset_dir()), name="docs-assets")
-    openapi_url = app.openapi_url or "/openapi.json"
+    app.add_api_route("/docs", swagger_ui, include_in_schema=False)
+    app.add_api_route("/redoc", redoc, include_in_schema=False)
 
-    @app.get("/docs", include_in_schema=False)
-    def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} API",
-            swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS}/favicon.png",
-        )
 
-    @app.get("/redoc", include_in_schema=False)
-    def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} API",
-            redoc_js_url=f"{ASSETS}/redoc.standalone.js",
-            redoc_favicon_url=f"{ASSETS}/favicon.png",
-            with_google_fonts=False,
-        )
+# The pages read the app from the request: FastAPI keeps every endpoint it has analysed
+# in a process-wide cache (4,096 of them), and an endpoint that closed over its app kept
+# that app, its store engine and its caches alive long after it stopped (the tests and
+# the twin make an app per run).
+def swagger_ui(request: Request) -> HTMLResponse:
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url or "/openapi.json",
+        title=f"{request.app.title} API",
+        swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{ASSETS}/favicon.png",
+    )
+
+
+def redoc(request: Request) -> HTMLResponse:
+    return get_redoc_html(
+        openapi_url=request.app.openapi_url or "/openapi.json",
+        title=f"{request.app.title} API",
+        redoc_js_url=f"{ASSETS}/redoc.standalone.js",
+        redoc_favicon_url=f"{ASSETS}/favicon.png",
+        with_google_fonts=False,
+    )

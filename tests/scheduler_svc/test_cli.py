@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import weakref
 from importlib.metadata import version
 from pathlib import Path
 
@@ -216,3 +218,25 @@ def test_a_first_serve_without_tokens_says_how_to_create_one(tmp_path: Path) -> 
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_stopped_service_is_freed_with_its_store(tmp_path: Path) -> None:
+    """The twin and the tests run many services in one process: once one has stopped,
+    nothing of the process may keep its app, and with it its store engine and caches.
+    (An endpoint that closed over its app was kept by FastAPI's process-wide cache.)"""
+    from scheduler_svc.main import create_app
+    from scheduler_svc.twin.inprocess import served_app
+
+    settings = Settings(
+        db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0, allow_anonymous_loopback=True
+    )
+    service = create_app(settings)
+    with served_app(service) as url, httpx.Client(base_url=url) as http:
+        for page in ("/docs", "/redoc", "/openapi.json", "/v1/nodes", "/readyz"):
+            assert http.get(page).status_code == 200, page
+        engine = weakref.ref(service.state.engine)
+    freed = weakref.ref(service)
+    del service
+    gc.collect()
+    assert freed() is None, [type(r).__name__ for r in gc.get_referrers(freed())]
+    assert engine() is None
