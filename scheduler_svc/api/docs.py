@@ -33,9 +33,10 @@ def add_docs(app: FastAPI) -> None:
 # that app, its store engine and its caches alive long after it stopped (the tests and
 # the twin make an app per run).
 def swagger_ui(request: Request) -> HTMLResponse:
+    url, title = _document(request)
     return get_swagger_ui_html(
-        openapi_url=request.app.openapi_url or "/openapi.json",
-        title=f"{request.app.title} API",
+        openapi_url=url,
+        title=title,
         swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
         swagger_css_url=f"{ASSETS}/swagger-ui.css",
         swagger_favicon_url=f"{ASSETS}/favicon.png",
@@ -43,10 +44,16 @@ def swagger_ui(request: Request) -> HTMLResponse:
 
 
 def redoc(request: Request) -> HTMLResponse:
+    url, title = _document(request)
     return get_redoc_html(
-        openapi_url=request.app.openapi_url or "/openapi.json",
-        title=f"{request.app.title} API",
+        openapi_url=url,
+        title=title,
         redoc_js_url=f"{ASSETS}/redoc.standalone.js",
         redoc_favicon_url=f"{ASSETS}/favicon.png",
         with_google_fonts=False,
     )
+
+
+def _document(request: Request) -> tuple[str, str]:
+    """The document a page shows, and its title, of the app serving the request."""
+    return request.app.openapi_url or "/openapi.json", f"{request.app.title} API"
