@@ -132,10 +132,15 @@ def run_all(
         done: dict[int, Done] = {}
         while pending:
             finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(updates, progress, done)
             for future in finished:
-                done[pending.pop(future)] = future.result()  # a run's error is raised here
-            _drain(updates, progress)
-        _drain(updates, progress)
+                index = pending.pop(future)
+                done[index] = future.result()  # a run's error is raised here
+                # A worker's last updates can reach the queue after its result reaches
+                # here: the run is through, whatever the queue has said so far.
+                if progress is not None:
+                    progress(index, 1.0)
+        _drain(updates, progress, done)
     return [done[i] for i in range(len(runs))]
 
 
@@ -173,11 +178,14 @@ def _in_worker(run: Run, index: int) -> Done:
     return run_one(run, _reporter(lambda i, f: updates.put((i, f)), index))
 
 
-def _drain(updates: Any, progress: Callable[[int, float], None] | None) -> None:
+def _drain(
+    updates: Any, progress: Callable[[int, float], None] | None, done: Mapping[int, Done]
+) -> None:
+    """Hand on the updates received so far, but none of a run already reported done."""
     while True:
         try:
             index, fraction = updates.get_nowait()
         except queue.Empty:
             return
-        if progress is not None:
+        if progress is not None and index not in done:
             progress(index, fraction)
