@@ -43,7 +43,7 @@ def export_history(
     `shown` names the store in errors (its URL without a password)."""
     engine = make_engine(settings.sqlalchemy_url)
     try:
-        state = schema_state(engine, settings.sqlalchemy_url)
+        state = schema_state(engine)
         if state.missing:
             raise NotAStore(
                 f"{shown} is not a Railover store (it has no {', '.join(state.missing)} table)",

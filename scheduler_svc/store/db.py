@@ -208,21 +208,23 @@ def upgrade(url: str) -> None:
 
 
 @functools.cache
-def _heads() -> frozenset[str]:
-    """The newest revisions of this code's migrations (read from their files once)."""
-    return frozenset(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+def newest_revision() -> str:
+    """This code's newest migration, read from the migration files once per process (alembic
+    loads and compiles every one of them to find it: tens of milliseconds)."""
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None, "the package ships its migrations"
+    return head
 
 
 def at_head(url: str) -> bool:
-    """Whether the store's schema is already this code's newest one. A read of one row:
-    alembic itself loads and compiles every migration file first (tens of milliseconds)."""
+    """Whether the store's schema is already this code's newest one: a read of one row."""
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            current = frozenset(MigrationContext.configure(conn).get_current_heads())
+            current = MigrationContext.configure(conn).get_current_heads()
     finally:
         engine.dispose()
-    return current == _heads()
+    return current == (newest_revision(),)
 
 
 @contextmanager

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
-from scheduler_svc.store.db import alembic_config
+from scheduler_svc.store.db import newest_revision
 
 # Tables a Railover store has at every migration since the first.
 CORE_TABLES = ("nodes", "rnics", "jobs", "faults", "decisions", "alembic_version")
@@ -36,8 +35,8 @@ class SchemaState:
         return not self.missing and self.revision == self.head
 
 
-def schema_state(engine: Engine, url: str) -> SchemaState:
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head() or ""
+def schema_state(engine: Engine) -> SchemaState:
+    head = newest_revision()
     tables = set(inspect(engine).get_table_names())
     missing = tuple(t for t in CORE_TABLES if t not in tables)
     revision = None
