@@ -173,9 +173,11 @@ class Job(Base):
     # Set when a reconcile of the job failed: the coordinator's sweep tries it again.
     reconcile_due_at: Mapped[datetime | None]
 
-    # Loaded only when asked for: the decision path reads rank tuples instead.
+    # Loaded only when asked for: the decision path reads rank tuples instead. Deleting
+    # the job leaves its ranks to the foreign key's ON DELETE CASCADE (one statement),
+    # not to the ORM, which would load a 65,536-rank job's rows to delete them one by one.
     ranks: Mapped[list[JobRank]] = relationship(
-        cascade="all, delete-orphan", order_by="JobRank.rank", lazy="select"
+        cascade="all, delete-orphan", order_by="JobRank.rank", lazy="select", passive_deletes=True
     )
 
 
