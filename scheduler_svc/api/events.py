@@ -25,15 +25,17 @@ from scheduler_svc.errors import (
     Unprocessable,
     responses,
 )
+from scheduler_svc.fleet import audit
 from scheduler_svc.services import targets
 from scheduler_svc.services.events import IngestResult, ingest
 
 router = routing.router(prefix="/v1", tags=["events"])
+ACCEPTED = 202
 
 
 @router.post(
     "/events",
-    status_code=202,
+    status_code=ACCEPTED,
     operation_id="post_events",
     responses=responses(Unauthorized, Forbidden, NotFound, Unprocessable) | VALIDATION,
 )
@@ -61,6 +63,7 @@ def post_events(
     for n in sorted(nodes):
         who.require_node(n)
     events: list[EventIn] = list(body.events)
+    unaudited = audit.pending()  # taken here: `record` may run in another request's thread
 
     def record(session: Session) -> IngestResult:
         known = targets.registered_ports(session, nodes)
@@ -77,10 +80,15 @@ def post_events(
             future_skew_s=settings.observed_at_future_skew_s,
             agent=who.role == Role.AGENT,
         )
-        return ingest(session, events, now=now, settings=settings)
+        result = ingest(session, events, now=now, settings=settings)
+        if unaudited is not None:  # the report's audit entry, in the evidence's commit
+            audit.add(session, unaudited, ACCEPTED)
+        return result
 
     # Committed (the evidence, before any pass that is to see it starts) when this returns.
     result = writes.run(record)
+    if unaudited is not None:
+        unaudited.status = ACCEPTED
     faults_opened = len(result.faults_opened)
     decisions = passes.reconcile(result.jobs) if result.jobs else []
     took = time.perf_counter() - started

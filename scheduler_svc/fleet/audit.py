@@ -2,8 +2,9 @@
 
 The audit middleware (fleet/service.py, `AuditRequests`) marks each state-changing /v1
 request as unwritten. A sync route that commits its own change (api/routing.py) adds the
-entry to that commit, so an agent's acknowledgement or report costs one transaction, not
-two (at a switch point every node of the job sends one). The middleware writes the entry
+entry to that commit, and an agent's report adds it to the group commit of its evidence
+(api/events.py), so an acknowledgement or a report costs one transaction, not two (at a
+switch point every node of the job sends one; in a leaf failure 64 nodes report). The middleware writes the entry
 apart, as before, for every request whose route did not: refused ones, async routes, and
 any whose answer's status is not the one recorded (a commit that failed).
 """
@@ -42,16 +43,29 @@ def done(token: Token[Unwritten | None]) -> None:
     _UNWRITTEN.reset(token)
 
 
+def pending() -> Unwritten | None:
+    """The request being served, when it is one to audit whose entry no commit carried yet;
+    None for a read or a call outside a request. Read in the request's own thread: a group
+    commit (store/groupcommit.py) runs the request's write in another."""
+    unwritten = _UNWRITTEN.get()
+    return None if unwritten is None or unwritten.status is not None else unwritten
+
+
 def add_to(session: Session, status: int) -> Unwritten | None:
     """Add the entry of the request being served to `session`, whose commit is its change.
 
     Returns the request's mark, for the caller to set `status` on once the commit is done;
     None when the request is not one to audit (a read, a call outside a request)."""
-    unwritten = _UNWRITTEN.get()
-    if unwritten is None or unwritten.status is not None:
-        return None
-    AuditRepo(session).add(entry(unwritten.request, status))
+    unwritten = pending()
+    if unwritten is not None:
+        add(session, unwritten, status)
     return unwritten
+
+
+def add(session: Session, unwritten: Unwritten, status: int) -> None:
+    """Add the entry of the request `unwritten` marks to `session` (whose commit then
+    carries it: set `unwritten.status` once it did)."""
+    AuditRepo(session).add(entry(unwritten.request, status))
 
 
 def entry(request: Request, status: int) -> m.AuditEntry:

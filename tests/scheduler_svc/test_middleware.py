@@ -209,3 +209,65 @@ def test_a_long_path_is_audited_cut_to_its_column(http: httpx.Client) -> None:
     assert http.put(long, json={"gpus": [], "rnics": []}).status_code == 422
     (entry,) = http.get("/v1/audit").json()["entries"]
     assert entry["path"] == long[:512]
+
+
+def test_a_report_and_its_audit_entry_are_one_commit(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's report carries its audit entry in the group commit of its evidence (the
+    separate path is broken here), and a refused report is still written apart."""
+    from scheduler_svc.fleet import service
+
+    app = create_app(settings.model_copy(update={"host": "127.0.0.1"}))
+    with serving(app) as http:
+        assert http.put("/v1/nodes/n0", json=hgx_node()).status_code == 200
+        report = {
+            "event_id": "e-1",
+            "node": "n0",
+            "kind": "port_down",
+            "device": "mlx5_0",
+            "port": 1,
+            "observed_at": datetime.now(UTC).isoformat(),
+        }
+        with monkeypatch.context() as patched, Transactions() as seen:
+            patched.setattr(service, "_write_audit", _written_apart)
+            r = http.post("/v1/events", json={"events": [report]})
+        assert r.status_code == 202, r.text
+        assert r.json()["faults_opened"] == 1
+        writing = [t for t in seen.committed if "audit_log" in t or "events" in t]
+        assert writing == [{"events", "faults", "audit_log"}]  # one commit: the report, its entry
+        unknown = {**report, "event_id": "e-2", "node": "n9"}
+        assert http.post("/v1/events", json={"events": [unknown]}).status_code == 404
+        assert audit(http)[:2] == [
+            ("POST", "/v1/events", 404, "post_events"),
+            ("POST", "/v1/events", 202, "post_events"),
+        ]
+
+
+def _written_apart(*_: Any) -> None:
+    raise AssertionError("written apart from its change")
+
+
+class Transactions:
+    """The tables each committed transaction inserted into, on every engine of this process
+    (a background loop's commits that insert nothing show as empty sets)."""
+
+    def __init__(self) -> None:
+        self.committed: list[set[str]] = []
+        self._open: dict[int, set[str]] = {}
+
+    def _statement(self, conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("INSERT INTO "):
+            self._open.setdefault(id(conn), set()).add(statement.split()[2])
+
+    def _commit(self, conn: Any) -> None:
+        self.committed.append(self._open.pop(id(conn), set()))
+
+    def __enter__(self) -> Transactions:
+        event.listen(Engine, "before_cursor_execute", self._statement)
+        event.listen(Engine, "commit", self._commit)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        event.remove(Engine, "before_cursor_execute", self._statement)
+        event.remove(Engine, "commit", self._commit)
