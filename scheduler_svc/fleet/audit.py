@@ -4,9 +4,10 @@ The audit middleware (fleet/service.py, `AuditRequests`) marks each state-changi
 request as unwritten. A sync route that commits its own change (api/routing.py) adds the
 entry to that commit, and an agent's report adds it to the group commit of its evidence
 (api/events.py), so an acknowledgement or a report costs one transaction, not two (at a
-switch point every node of the job sends one; in a leaf failure 64 nodes report). The middleware writes the entry
-apart, as before, for every request whose route did not: refused ones, async routes, and
-any whose answer's status is not the one recorded (a commit that failed).
+switch point every node of the job sends one; in a leaf failure 64 nodes report). The
+middleware writes the entry apart, as before, for every request whose route did not:
+refused ones, async routes, and any whose answer's status is not the one recorded (a
+commit that failed).
 """
 
 from __future__ import annotations
