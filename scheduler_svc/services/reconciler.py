@@ -141,7 +141,7 @@ def job_state(
 class _Placed:
     """One job's placement on its nodes: what a decision would otherwise read and route again."""
 
-    fleet: tuple[object, ...]  # NodeRepo.fleet_stamp when the plans were last checked
+    fleet: int  # NodeRepo.fleet_stamp when the plans were last checked
     topologies: Mapping[str, NodeTopology]
     plans: Mapping[str, NodePlan]
     ports: Mapping[str, frozenset[tuple[str, int]]]

@@ -63,6 +63,7 @@ def register_node(
         reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
     if changed:
         fabric.PLANS.keep(session, node, settings.backup_cap_per_switch)
+        repo.bump_fleet()  # last: on PostgreSQL the stamp's row is locked until the commit
     return node
 
 

@@ -58,6 +58,17 @@ class ApiToken(Base):
     expires_at: Mapped[datetime | None]
 
 
+class FleetStamp(Base):
+    """One row (id 1): raised whenever a node is registered anew or changes topology, in
+    that registration's transaction (NodeRepo.bump_fleet). Cached plans and job indexes
+    hold while it is unchanged."""
+
+    __tablename__ = "fleet_stamp"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class Node(Base):
     __tablename__ = "nodes"
 

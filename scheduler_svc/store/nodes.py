@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Result, Select, Text, cast, func, select, update
+from sqlalchemy import Result, Select, Text, cast, select, update
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -116,19 +116,24 @@ class NodeRepo:
     def all(self) -> Sequence[m.Node]:
         return self.s.scalars(select(m.Node).order_by(m.Node.name)).all()
 
-    def fleet_stamp(self) -> tuple[int, int, int, datetime | None]:
-        """Nodes, the sum and highest of their topology versions, and the newest registration:
-        one aggregate row that changes when any node registers anew or changes topology.
-        A cached job index is checked node by node (`versions`) only when it changed."""
-        row = self.s.execute(
-            select(
-                func.count(),
-                func.coalesce(func.sum(m.Node.topology_version), 0),
-                func.coalesce(func.max(m.Node.topology_version), 0),
-                func.max(m.Node.registered_at),
-            )
-        ).one()
-        return int(row[0]), int(row[1]), int(row[2]), row[3]
+    def fleet_stamp(self) -> int:
+        """The fleet's registration stamp: it changes when any node registers anew or
+        changes topology (`bump_fleet`). One row by its key, whatever the fleet's size; a
+        cached job index is checked node by node (`versions`) only when it changed."""
+        return int(self.s.scalar(select(m.FleetStamp.version).where(m.FleetStamp.id == 1)) or 0)
+
+    def bump_fleet(self) -> None:
+        """Raise the stamp, in the transaction of the registration that changed the fleet.
+        On PostgreSQL the row stays locked until that commit: registrations that change
+        topology take turns at their end (one short update each)."""
+        raised = self.s.execute(
+            update(m.FleetStamp)
+            .where(m.FleetStamp.id == 1)
+            .values(version=m.FleetStamp.version + 1)
+        )
+        if not getattr(raised, "rowcount", 0):  # a store created without the row
+            self.s.add(m.FleetStamp(id=1, version=1))
+            self.s.flush()
 
     def versions(self, names: Iterable[str]) -> dict[str, tuple[int, datetime]]:
         """(topology version, registration time) per node: a cheap read that tells whether

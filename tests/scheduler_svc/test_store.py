@@ -1,17 +1,31 @@
 """Migrations create exactly the models' schema, on both backends; a start migrates only a
-store behind the code."""
+store behind the code; the fleet's registration stamp moves with its topology."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import delete
 
-from scheduler_svc.store.db import alembic_config, at_head, make_engine, newest_revision, upgrade
-from scheduler_svc.store.models import Base
+from railover_testing.cluster_shapes import hgx_node
+from scheduler_svc.api.schemas.nodes import NodeIn
+from scheduler_svc.config import Settings
+from scheduler_svc.services import registry
+from scheduler_svc.store.db import (
+    alembic_config,
+    at_head,
+    make_engine,
+    make_sessionmaker,
+    newest_revision,
+    upgrade,
+)
+from scheduler_svc.store.models import Base, FleetStamp
+from scheduler_svc.store.nodes import NodeRepo
 
 
 def test_migrations_match_models(db_url: str) -> None:
@@ -40,3 +54,34 @@ def test_a_start_migrates_a_store_behind_the_code_and_skips_one_at_its_head(
     engine.dispose()
     command.stamp(alembic_config(url), before)  # a store the code is newer than
     assert not at_head(url)
+
+
+def test_the_fleet_stamp_changes_with_the_fleets_topology_only(db_url: str) -> None:
+    """Raised by a new node and a changed topology, in the registration's own transaction;
+    not by a node registering as it was. A store whose row is missing gets one."""
+    settings = Settings(db_url=db_url)
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    node = NodeIn.model_validate(hgx_node())
+    moved = NodeIn.model_validate(hgx_node(switch_name="spare{rail}-leaf"))
+    sessions = make_sessionmaker(engine)
+
+    def register(name: str, body: NodeIn, *, commit: bool = True) -> int:
+        with sessions() as s:
+            with s.begin() as tx:
+                registry.register_node(s, name, body, datetime.now(UTC), settings)
+                if not commit:
+                    tx.rollback()
+            return NodeRepo(s).fleet_stamp()
+
+    try:
+        first = register("a", node)
+        assert register("a", node) == first  # the same topology again
+        assert register("b", node) == first + 1  # a new node
+        assert register("a", moved) == first + 2  # cabled anew
+        assert register("c", node, commit=False) == first + 2  # rolled back with it
+        with sessions() as s, s.begin():
+            s.execute(delete(FleetStamp))
+        assert register("a", node) == 1
+    finally:
+        engine.dispose()
