@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 SWITCH_KINDS = tuple(k.value for k in store_types.SWITCH_KINDS)
 WAITING = tuple(s.value for s in store_types.WAITING)
-ALL_STATES = tuple(s.value for s in CommandState)
 ALL_KINDS = tuple(k.value for k in CommandKind)
 _ALLOWED: dict[CommandState, tuple[CommandState, ...]] = {
     CommandState.ISSUED: (
@@ -341,7 +340,11 @@ def overtake_returns(
     another's.
     """
     repo = CommandRepo(session)
-    rows = repo.job_commands(job.job_id, [CommandKind.FAILBACK.value], ALL_STATES)
+    # The fail-backs still waiting, then every row of their switch points: a job's whole
+    # history of fail-backs is read only where one is live (most passes read none).
+    kind = CommandKind.FAILBACK.value
+    live_points = {(c.comm_id, c.epoch) for c in repo.job_commands(job.job_id, [kind], WAITING)}
+    rows = repo.switch_points(job.job_id, kind, live_points)
     groups: dict[tuple[int, int, str], list[m.Command]] = {}
     for c in rows:
         groups.setdefault((c.comm_id, c.epoch, c.node if rank_by_rank else ""), []).append(c)
@@ -390,8 +393,7 @@ def next_epoch(session: Session, job: m.Job, comm_id: int) -> int:
 
 def max_epoch(session: Session, job_id: str, comm_id: int, kinds: Sequence[str] = ALL_KINDS) -> int:
     """The highest epoch the communicator's commands of `kinds` have had."""
-    cmds = CommandRepo(session).comm_commands(job_id, comm_id, kinds, ALL_STATES)
-    return max((c.epoch for c in cmds), default=0)
+    return CommandRepo(session).max_epoch(job_id, comm_id, kinds)
 
 
 def retrigger(
@@ -413,10 +415,7 @@ def retrigger(
     # The newest switch point only: a failover since (a newer epoch) does not replace it.
     if cmd.epoch != max_epoch(session, job.job_id, cmd.comm_id, SWITCH_KINDS):
         return []
-    siblings = CommandRepo(session).comm_commands(
-        job.job_id, cmd.comm_id, [cmd.kind], [s.value for s in CommandState]
-    )
-    same = [c for c in siblings if c.epoch == cmd.epoch]
+    same = CommandRepo(session).switch_points(job.job_id, cmd.kind, {(cmd.comm_id, cmd.epoch)})
     ranks = sorted({r for c in same for r in c.ranks})
     rank_nodes = {r: c.node for c in same for r in c.ranks}
     metrics.RETRIGGERS.inc()

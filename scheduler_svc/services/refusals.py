@@ -111,13 +111,9 @@ def _failback(
     now: datetime,
     settings: Settings,
 ) -> None:
-    kinds = [CommandKind.FAILBACK.value]
-    every = [s.value for s in CommandState]
-    siblings = [
-        c
-        for c in CommandRepo(session).comm_commands(job.job_id, cmd.comm_id, kinds, every)
-        if c.epoch == cmd.epoch
-    ]
+    siblings = CommandRepo(session).switch_points(
+        job.job_id, CommandKind.FAILBACK.value, {(cmd.comm_id, cmd.epoch)}
+    )
     for other in siblings:
         commands.transition(session, other, CommandState.SUPERSEDED, now)
     members = {r for c in siblings for r in c.ranks}

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -134,6 +134,36 @@ class CommandRepo:
                 m.Command.kind.in_(list(kinds)),
                 m.Command.state.in_(list(states)),
             )
+        ).all()
+
+    def max_epoch(self, job_id: str, comm_id: int, kinds: Sequence[str]) -> int:
+        """The highest epoch the communicator's commands of `kinds` have had (0: none). One
+        aggregate on the (job, communicator, epoch) index: a job's history of commands
+        (every switch point of its life, a row per node) is never loaded for it."""
+        top = self.s.scalar(
+            select(func.max(m.Command.epoch)).where(
+                m.Command.job_id == job_id,
+                m.Command.comm_id == comm_id,
+                m.Command.kind.in_(list(kinds)),
+            )
+        )
+        return int(top or 0)
+
+    def switch_points(
+        self, job_id: str, kind: str, points: Collection[tuple[int, int]]
+    ) -> Sequence[m.Command]:
+        """Every row, in any state, of the job's `kind` commands at these (communicator,
+        epoch) points, in command order."""
+        if not points:
+            return []
+        return self.s.scalars(
+            select(m.Command)
+            .where(
+                m.Command.job_id == job_id,
+                m.Command.kind == kind,
+                or_(*(and_(m.Command.comm_id == c, m.Command.epoch == e) for c, e in points)),
+            )
+            .order_by(m.Command.command_id)
         ).all()
 
     def delivery_latency_s(self, limit: int = 100) -> float | None:

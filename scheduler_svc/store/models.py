@@ -311,6 +311,8 @@ class Command(Base):
     # handed out twice, even after a deleted job's commands freed the highest.
     __table_args__ = (
         Index("ix_commands_node_state", "node", "state"),
+        # A communicator's newest epoch (CommandRepo.max_epoch), whatever its history.
+        Index("ix_commands_job_comm_epoch", "job_id", "comm_id", "epoch"),
         {"sqlite_autoincrement": True},
     )
 
