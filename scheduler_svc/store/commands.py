@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -113,28 +113,32 @@ class CommandRepo:
 
     def job_commands(
         self, job_id: str, kinds: Sequence[str], states: Sequence[str]
-    ) -> Sequence[m.Command]:
-        return self.s.scalars(
-            select(m.Command)
-            .where(
-                m.Command.job_id == job_id,
-                m.Command.kind.in_(list(kinds)),
-                m.Command.state.in_(list(states)),
+    ) -> list[m.Command]:
+        """The job's commands of `kinds` in `states`, in command order."""
+        return _in_order(
+            self.s.scalars(
+                select(m.Command).where(
+                    m.Command.job_id == job_id,
+                    m.Command.kind.in_(list(kinds)),
+                    m.Command.state.in_(list(states)),
+                )
             )
-            .order_by(m.Command.command_id)
-        ).all()
+        )
 
     def comm_commands(
         self, job_id: str, comm_id: int, kinds: Sequence[str], states: Sequence[str]
-    ) -> Sequence[m.Command]:
-        return self.s.scalars(
-            select(m.Command).where(
-                m.Command.job_id == job_id,
-                m.Command.comm_id == comm_id,
-                m.Command.kind.in_(list(kinds)),
-                m.Command.state.in_(list(states)),
+    ) -> list[m.Command]:
+        """The communicator's commands of `kinds` in `states`, in command order."""
+        return _in_order(
+            self.s.scalars(
+                select(m.Command).where(
+                    m.Command.job_id == job_id,
+                    m.Command.comm_id == comm_id,
+                    m.Command.kind.in_(list(kinds)),
+                    m.Command.state.in_(list(states)),
+                )
             )
-        ).all()
+        )
 
     def max_epoch(self, job_id: str, comm_id: int, kinds: Sequence[str]) -> int:
         """The highest epoch the communicator's commands of `kinds` have had (0: none). One
@@ -151,20 +155,23 @@ class CommandRepo:
 
     def switch_points(
         self, job_id: str, kind: str, points: Collection[tuple[int, int]]
-    ) -> Sequence[m.Command]:
+    ) -> list[m.Command]:
         """Every row, in any state, of the job's `kind` commands at these (communicator,
         epoch) points, in command order."""
-        if not points:
-            return []
-        return self.s.scalars(
-            select(m.Command)
-            .where(
-                m.Command.job_id == job_id,
-                m.Command.kind == kind,
-                or_(*(and_(m.Command.comm_id == c, m.Command.epoch == e) for c, e in points)),
+        # A query per point (there are seldom two): SQLite searches the (job, communicator,
+        # epoch) index for one, but walks the job's rows for an OR of several.
+        return _in_order(
+            c
+            for comm_id, epoch in sorted(points)
+            for c in self.s.scalars(
+                select(m.Command).where(
+                    m.Command.job_id == job_id,
+                    m.Command.kind == kind,
+                    m.Command.comm_id == comm_id,
+                    m.Command.epoch == epoch,
+                )
             )
-            .order_by(m.Command.command_id)
-        ).all()
+        )
 
     def delivery_latency_s(self, limit: int = 100) -> float | None:
         """Median time from issuing a command to its delivery, over recent deliveries."""
@@ -176,3 +183,10 @@ class CommandRepo:
         ).tuples()
         lat = sorted((d - c).total_seconds() for c, d in rows if d is not None)
         return lat[len(lat) // 2] if lat else None
+
+
+def _in_order(rows: Iterable[m.Command]) -> list[m.Command]:
+    """Rows in command order, sorted here: asked of SQL, the order makes SQLite walk the job's
+    whole history by its job_id index rather than sort the few rows the (job_id, state,
+    comm_id) index finds (migration 0019)."""
+    return sorted(rows, key=lambda c: c.command_id)

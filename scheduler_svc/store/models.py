@@ -311,8 +311,13 @@ class Command(Base):
     # handed out twice, even after a deleted job's commands freed the highest.
     __table_args__ = (
         Index("ix_commands_node_state", "node", "state"),
-        # A communicator's newest epoch (CommandRepo.max_epoch), whatever its history.
+        # A job's history of commands (a row per node per switch point) is never scanned
+        # to find its few live ones: its communicator's newest epoch (CommandRepo.max_epoch)
+        # and a switch point's rows; its commands in some states (job_commands,
+        # comm_commands); the coordinator's overdue sweep and the gauges, fleet-wide.
         Index("ix_commands_job_comm_epoch", "job_id", "comm_id", "epoch"),
+        Index("ix_commands_job_state", "job_id", "state", "comm_id"),
+        Index("ix_commands_state_deadline", "state", "ack_deadline_at"),
         {"sqlite_autoincrement": True},
     )
 
