@@ -52,6 +52,10 @@ def register_node(
     gpus = [g.model_dump() for g in body.gpus]
     rnics = [r.model_dump() for r in body.rnics]
     node, changed = repo.replace_topology(name, gpus, rnics, now)
+    if changed:
+        # Before this transaction's own reconcile caches plans of the new topology: they are
+        # kept under the new stamp, which a rollback takes away for good.
+        repo.bump_fleet()
     node_plans.store(node, settings.backup_cap_per_switch)
     new_gpus = {g["index"] for g in gpus}
     new_rnics = {(r["name"], r["port"]) for r in rnics}
@@ -63,7 +67,6 @@ def register_node(
         reconciler.reconcile_jobs(session, JobRepo(session).job_ids_on_node(name), now, settings)
     if changed:
         fabric.PLANS.keep(session, node, settings.backup_cap_per_switch)
-        repo.bump_fleet()  # last: on PostgreSQL the stamp's row is locked until the commit
     return node
 
 

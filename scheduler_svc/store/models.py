@@ -59,9 +59,9 @@ class ApiToken(Base):
 
 
 class FleetStamp(Base):
-    """One row (id 1): raised whenever a node is registered anew or changes topology, in
-    that registration's transaction (NodeRepo.bump_fleet). Cached plans and job indexes
-    hold while it is unchanged."""
+    """One row (id 1): given a new value whenever a node is registered anew or changes
+    topology, in that registration's transaction (NodeRepo.bump_fleet). Cached plans and
+    job indexes hold while it is unchanged."""
 
     __tablename__ = "fleet_stamp"
 

@@ -4,6 +4,7 @@ and the fabric switch each port is cabled to."""
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -123,16 +124,17 @@ class NodeRepo:
         return int(self.s.scalar(select(m.FleetStamp.version).where(m.FleetStamp.id == 1)) or 0)
 
     def bump_fleet(self) -> None:
-        """Raise the stamp, in the transaction of the registration that changed the fleet.
-        On PostgreSQL the row stays locked until that commit: registrations that change
-        topology take turns at their end (one short update each)."""
-        raised = self.s.execute(
-            update(m.FleetStamp)
-            .where(m.FleetStamp.id == 1)
-            .values(version=m.FleetStamp.version + 1)
+        """Give the stamp a new value, in the transaction of the registration that changes
+        the fleet. A random one, not a count: a count rolled back would be taken again by
+        the next registration, and plans cached under it by the rolled-back transaction
+        would then pass for current. On PostgreSQL the row stays locked until that commit:
+        registrations that change topology take turns."""
+        version = secrets.randbits(62)
+        renewed = self.s.execute(
+            update(m.FleetStamp).where(m.FleetStamp.id == 1).values(version=version)
         )
-        if not getattr(raised, "rowcount", 0):  # a store created without the row
-            self.s.add(m.FleetStamp(id=1, version=1))
+        if not getattr(renewed, "rowcount", 0):  # a store created without the row
+            self.s.add(m.FleetStamp(id=1, version=version))
             self.s.flush()
 
     def versions(self, names: Iterable[str]) -> dict[str, tuple[int, datetime]]:

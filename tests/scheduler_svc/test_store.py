@@ -10,7 +10,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import delete
+from sqlalchemy import delete, func, select
 
 from railover_testing.cluster_shapes import hgx_node
 from scheduler_svc.api.schemas.nodes import NodeIn
@@ -57,19 +57,23 @@ def test_a_start_migrates_a_store_behind_the_code_and_skips_one_at_its_head(
 
 
 def test_the_fleet_stamp_changes_with_the_fleets_topology_only(db_url: str) -> None:
-    """Raised by a new node and a changed topology, in the registration's own transaction;
-    not by a node registering as it was. A store whose row is missing gets one."""
+    """Renewed by a new node and a changed topology, in the registration's own transaction;
+    not by a node registering as it was. A value rolled back never comes back: plans that
+    the rolled-back transaction cached under it must not pass for current after the next
+    registration. A store whose row is missing gets one."""
     settings = Settings(db_url=db_url)
     upgrade(db_url)
     engine = make_engine(db_url)
     node = NodeIn.model_validate(hgx_node())
     moved = NodeIn.model_validate(hgx_node(switch_name="spare{rail}-leaf"))
     sessions = make_sessionmaker(engine)
+    inside: list[int] = []  # the stamp as each registration's own transaction saw it
 
     def register(name: str, body: NodeIn, *, commit: bool = True) -> int:
         with sessions() as s:
             with s.begin() as tx:
                 registry.register_node(s, name, body, datetime.now(UTC), settings)
+                inside.append(NodeRepo(s).fleet_stamp())
                 if not commit:
                     tx.rollback()
             return NodeRepo(s).fleet_stamp()
@@ -77,11 +81,18 @@ def test_the_fleet_stamp_changes_with_the_fleets_topology_only(db_url: str) -> N
     try:
         first = register("a", node)
         assert register("a", node) == first  # the same topology again
-        assert register("b", node) == first + 1  # a new node
-        assert register("a", moved) == first + 2  # cabled anew
-        assert register("c", node, commit=False) == first + 2  # rolled back with it
+        added = register("b", node)  # a new node
+        assert added != first
+        recabled = register("a", moved)
+        assert recabled not in (first, added)
+        assert register("c", node, commit=False) == recabled  # rolled back with it
+        rolled_back = inside[-1]
+        assert rolled_back != recabled
+        assert register("d", node) not in (rolled_back, recabled, added, first)
         with sessions() as s, s.begin():
             s.execute(delete(FleetStamp))
-        assert register("a", node) == 1
+        register("a", node)
+        with sessions() as s:
+            assert s.scalar(select(func.count()).select_from(FleetStamp)) == 1
     finally:
         engine.dispose()

@@ -1,7 +1,7 @@
 """The fleet's registration stamp as one row, not an aggregate over every node
 
-fleet_stamp.version: raised in the transaction of every node registration that creates a
-node or changes its topology (store/nodes.py, NodeRepo.bump_fleet). A decision reads it
+fleet_stamp.version: given a new value in the transaction of every node registration that
+creates a node or changes its topology (store/nodes.py, NodeRepo.bump_fleet). A decision reads it
 to know whether a job's cached plans may still hold: one row by its key, where the
 aggregate it replaces (count, sum and max over `nodes`) read every node of the fleet on
 every decision (8 ms at 8,192 nodes on SQLite).
