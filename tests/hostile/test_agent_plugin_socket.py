@@ -195,7 +195,7 @@ def test_a_device_name_cannot_forge_a_log_line(
 ) -> None:
     forged = "mlx5_0\n2026-12-06 INFO agent: all ports healthy"
     malformed = _metric("railover_agent_plugin_malformed_frames_total")
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="agent"):
         s = connect(agent)
         hello(s)
         s.sendall(
