@@ -63,11 +63,13 @@ deploy-check: venv tools
 	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q tests/deploy tests/web
 
 # The suite on TEST_WORKERS processes; a test file stays on one worker, so module
-# fixtures (the throw-away Slurm cluster, one service per module) are made once.
+# fixtures (the throw-away Slurm cluster, one service per module) are made once. Files
+# are handed out in collection order, the costliest first (tests/conftest.py, SLOW_FIRST).
 TEST_WORKERS ?= 2
 test-python: venv plugin tools
 	bash scripts/ensure-postgres.sh
-	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	RAILOVER_REQUIRE_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=15
 
 test: lint typecheck test-plugin test-python
 

@@ -39,33 +39,40 @@ hypothesis_settings.register_profile(
 if os.environ.get("RAILOVER_HYPOTHESIS_PROFILE"):
     hypothesis_settings.load_profile(os.environ["RAILOVER_HYPOTHESIS_PROFILE"])
 
-# The files that take a minute or more (schemathesis, the demo, the crash tests with
-# real agent processes, ...) are collected first: `make test` hands files to its two
-# workers in collection order, and a long file handed out last keeps one worker busy
-# while the other has finished.
+# The costliest files are handed out first, costliest first (seconds from a
+# `--durations` run on the 2-core VM, 2026-12-06): `make test` gives its two workers one
+# file at a time in collection order (`--no-loadscope-reorder`; xdist's own order, most
+# tests first, put the two-test schemathesis file last, and its 150 s ran with the other
+# worker idle). A new file that takes a minute belongs in this list.
 SLOW_FIRST = (
-    "tests/fuzz/",
-    "tests/crash/",
+    "tests/fuzz/test_schemathesis.py",  # 150 s
+    "tests/scheduler_svc/test_sequences_model_findings.py",  # 85 s
+    "tests/scheduler_svc/test_sequences_model.py",  # 60 s
+    "tests/integration/test_cluster_coordination.py",  # 50 s
+    "tests/agent/test_agent_e2e_service.py",  # 45 s
+    "tests/crash/",  # 30 s, 16 s, 15 s
+    "tests/scheduler_svc/test_a_day_on_a_broken_nic.py",  # 30 s
+    "tests/scheduler_svc/test_big_job_registration.py",  # 30 s
+    "tests/twin/",
+    "tests/fleet/test_client.py",
     "tests/integration/",
-    "tests/agent/test_agent_e2e_service.py",
     "tests/slurm/",
     "tests/web/",
     "tests/deploy/",
+    # The demo (40-80 s) plays a timed script (a 1 s maintenance window, 3 s of damping):
+    # after the heaviest files, not beside schemathesis on a loaded machine.
+    "tests/test_demo.py",
 )
-
-
-# The demo plays a timed script (a 1 s maintenance window, 3 s of damping): it goes
-# last, once the heavy files are done, not beside schemathesis on a loaded machine.
-LAST = ("tests/test_demo.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def order(item: pytest.Item) -> int:
-        if item.nodeid.startswith(SLOW_FIRST):
-            return 0
-        return 2 if item.nodeid.startswith(LAST) else 1
+        for i, prefix in enumerate(SLOW_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(SLOW_FIRST)
 
-    items.sort(key=order)  # stable
+    items.sort(key=order)  # stable: the other files in collection order
 
 
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
