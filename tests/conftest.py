@@ -9,6 +9,7 @@ without them.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -73,6 +74,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(SLOW_FIRST)
 
     items.sort(key=order)  # stable: the other files in collection order
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels() -> Iterator[None]:
+    """Every logger's level as it was before the test. Product code run in this process
+    quietens loggers for its own run (`railover twin` sets railover and scheduler_svc to
+    ERROR), and a logger one test left quiet hides the records a later test on the same
+    worker reads (which tests share a worker depends on the order files are handed out)."""
+    loggers = logging.Logger.manager.loggerDict
+    before = {n: lg.level for n, lg in loggers.items() if isinstance(lg, logging.Logger)}
+    root = logging.getLogger().level
+    yield
+    for name, lg in list(loggers.items()):
+        if isinstance(lg, logging.Logger) and lg.level != before.get(name, logging.NOTSET):
+            lg.setLevel(before.get(name, logging.NOTSET))
+    logging.getLogger().setLevel(root)
 
 
 PG_ADMIN = os.environ.get("RAILOVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
