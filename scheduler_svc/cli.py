@@ -120,14 +120,16 @@ def serve(
     ] = False,
 ) -> None:
     """Run the service (migrates the store first)."""
+    settings = _settings(db, host=host, port=port, allow_anonymous_loopback=dev or None)
+    # Bound (not yet listening) before the store is touched: a port in use is said first.
+    listener = _bind(settings.host, settings.port)
+    # The service (FastAPI, SQLAlchemy, the app: a second of imports) loads once the
+    # settings and the port are known good, so a mistake in them is said at once.
     from scheduler_svc.main import PollEndingServer, create_app
     from scheduler_svc.serving import raise_fd_limit, server_config
     from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
     from scheduler_svc.store.tokens import TokenRepo
 
-    settings = _settings(db, host=host, port=port, allow_anonymous_loopback=dev or None)
-    # Bound (not yet listening) before the store is touched: a port in use is said first.
-    listener = _bind(settings.host, settings.port)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     upgrade(settings.sqlalchemy_url)
     engine = make_engine(settings.sqlalchemy_url)
