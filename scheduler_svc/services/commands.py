@@ -20,6 +20,7 @@ from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import coordination as coord
 from scheduler_svc.engine.intents import Intent, IntentKind
+from scheduler_svc.engine.state import IMPLICIT_COMM
 from scheduler_svc.fleet import emit_command_change
 from scheduler_svc.store import models as m
 from scheduler_svc.store import types as store_types
@@ -384,7 +385,9 @@ def returning_of(session: Session, cmds: Sequence[m.Command]) -> set[int] | None
 def next_epoch(session: Session, job: m.Job, comm_id: int) -> int:
     """The communicator's next epoch, taken (its row keeps the count; a job's implicit
     communicator, which has no row, counts from its commands)."""
-    comm = session.get(m.Communicator, (job.job_id, comm_id))
+    # The implicit communicator (0) never has a row: every registered or announced
+    # communicator has a CCL id above 0.
+    comm = None if comm_id == IMPLICIT_COMM else session.get(m.Communicator, (job.job_id, comm_id))
     epoch = (comm.epoch if comm is not None else max_epoch(session, job.job_id, comm_id)) + 1
     if comm is not None:
         comm.epoch = epoch

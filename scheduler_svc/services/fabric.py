@@ -19,7 +19,7 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.maintenance import MaintenanceRepo
 from scheduler_svc.store.nodes import ACTIVE, NodeRepo
-from scheduler_svc.store.uow import after_commit
+from scheduler_svc.store.uow import after_commit, hold
 
 LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
 
@@ -352,6 +352,7 @@ def view_for(
     (a job's cached placement); without it they come from the plan cache.
     """
     ev, rows = evidence(session, nodes)
+    hold(session, rows)  # a decision's CloudEvent names its fault (fleet.events.emit_decision)
     lost: dict[str, list[m.Fault]] = {}
     for f in rows:
         if f.kind in LOST_KINDS:

@@ -50,6 +50,7 @@ from scheduler_svc.store.coordination import CoordinationRepo
 from scheduler_svc.store.jobs import DecisionRepo, JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.types import CommandKind
+from scheduler_svc.store.uow import hold
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ def job_state(
     """The job as the engine reads it; `ranks`: its placement, when already known."""
     cp = JobRepo(session).newest_checkpoint(job.job_id, job.incarnation)
     top, failures = mirror_failures(session, job.job_id)
+    comms = CoordinationRepo(session).communicators(job.job_id)
+    hold(session, comms)  # the pass's switch points take their next epoch from these rows
     return JobState(
         job_id=job.job_id,
         mode=Mode(job.mode),
@@ -101,10 +104,7 @@ def job_state(
         detect_s=job.detect_s,
         timeout_s=job.timeout_s,
         last_checkpoint_at=job.last_checkpoint_at,
-        communicators=tuple(
-            CommSpec(c.comm_id, c.channels, tuple(c.ranks))
-            for c in CoordinationRepo(session).communicators(job.job_id)
-        ),
+        communicators=tuple(CommSpec(c.comm_id, c.channels, tuple(c.ranks)) for c in comms),
         slowdown_k=job.slowdown_k,
         measured_k=job.measured_k,
         comm_share=job.comm_share,

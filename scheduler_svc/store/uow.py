@@ -27,6 +27,7 @@ Notify = Callable[[set[str]], None]
 _HOOKS = "railover_after_commit"
 _NODES = "notify_nodes"
 _NOTIFY = "railover_notify"
+_HELD = "railover_held"
 
 
 def system_clock() -> datetime:
@@ -41,6 +42,18 @@ def after_commit(session: Session, hook: Callable[[], None]) -> None:
 def notify_nodes(session: Session, nodes: Iterable[str]) -> None:
     """After commit, wake the command long-polls of these nodes."""
     session.info.setdefault(_NODES, set()).update(nodes)
+
+
+def hold(session: Session, rows: Iterable[object]) -> None:
+    """Keep these loaded rows in the session's identity map until the session closes.
+
+    The identity map holds a row only while something else does: rows a read turns into
+    engine values are dropped at once, and a later `session.get` of one in the same
+    transaction (a decision's fault for its CloudEvent, a communicator for its next
+    epoch) is another SELECT. Held, it is answered from memory with the values this
+    transaction read. For the reads of one request or one pass: the session is closed
+    after it."""
+    session.info.setdefault(_HELD, []).extend(rows)
 
 
 def bind_notify(session: Session, notify: Notify) -> None:

@@ -1,0 +1,91 @@
+"""A fault's pass asks the store once for each row it needs (issue 33: statements per report).
+
+The pass reads the job's communicators and the open faults on its nodes; what it then
+writes refers back to some of them: the decision's CloudEvent names its fault, and a
+switch point takes its communicator's next epoch. Those come from the rows the same
+transaction already read, not from one more SELECT each by primary key; the implicit
+communicator of a job that registered none has no row to look for. Counted on the
+service's engines (it runs in this process) with SQLAlchemy's cursor hook.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event as sa_event
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from scheduler_svc.config import Settings
+from scheduler_svc.store import models as m
+from scheduler_svc.store.db import make_engine, make_sessionmaker
+from tests.scheduler_svc.helpers import event, job_body, register_nodes
+
+NODES = ["a", "b"]
+# What `session.get` sends for a fault or a communicator not in the identity map.
+BY_PRIMARY_KEY = re.compile(
+    r"FROM (faults WHERE faults\.id = |"
+    r"communicators WHERE communicators\.job_id = \S+ AND communicators\.comm_id = )"
+)
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def hook(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    sa_event.listen(Engine, "before_cursor_execute", hook)
+    try:
+        yield seen
+    finally:
+        sa_event.remove(Engine, "before_cursor_execute", hook)
+
+
+@pytest.mark.parametrize(
+    ("communicators", "comm_id"),
+    [([], 0), ([{"comm_id": 77, "channels": 16}], 77)],
+    ids=["implicit", "registered"],
+)
+def test_a_faults_pass_reads_no_row_twice(
+    http: httpx.Client, settings: Settings, communicators: list[dict[str, int]], comm_id: int
+) -> None:
+    register_nodes(http, NODES)
+    body = job_body("j", NODES, communicators=communicators)
+    assert http.post("/v1/jobs", json=body).status_code == 201
+    with statements() as seen:
+        r = http.post("/v1/events", json={"events": [event("a", after_s=2400)]})
+    assert r.status_code == 202 and len(r.json()["decisions"]) == 1, r.text
+    assert any(s.startswith("INSERT INTO commands") for s in seen)  # the hook saw the pass
+    assert [s for s in seen if BY_PRIMARY_KEY.search(s)] == []
+    # What the rows read once served is what a fresh read gives.
+    db = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(db)() as s:
+            created = s.scalars(
+                select(m.OutboxEvent).where(m.OutboxEvent.type.like("%decision.created"))
+            ).one()
+            fault = s.scalars(select(m.Fault)).one()
+            assert created.data["fault"] == {
+                "node": fault.node,
+                "device": fault.device,
+                "port": fault.port,
+                "kind": fault.kind,
+            }
+            assert (fault.node, fault.device) == ("a", "mlx5_0")
+            # Each switch point of the pass took the next epoch (a failover, then the
+            # channel plan beside it on a registered communicator), and the row kept it.
+            epochs = set(s.scalars(select(m.Command.epoch).where(m.Command.comm_id == comm_id)))
+            assert epochs == set(range(1, len(epochs) + 1))
+            comm = s.get(m.Communicator, ("j", comm_id))
+            assert (comm is None) == (not communicators)
+            if comm is not None:
+                assert comm.epoch == max(epochs)
+    finally:
+        db.dispose()
