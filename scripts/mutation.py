@@ -120,6 +120,30 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: a pass reads the commands it needs (not the job's history) and each
+        # row once (the next epoch from the communicator row it already read).
+        "pass-reads",
+        (
+            "scheduler_svc/services/commands.py",
+            "scheduler_svc/store/commands.py",
+            "scheduler_svc/store/uow.py",
+        ),
+        (
+            "tests/scheduler_svc/test_pass_reads.py",
+            "tests/scheduler_svc/test_command_history.py",
+            "tests/store/test_command_queries.py",
+        ),
+        only=(
+            "scheduler_svc.services.commands.x_next_epoch__mutmut_*",
+            "scheduler_svc.store.uow.x_hold__mutmut_*",
+            "scheduler_svc.store.commands.xǁCommandRepoǁmax_epoch__mutmut_*",
+            "scheduler_svc.store.commands.xǁCommandRepoǁswitch_points__mutmut_*",
+            "scheduler_svc.store.commands.xǁCommandRepoǁjob_commands__mutmut_*",
+            "scheduler_svc.store.commands.xǁCommandRepoǁcomm_commands__mutmut_*",
+            "scheduler_svc.store.commands.x__in_order__mutmut_*",
+        ),
+    ),
+    Target(
         # twin --history: the history's own jobs, newest first, as many as fit.
         "twin-history",
         ("scheduler_svc/twin/cluster.py", "scheduler_svc/twin/fitted.py"),

@@ -64,6 +64,10 @@ def test_a_faults_pass_reads_no_row_twice(
     assert r.status_code == 202 and len(r.json()["decisions"]) == 1, r.text
     assert any(s.startswith("INSERT INTO commands") for s in seen)  # the hook saw the pass
     assert [s for s in seen if BY_PRIMARY_KEY.search(s)] == []
+    # A registered communicator's row keeps its count of epochs; only the implicit one,
+    # which has no row, counts from its commands.
+    counted = [s for s in seen if s.startswith("SELECT max(commands.epoch)")]
+    assert bool(counted) == (not communicators)
     # What the rows read once served is what a fresh read gives.
     db = make_engine(settings.db_url)
     try:
