@@ -50,7 +50,7 @@ from scheduler_svc.store.coordination import CoordinationRepo
 from scheduler_svc.store.jobs import DecisionRepo, JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.types import CommandKind
-from scheduler_svc.store.uow import hold
+from scheduler_svc.store.uow import hold, release
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,8 @@ def reconcile_jobs(
             if job is not None:
                 job.reconcile_due_at = now
             continue
+        finally:
+            release(session)  # the rows this job's pass held (uow.hold)
         if row is not None:
             made.append(row)
     return made

@@ -51,9 +51,14 @@ def hold(session: Session, rows: Iterable[object]) -> None:
     engine values are dropped at once, and a later `session.get` of one in the same
     transaction (a decision's fault for its CloudEvent, a communicator for its next
     epoch) is another SELECT. Held, it is answered from memory with the values this
-    transaction read. For the reads of one request or one pass: the session is closed
-    after it."""
+    transaction read. Until `release` (the end of each job's pass) or the session's end."""
     session.info.setdefault(_HELD, []).extend(rows)
+
+
+def release(session: Session) -> None:
+    """Let go of the rows `hold` kept: a sweep reconciles many jobs in one session, and
+    each job's rows (a large job's communicators hold every rank) are its pass's alone."""
+    session.info.pop(_HELD, None)
 
 
 def bind_notify(session: Session, notify: Notify) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from scheduler_svc.config import Settings
+from scheduler_svc.services import reconciler
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
@@ -91,5 +93,24 @@ def test_a_faults_pass_reads_no_row_twice(
             assert (comm is None) == (not communicators)
             if comm is not None:
                 assert comm.epoch == max(epochs)
+    finally:
+        db.dispose()
+
+
+def test_each_jobs_pass_lets_go_of_the_rows_it_held(http: httpx.Client, settings: Settings) -> None:
+    """A sweep reconciles many jobs in one session: each job's rows (a large job's
+    communicators carry every rank) leave the identity map when its pass ends."""
+    register_nodes(http, NODES)
+    comms = [{"comm_id": 77, "channels": 16}]
+    assert http.post("/v1/jobs", json=job_body("j", NODES, communicators=comms)).status_code == 201
+    db = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(db)() as s:
+            reconciler.reconcile_jobs(s, ["j"], datetime.now(UTC), settings)
+            assert [o for o in s.identity_map.values() if isinstance(o, m.Communicator)] == []
+            state = reconciler.job_state(s, s.get_one(m.Job, "j"))  # what a pass holds
+            assert [c.comm_id for c in state.communicators] == [77]
+            assert [o for o in s.identity_map.values() if isinstance(o, m.Communicator)] != []
+            s.rollback()
     finally:
         db.dispose()
