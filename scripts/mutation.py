@@ -136,6 +136,7 @@ TARGETS = (
         only=(
             "scheduler_svc.services.commands.x_next_epoch__mutmut_*",
             "scheduler_svc.store.uow.x_hold__mutmut_*",
+            "scheduler_svc.store.uow.x_release__mutmut_*",
             "scheduler_svc.store.commands.xǁCommandRepoǁmax_epoch__mutmut_*",
             "scheduler_svc.store.commands.xǁCommandRepoǁswitch_points__mutmut_*",
             "scheduler_svc.store.commands.xǁCommandRepoǁjob_commands__mutmut_*",

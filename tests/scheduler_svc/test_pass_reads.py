@@ -21,10 +21,12 @@ import pytest
 from sqlalchemy import event as sa_event
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from scheduler_svc.config import Settings
 from scheduler_svc.services import reconciler
 from scheduler_svc.store import models as m
+from scheduler_svc.store import uow
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
@@ -114,3 +116,13 @@ def test_each_jobs_pass_lets_go_of_the_rows_it_held(http: httpx.Client, settings
             s.rollback()
     finally:
         db.dispose()
+
+
+def test_a_pass_that_failed_before_holding_anything_releases_nothing() -> None:
+    """reconcile_jobs releases after every job, also one whose pass raised before it read
+    a row: a release with nothing held must not raise in its place."""
+    with Session() as s:
+        uow.release(s)
+        uow.hold(s, [m.Job(job_id="j")])
+        uow.release(s)
+        uow.release(s)
