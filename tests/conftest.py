@@ -43,19 +43,21 @@ if os.environ.get("RAILOVER_HYPOTHESIS_PROFILE"):
 # The costliest files are handed out first, costliest first (seconds from a
 # `--durations` run on the 2-core VM, 2026-12-06): `make test` gives its two workers one
 # file at a time in collection order (`--no-loadscope-reorder`; xdist's own order, most
-# tests first, put the two-test schemathesis file last, and its 150 s ran with the other
-# worker idle). A new file that takes a minute belongs in this list.
+# tests first, put the two-test schemathesis file last, and its 147 s ran with the other
+# worker idle). A new file that takes half a minute belongs in this list.
 SLOW_FIRST = (
-    "tests/fuzz/test_schemathesis.py",  # 150 s
-    "tests/scheduler_svc/test_sequences_model_findings.py",  # 85 s
-    "tests/scheduler_svc/test_sequences_model.py",  # 60 s
-    "tests/integration/test_cluster_coordination.py",  # 50 s
-    "tests/agent/test_agent_e2e_service.py",  # 45 s
-    "tests/crash/",  # 30 s, 16 s, 15 s
-    "tests/scheduler_svc/test_a_day_on_a_broken_nic.py",  # 30 s
-    "tests/scheduler_svc/test_big_job_registration.py",  # 30 s
-    "tests/twin/",
-    "tests/fleet/test_client.py",
+    "tests/fuzz/test_schemathesis.py",  # 147 s
+    "tests/scheduler_svc/test_sequences_model_findings.py",  # 68 s
+    "tests/integration/test_cluster_coordination.py",  # 63 s
+    "tests/scheduler_svc/test_sequences_model.py",  # 54 s
+    "tests/agent/test_agent_e2e_service.py",  # 39 s
+    "tests/twin/",  # 28 s, 14 s, ...
+    "tests/crash/",  # 28 s, 16 s, 15 s
+    "tests/scheduler_svc/test_a_day_on_a_broken_nic.py",  # 28 s
+    "tests/scheduler_svc/test_command_stream.py",  # 28 s
+    "tests/scheduler_svc/test_sequences_regressions.py",  # 25 s
+    "tests/scheduler_svc/test_big_job_registration.py",  # 23 s
+    "tests/fleet/test_client.py",  # 22 s
     "tests/integration/",
     "tests/slurm/",
     "tests/web/",
