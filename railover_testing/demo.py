@@ -407,28 +407,14 @@ def summary(rows: list[tuple[str, dict[str, Any]]]) -> tuple[Table, float]:
     return table, total
 
 
-@contextmanager
-def _only_errors(*names: str) -> Iterator[None]:
-    """These loggers log only errors while the script plays, and as before after it: the
-    demo also runs inside other programs (the test suite), whose logging it must not keep."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
 def run_demo(keep_running: bool = False, console: Console | None = None) -> int:
     console = console or Console()
-    started = time.monotonic()
     # The agents and plugins log every reconnect and refused ack; the script
     # narrates what matters, so keep their chatter to real errors.
+    for name in ("agent", "railover.native_plugin"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    started = time.monotonic()
     with (
-        _only_errors("agent", "railover.native_plugin"),
         tempfile.TemporaryDirectory(prefix="railover-demo-") as tmp,
         _cluster(console, Path(tmp)) as demo,
     ):
