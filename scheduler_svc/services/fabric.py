@@ -6,9 +6,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from scheduler_svc.config import Settings
 from scheduler_svc.engine import fabric as health
@@ -99,19 +100,25 @@ def _with_lost(
     )
 
 
+_Entry = tuple[NodeTopology, NodePlan]
+_PENDING = "railover_plans_pending"  # session.info: plans made in its open transaction
+
+
 class PlanCache:
     """Node topologies and s-Bond plans by (store, node, topology version, registration,
     losses, cap).
 
     A plan is a pure function of the topology, and a topology never changes under a
     version number of one registration (plus the set of lost parts kept in), so
-    entries stay valid on every replica.
+    entries stay valid on every replica. Only committed ones, though: a transaction
+    that rolls back can leave its key to another (SQLite hands a rolled-back fault's id
+    to the next fault; a manual clock registers a node again at the same instant). So a
+    plan made inside a transaction is shared only once it commits; until then it serves
+    that transaction alone, and not past a savepoint rolled back (store/groupcommit.py).
     """
 
     def __init__(self, max_entries: int = 50_000) -> None:
-        self._entries: OrderedDict[tuple[object, ...], tuple[NodeTopology, NodePlan]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._max = max_entries
 
@@ -131,21 +138,32 @@ class PlanCache:
             name: (store, name, *stamp, tuple(f.id for f in lost.get(name, ())), backup_cap)
             for name, stamp in versions.items()
         }
-        found: dict[str, tuple[NodeTopology, NodePlan]] = {}
+        found: dict[str, _Entry] = {}
         with self._lock:
             for name, key in keys.items():
                 hit = self._entries.get(key)
                 if hit is not None:
                     self._entries.move_to_end(key)
                     found[name] = hit
+        pending = _uncommitted(session)
+        for name in versions.keys() - found.keys():
+            for made in pending.values():
+                if keys[name] in made:
+                    found[name] = made[keys[name]]
+                    break
         misses = [n for n in versions if n not in found]
         if misses:
             parts: dict[tuple[Any, ...], Any] = {}
+            within = session.get_nested_transaction() or session.get_transaction()
             for name, rows in repo.topology_rows(misses).items():
                 topo = topology_of(name, rows, lost.get(name, ()), parts)
                 entry = (topo, plan_node(topo, backup_cap))
                 found[name] = entry
-                self._put(keys[name], entry)
+                if within is None:  # no transaction: what was read is committed
+                    self._put(keys[name], entry)
+                    continue
+                pending.setdefault(within, {})[keys[name]] = entry
+                after_commit(session, partial(self._put, keys[name], entry))
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}
 
     def keep(self, session: Session, node: m.Node, backup_cap: int | None) -> None:
@@ -161,7 +179,7 @@ class PlanCache:
         entry = (topo, plan_node(topo, backup_cap))
         after_commit(session, lambda: self._put(key, entry))
 
-    def _put(self, key: tuple[object, ...], entry: tuple[NodeTopology, NodePlan]) -> None:
+    def _put(self, key: tuple[object, ...], entry: _Entry) -> None:
         with self._lock:
             self._entries[key] = entry
             while len(self._entries) > self._max:
@@ -169,6 +187,16 @@ class PlanCache:
 
 
 PLANS = PlanCache()
+
+
+def _uncommitted(session: Session) -> dict[SessionTransaction, dict[tuple[object, ...], _Entry]]:
+    """The plans made in this session's transactions that are still open, by transaction;
+    those of one committed or rolled back are forgotten (committed, the cache has them)."""
+    pending: dict[SessionTransaction, dict[tuple[object, ...], _Entry]]
+    pending = session.info.setdefault(_PENDING, {})
+    for done in [t for t in pending if not t.is_active]:
+        del pending[done]
+    return pending
 
 
 def _evidence_of(
