@@ -141,6 +141,8 @@ TARGETS = (
             "scheduler_svc.store.commands.xǁCommandRepoǁswitch_points__mutmut_*",
             "scheduler_svc.store.commands.xǁCommandRepoǁjob_commands__mutmut_*",
             "scheduler_svc.store.commands.xǁCommandRepoǁcomm_commands__mutmut_*",
+            "scheduler_svc.store.commands.xǁCommandRepoǁincarnation_commands__mutmut_*",
+            "scheduler_svc.services.commands.x_left_their_primary__mutmut_*",
             "scheduler_svc.store.commands.x__in_order__mutmut_*",
         ),
     ),

@@ -189,10 +189,9 @@ def left_their_primary(session: Session, job: m.Job, ranks: set[int]) -> set[int
     nobody, so a rank whose newest FAILOVER is such never left its primary (a refused or
     overtaken fail-back keeps it nowhere else)."""
     newest: dict[int, m.Command] = {}
-    every = [s.value for s in CommandState]
-    for c in CommandRepo(session).job_commands(job.job_id, [CommandKind.FAILOVER], every):
-        if c.incarnation == job.incarnation:
-            newest.update((r, c) for r in c.ranks if r in ranks)
+    repo = CommandRepo(session)
+    for c in repo.incarnation_commands(job.job_id, job.incarnation, CommandKind.FAILOVER):
+        newest.update((r, c) for r in c.ranks if r in ranks)
     gone = (CommandState.SUPERSEDED, CommandState.FAILED)
     return {r for r, c in newest.items() if CommandState(c.state) not in gone}
 

@@ -125,6 +125,19 @@ class CommandRepo:
             )
         )
 
+    def incarnation_commands(self, job_id: str, incarnation: int, kind: str) -> list[m.Command]:
+        """The commands of `kind` the job's `incarnation` was sent, in any state, in command
+        order: that incarnation's history only, not every earlier one's."""
+        return _in_order(
+            self.s.scalars(
+                select(m.Command).where(
+                    m.Command.job_id == job_id,
+                    m.Command.kind == kind,
+                    m.Command.incarnation == incarnation,
+                )
+            )
+        )
+
     def comm_commands(
         self, job_id: str, comm_id: int, kinds: Sequence[str], states: Sequence[str]
     ) -> list[m.Command]:

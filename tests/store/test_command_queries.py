@@ -1,7 +1,8 @@
 """The queries a pass makes for commands (store/commands.py), row for row.
 
 A pass asks for a job's or a communicator's commands of some kinds in some states,
-for every row of some switch points, and for a communicator's highest epoch. Each
+for an incarnation's commands of a kind, for every row of some switch points, and for a
+communicator's highest epoch. Each
 answer must hold exactly the rows its filters name, in command order (the rows come
 back from SQL in index order, which is not command order), on both stores.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from scheduler_svc.services import commands
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo
 from tests.store.test_idempotency import job
@@ -81,6 +84,26 @@ def test_a_communicators_commands_of_some_kinds_in_some_states(session: Session)
     assert repo.comm_commands("j", 9, EVERY_KIND, WAITING) == []
 
 
+def test_an_incarnations_commands_of_a_kind_in_every_state(session: Session) -> None:
+    """ROWS are the first incarnation's; the second's failovers, stored after them, are
+    its own, whatever their state."""
+    ids = _stored(session)
+    for state in ("superseded", "issued"):
+        row = m.Command(
+            node="n9", job_id="j", kind="failover", comm_id=5, epoch=8, state=state,
+            ranks=[9], created_at=NOW, incarnation=2,
+        )  # fmt: skip
+        session.add(row)
+        session.flush()
+        ids.append(row.command_id)
+    repo = CommandRepo(session)
+    assert _rows(repo.incarnation_commands("j", 1, "failover"), ids) == [0, 1, 3, 6, 7]
+    assert _rows(repo.incarnation_commands("j", 2, "failover"), ids) == [8, 9]
+    assert _rows(repo.incarnation_commands("j", 1, "balance"), ids) == [4]
+    assert _rows(repo.incarnation_commands("other", 1, "failover"), ids) == [5]
+    assert repo.incarnation_commands("j", 3, "failover") == []
+
+
 def test_every_row_of_some_switch_points(session: Session) -> None:
     ids = _stored(session)
     repo = CommandRepo(session)
@@ -101,3 +124,46 @@ def test_a_communicators_highest_epoch(session: Session) -> None:
     assert repo.max_epoch("j", 7, ["failback"]) == 3
     assert repo.max_epoch("other", 5, EVERY_KIND) == 9
     assert repo.max_epoch("j", 9, EVERY_KIND) == 0
+
+
+def test_who_left_their_primary_is_read_from_this_incarnations_failovers(
+    session: Session,
+) -> None:
+    """A refused fail-back asks which of its ranks this incarnation moved: the newest
+    FAILOVER of each, unless withdrawn (superseded) or refused (failed). The first
+    incarnation's failovers, which moved ranks 0 and 1 too, are not even loaded."""
+    session.add(job("j"))
+    session.flush()
+    rows = [  # (incarnation, state, ranks), in command order
+        (1, "applied", [0, 1, 2]),
+        (2, "applied", [0]),
+        (2, "applied", [1]),
+        (2, "superseded", [1]),  # the newest for rank 1: withdrawn, never reached it
+        (2, "failed", [3]),
+    ]
+    for i, (incarnation, state, ranks) in enumerate(rows):
+        session.add(
+            m.Command(
+                node="n0", job_id="j", kind="failover", comm_id=0, epoch=i + 1, state=state,
+                ranks=ranks, created_at=NOW, incarnation=incarnation,
+            )
+        )  # fmt: skip
+    session.flush()
+    the_job = session.get(m.Job, "j")
+    assert the_job is not None
+    the_job.incarnation = 2
+    session.flush()
+    session.expunge_all()
+    loaded: list[int] = []
+
+    def seen(target: m.Command, _: object) -> None:
+        loaded.append(target.incarnation)
+
+    event.listen(m.Command, "load", seen)
+    try:
+        the_job = session.get(m.Job, "j")
+        assert the_job is not None
+        assert commands.left_their_primary(session, the_job, {0, 1, 2, 3}) == {0}
+    finally:
+        event.remove(m.Command, "load", seen)
+    assert loaded == [2, 2, 2, 2]
