@@ -238,6 +238,12 @@ class Settings(BaseSettings):
         "more spares than this are free, by the count its fleet manager last said "
         "(spares_free); 0 keeps none back",
     )
+    hard_failures_per_h: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
+        default=0.0,
+        description="Faults only a replacement fixes (lost GPUs, dead nodes) across the fleet, "
+        "per hour: a restart that takes a spare is charged the wait it may leave one of them "
+        "(spares_free or more before the node it replaced is repaired); 0 prices none",
+    )
     fault_quiet_s: Annotated[float, Field(ge=0)] = Field(
         default=600.0,
         description="CQE, counter and PCIe faults close after this long with the port ACTIVE "

@@ -88,15 +88,27 @@ TARGETS = (
     Target(
         # Spares kept back for faults only a replacement fixes (RAILOVER_SPARE_RESERVE).
         "spares",
-        ("scheduler_svc/engine/decision.py", "scheduler_svc/engine/outcomes.py"),
+        (
+            "scheduler_svc/engine/decision.py",
+            "scheduler_svc/engine/outcomes.py",
+            "scheduler_svc/engine/coordination.py",
+        ),
         (
             "tests/engine/test_decision.py",
             "tests/engine/test_checkpoint_decisions.py",
             "tests/engine/test_cost_decisions.py",
+            "tests/engine/test_coordination.py",
+            "tests/engine/test_coordination_strength.py",
+            "tests/engine/test_policies.py",
         ),
         only=(
             "scheduler_svc.engine.decision.x_spare_usable__mutmut_*",
+            "scheduler_svc.engine.decision.x_spare_price_s__mutmut_*",
+            "scheduler_svc.engine.decision.x_at_least__mutmut_*",
             "scheduler_svc.engine.outcomes.x__beyond_reserve__mutmut_*",
+            "scheduler_svc.engine.outcomes.x__spare_price_s__mutmut_*",
+            "scheduler_svc.engine.outcomes.x__restart_at__mutmut_*",
+            "scheduler_svc.engine.coordination.x_restart_at_checkpoint__mutmut_*",
         ),
     ),
     Target(

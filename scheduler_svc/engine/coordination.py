@@ -363,19 +363,26 @@ def measured_k(
     return MeasuredK(k, True, f"median {deg:.3f} s vs {base:.3f} s healthy")
 
 
-def restart_at_checkpoint(*, k: float, reload_s: float, repair_s: float) -> tuple[bool, str]:
+def restart_at_checkpoint(
+    *, k: float, reload_s: float, repair_s: float, spare_price_s: float = 0.0
+) -> tuple[bool, str]:
     """At a checkpoint while failed over: restart cleanly now, or run degraded until repair?
 
     Running degraded costs (k − 1)·X extra for the X seconds until the repair;
-    a clean restart onto healthy hardware costs T_reload once.
+    a clean restart onto healthy hardware costs T_reload once, plus what the spare it
+    takes costs the faults only a replacement fixes (decision.spare_price_s).
     """
     extra = (k - 1) * repair_s
-    if reload_s < extra:
+    restart = reload_s + spare_price_s
+    said = f"reload {reload_s:.0f} s"
+    if spare_price_s > 0:
+        said += f" + {spare_price_s:.0f} s the spare is worth to lost GPUs and dead nodes"
+    if restart < extra:
         return True, (
-            f"restart at this checkpoint: reload {reload_s:.0f} s < {extra:.0f} s lost running "
+            f"restart at this checkpoint: {said} < {extra:.0f} s lost running "
             f"degraded (k={k:.3f}) until the repair in {repair_s:.0f} s"
         )
     return False, (
         f"keep running degraded: {extra:.0f} s lost until the repair in {repair_s:.0f} s "
-        f"(k={k:.3f}) <= reload {reload_s:.0f} s"
+        f"(k={k:.3f}) <= {said}"
     )

@@ -166,6 +166,8 @@ class DecisionInputs:
     spares_free: int | None = None
     spare_reserve: int = 0
     node_replace_s: float = 0.0
+    # What taking a spare costs the faults only a replacement fixes (spare_price_s).
+    spare_price_s: float = 0.0
     # Planned maintenance: the ranks move before the target goes down, so nothing is
     # lost and no collective hangs; only a GPU left without any path restarts.
     planned: bool = False
@@ -181,6 +183,7 @@ class DecisionInputs:
             "reload_s": self.reload_s,
             "timeout_s": self.timeout_s,
             "node_replace_s": self.node_replace_s,
+            "spare_price_s": self.spare_price_s,
         }
         for name, value in non_negative.items():
             if not (value >= 0 and math.isfinite(value)):
@@ -227,6 +230,14 @@ def decide(inp: DecisionInputs) -> Decision:
         )
     threshold = failover_threshold_s(interval, inp.detect_s, inp.k)
     options = _Costs.of(inp, elapsed)
+    takes_spare = spare_usable(
+        inp.spare_nodes, inp.spares_free, inp.spare_reserve, can_fail_over=inp.path_available
+    )
+    if takes_spare and inp.spare_price_s > 0:
+        notes.append(
+            f"a restart takes one of {inp.spares_free} free spares: {_fmt(inp.spare_price_s)} "
+            "of its cost is the wait it may leave a lost GPU or dead node"
+        )
     costs: dict[str, float | None] = {
         Action.FAILOVER.value: options.failover,
         Action.RESTART.value: options.restart,
@@ -268,6 +279,35 @@ def spare_usable(
     return not can_fail_over or spares_free is None or spares_free > reserve
 
 
+def spare_price_s(
+    spares_free: int | None, hard_failures_per_h: float, hold_s: float, replace_s: float
+) -> float:
+    """What taking a free spare costs the faults only a replacement fixes (a lost GPU, a
+    dead node), in seconds of a job's time. The spare is away for `hold_s`, until the
+    node it replaces is repaired; it is missed if `spares_free` or more such faults come
+    meanwhile (a Poisson process at `hard_failures_per_h` across the fleet), and then one
+    of them waits `replace_s` for a node. Priced for a job of the same size as the one
+    taking the spare. 0 when the free count is not known or no spare is free (then none
+    is taken), or when no rate is given.
+    """
+    if spares_free is None or spares_free <= 0:
+        return 0.0
+    return at_least(spares_free, hard_failures_per_h * hold_s / 3600.0) * replace_s
+
+
+def at_least(n: int, mean: float) -> float:
+    """P(N >= n) for N Poisson with a mean >= 0: 1 - the first n terms, each in log space
+    (e^-mean underflows past a mean of about 745). Past mean + 40 sd + 40 the tail is
+    below 1e-300, and 0 as a float: so it is not summed (n may be 65,536)."""
+    if n > mean + 40.0 * math.sqrt(mean) + 40.0:
+        return 0.0
+    below = math.fsum(
+        math.exp(i * math.log(mean) - mean - math.lgamma(i + 1)) if mean > 0 else float(i == 0)
+        for i in range(n)
+    )
+    return max(0.0, 1.0 - below)
+
+
 @dataclass(frozen=True, slots=True)
 class _Costs:
     """Each option's cost in seconds of the job's time; None: not an option."""
@@ -283,7 +323,9 @@ class _Costs:
         spare = spare_usable(
             inp.spare_nodes, inp.spares_free, inp.spare_reserve, can_fail_over=inp.path_available
         )
-        restart_wait = 0.0 if spare else inp.node_replace_s
+        # Without a spare the restart waits for a node; with one, it leaves a later lost GPU
+        # or dead node that wait, as likely as spare_price_s says.
+        restart_wait = inp.spare_price_s if spare else inp.node_replace_s
         restart = restart_cost_s(interval, inp.detect_s, inp.reload_s + restart_wait, inp.timeout_s)
         scaled: float | None = None
         if inp.allow_scaling and inp.new_dp_size is not None:

@@ -142,6 +142,7 @@ def _ask_cost_model(p: ReconcilePass, *, at: datetime, planned: bool) -> _Asked:
         spares_free=job.spares_free,
         spare_reserve=options.spare_reserve,
         node_replace_s=job.node_replace_s,
+        spare_price_s=_spare_price_s(job, options),
         planned=planned,
     )
     result = cost.with_policy(cost.decide(inputs), options.policy)
@@ -479,11 +480,29 @@ def _repair_left(p: ReconcilePass, cp: CheckpointSeen) -> float:
     return remaining
 
 
+def _spare_price_s(job: JobState, options: Options, repair_s: float | None = None) -> float:
+    """What a restart taking one of the job's free spares costs the fleet's lost GPUs and
+    dead nodes (decision.spare_price_s): the spare is theirs again once the node it
+    replaces is repaired, `repair_s` from now (by default the job's repair estimate)."""
+    hold = repair_s if repair_s is not None else job.repair_estimate_s or options.default_repair_s
+    return cost.spare_price_s(
+        job.spares_free, options.hard_failures_per_h, hold, job.node_replace_s
+    )
+
+
 def _restart_at(p: ReconcilePass, prev: Desired, k: float, remaining: float) -> tuple[bool, str]:
     """Whether to restart at the checkpoint, and why: the cost question first, then the
     policy, one restart per evidence, and whether a restart escapes the fault."""
     job, options = p.job, p.options
-    restart, reason = coord.restart_at_checkpoint(k=k, reload_s=job.reload_s, repair_s=remaining)
+    spare = cost.spare_usable(
+        job.spare_nodes, job.spares_free, options.spare_reserve, can_fail_over=True
+    )
+    restart, reason = coord.restart_at_checkpoint(
+        k=k,
+        reload_s=job.reload_s,
+        repair_s=remaining,
+        spare_price_s=_spare_price_s(job, options, remaining) if spare else 0.0,
+    )
     keys = frozenset(u.key for u in p.evidence)
     if restart and not options.policy.restarts_at_checkpoints:
         restart = False
@@ -501,12 +520,7 @@ def _restart_at(p: ReconcilePass, prev: Desired, k: float, remaining: float) -> 
             "keep running degraded: a restart cannot escape a switch failure (every node "
             f"under the switch would need a spare): {reason}"
         )
-    elif restart and not (
-        cost.spare_usable(
-            job.spare_nodes, job.spares_free, p.options.spare_reserve, can_fail_over=True
-        )
-        or (job.allow_scaling and scaled_plan(job, p.conn))
-    ):
+    elif restart and not (spare or (job.allow_scaling and scaled_plan(job, p.conn))):
         restart = False
         reason = (
             "keep running degraded: a restart cannot escape the fault (no spare node to "

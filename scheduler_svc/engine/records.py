@@ -41,6 +41,7 @@ def inputs_record(result: cost.Decision, concurrent: int) -> dict[str, Any]:
         "spares_free": i.spares_free,
         "spare_reserve": i.spare_reserve,
         "node_replace_s": i.node_replace_s,
+        "spare_price_s": i.spare_price_s,
         "planned": i.planned,
     }
 

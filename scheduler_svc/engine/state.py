@@ -333,6 +333,8 @@ class Options:
     policy: cost.Policy = cost.Policy.RAILOVER
     # Spares kept for faults only a replacement fixes (decision.spare_usable).
     spare_reserve: int = 0
+    # The fleet's rate of those faults, per hour: a spare's price (decision.spare_price_s).
+    hard_failures_per_h: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

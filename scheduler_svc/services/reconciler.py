@@ -68,6 +68,7 @@ def options(settings: Settings) -> Options:
         failback_retry_s=settings.failback_damping_s,
         policy=settings.policy,
         spare_reserve=settings.spare_reserve,
+        hard_failures_per_h=settings.hard_failures_per_h,
     )
 
 

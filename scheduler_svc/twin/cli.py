@@ -102,6 +102,15 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             "are free",
         ),
     ] = 0,
+    price_spares: Annotated[
+        bool,
+        typer.Option(
+            "--price-spares",
+            help="Run the service with RAILOVER_HARD_FAILURES_PER_H at the trace's rate of "
+            "lost GPUs and dead nodes: a restart that takes a spare pays the wait it may "
+            "leave one of them",
+        ),
+    ] = False,
     workers: Annotated[
         int,
         typer.Option(
@@ -156,7 +165,7 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             )
         )
     # The service (FastAPI, SQLAlchemy, the app) loads for a run, not for every `railover`.
-    from scheduler_svc.twin.runs import Run, default_workers, run_all  # noqa: PLC0415
+    from scheduler_svc.twin.runs import Run, default_workers, hard_rate, run_all  # noqa: PLC0415
 
     runs = [
         Run(
@@ -165,11 +174,17 @@ def twin_command(  # noqa: PLR0917  # one parameter per option
             per_component_h=fitted.per_component_h if fitted is not None else None,
             shapes=fitted.shapes if fitted is not None else (),
             spare_reserve=spare_reserve,
+            price_spares=price_spares,
             curve=plot is not None,
         )
         for p in policies
         for s in range(seed, seed + seeds)
     ]  # fmt: skip
+    if price_spares:
+        out.print(
+            f"spares priced by {hard_rate(runs[0]):.4g} lost GPUs and dead nodes an hour "
+            "(the trace's rate, as RAILOVER_HARD_FAILURES_PER_H)"
+        )
     with Progress(console=console, transient=True) as bar:
         tasks = [bar.add_task(f"{u.policy.value}, seed {u.seed}", total=1.0) for u in runs]
         done = run_all(

@@ -224,6 +224,37 @@ class Fault:
     leaf: str | None = field(default=None, compare=False)
 
 
+def fleet_rates(
+    spec: ClusterSpec,
+    model: JobModel,
+    per_component_h: Mapping[FaultKind, float] | None = None,
+) -> dict[FaultKind, float]:
+    """Faults of each kind per hour across the cluster, before --fault-scale (`trace`)."""
+    links = spec.nodes * RAILS
+    leaves = RAILS * math.ceil(spec.nodes / spec.nodes_per_leaf)
+    rates = {kind: links * model.link_rate_per_h * scale for kind, scale in KIND_SCALE.items()}
+    for kind in PER_NODE:
+        rates[kind] = spec.nodes * model.link_rate_per_h * KIND_SCALE[kind]
+    rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
+    for kind, per_h in (per_component_h or {}).items():
+        rates[kind] = per_h * (
+            spec.nodes if kind in PER_NODE else leaves if kind == FaultKind.LEAF else links
+        )
+    return rates
+
+
+def hard_failures_per_h(
+    spec: ClusterSpec,
+    model: JobModel,
+    fault_scale: float,
+    per_component_h: Mapping[FaultKind, float] | None = None,
+) -> float:
+    """The trace's faults only a replacement fixes (a lost GPU, a dead node) per hour: the
+    rate the service prices a spare by when the twin runs it with --price-spares."""
+    rates = fleet_rates(spec, model, per_component_h)
+    return (rates[FaultKind.GPU] + rates[FaultKind.NODE]) * fault_scale
+
+
 def trace(
     spec: ClusterSpec,
     model: JobModel,
@@ -245,18 +276,8 @@ def trace(
         raise ValueError(f"fault_scale: must be a number >= 0, got {fault_scale}")
     rng = np.random.default_rng(seed)
     horizon = days * 86400.0
-    links = spec.nodes * RAILS
-    leaves = RAILS * math.ceil(spec.nodes / spec.nodes_per_leaf)
-    rates = {kind: links * model.link_rate_per_h * scale for kind, scale in KIND_SCALE.items()}
-    for kind in PER_NODE:
-        rates[kind] = spec.nodes * model.link_rate_per_h * KIND_SCALE[kind]
-    rates[FaultKind.LEAF] = leaves * model.switch_rate_per_h
-    for kind, per_h in (per_component_h or {}).items():
-        rates[kind] = per_h * (
-            spec.nodes if kind in PER_NODE else leaves if kind == FaultKind.LEAF else links
-        )
     out: list[Fault] = []
-    for kind, per_h in rates.items():
+    for kind, per_h in fleet_rates(spec, model, per_component_h).items():
         rate_s = per_h * fault_scale / 3600.0
         t = 0.0
         while rate_s > 0:

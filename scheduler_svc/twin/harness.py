@@ -17,17 +17,24 @@ from scheduler_svc.twin.inprocess import ManualClock, served_app
 
 
 def twin_settings(
-    policy: Policy, db_url: str | None, tmp: Path, *, spare_reserve: int = 0
+    policy: Policy,
+    db_url: str | None,
+    tmp: Path,
+    *,
+    spare_reserve: int = 0,
+    hard_failures_per_h: float = 0.0,
 ) -> Settings:
-    """The service's settings in the twin: its defaults, the policy under study (and the
-    spares it keeps back), a store of its own (SQLite in `tmp`; `db_url` must name an empty
-    one), and no coordinator thread (the twin sweeps after each move of its clock)."""
+    """The service's settings in the twin: its defaults, the policy under study (the spares
+    it keeps back, the rate it prices a spare by), a store of its own (SQLite in `tmp`;
+    `db_url` must name an empty one), and no coordinator thread (the twin sweeps after
+    each move of its clock)."""
     return Settings(
         db_url=db_url or f"sqlite:///{tmp / 'twin.db'}",
         port=0,
         allow_anonymous_loopback=True,  # the twin's agents and driver call it without tokens
         policy=policy,
         spare_reserve=spare_reserve,
+        hard_failures_per_h=hard_failures_per_h,
         coordinator=False,
         command_ack_timeout_s=10**6,  # the twin's agents answer at once
     )

@@ -89,6 +89,7 @@ class Twin(FleetManager):
         reports: Reports | None = None,
         shapes: Sequence[JobShape] = (),
         spare_reserve: int = 0,
+        hard_failures_per_h: float = 0.0,
     ) -> None:
         self.spec = spec
         self.net = Network(
@@ -99,6 +100,7 @@ class Twin(FleetManager):
         self.seed = seed
         self.policy = policy
         self.spare_reserve = spare_reserve
+        self.hard_failures_per_h = hard_failures_per_h
         self.faults = (
             faults if faults is not None else trace(spec, self.model, days, seed, fault_scale)
         )
@@ -137,7 +139,11 @@ class Twin(FleetManager):
             tempfile.TemporaryDirectory(prefix="railover-twin-") as tmp,
             service(
                 twin_settings(
-                    self.policy, self.db_url, Path(tmp), spare_reserve=self.spare_reserve
+                    self.policy,
+                    self.db_url,
+                    Path(tmp),
+                    spare_reserve=self.spare_reserve,
+                    hard_failures_per_h=self.hard_failures_per_h,
                 ),
                 T0,
             ) as (app, url, clock),

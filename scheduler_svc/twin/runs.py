@@ -25,7 +25,14 @@ from typing import Any
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.twin.books import Curve, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, FaultKind, JobShape, Reports, trace
+from scheduler_svc.twin.cluster import (
+    ClusterSpec,
+    FaultKind,
+    JobShape,
+    Reports,
+    hard_failures_per_h,
+    trace,
+)
 from scheduler_svc.twin.loop import Twin
 from scheduler_svc.twin.plot import LossCurve
 
@@ -53,6 +60,8 @@ class Run:
     per_component_h: Mapping[FaultKind, float] | None = None
     shapes: tuple[JobShape, ...] = ()
     spare_reserve: int = 0
+    # Spares priced by the trace's rate of lost GPUs and dead nodes (cluster.hard_failures_per_h).
+    price_spares: bool = False
     curve: bool = False
 
 
@@ -60,6 +69,14 @@ class Run:
 class Done:
     result: TwinResult
     curve: Curve | None
+
+
+def hard_rate(run: Run) -> float:
+    """The lost GPUs and dead nodes per hour of the run's trace, which the service prices
+    its spares by under --price-spares."""
+    return hard_failures_per_h(
+        run.spec, run.model or JobModel(), run.fault_scale, run.per_component_h
+    )
 
 
 def run_one(run: Run, progress: Callable[[float], None] | None = None) -> Done:
@@ -86,6 +103,7 @@ def run_one(run: Run, progress: Callable[[float], None] | None = None) -> Done:
         reports=run.reports,
         shapes=run.shapes,
         spare_reserve=run.spare_reserve,
+        hard_failures_per_h=hard_rate(run) if run.price_spares else 0.0,
     )
     sampler = None
     if run.curve:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from scheduler_svc.engine.decision import spare_price_s
 from scheduler_svc.engine.fabric import SwitchEvidence
 from scheduler_svc.engine.state import Action, CheckpointSeen, DecisionRecord, Mode, Options
 from tests.engine.stories import Story, at, down
@@ -335,6 +336,69 @@ def test_a_checkpoint_restart_leaves_the_spares_kept_back_for_lost_gpus() -> Non
     none_at_all.checkpoint = CheckpointSeen(5, at(3100), at(3100))
     d = none_at_all.step(3100).decision
     assert d is not None and "no spare node to take the faulty one's place, and no" in d.reason
+
+
+def test_a_checkpoint_restart_pays_for_the_spare_it_takes() -> None:
+    """A day's repair ahead at k=1.5 costs 43,200 s running degraded against a 600 s reload:
+    with spares plenty the job restarts. Priced (RAILOVER_HARD_FAILURES_PER_H), the last
+    of 2 free spares is worth more than that to the lost GPUs and dead nodes a day brings
+    at 0.1 an hour, when each would wait a week for a node; the job runs degraded on and
+    says so. With 12 free the price is negligible and it restarts."""
+    week = 7 * 86400.0
+
+    def checkpoint_with(spares_free: int) -> DecisionRecord:
+        s = failed_over(repair_estimate_s=86400, spares_free=spares_free, node_replace_s=week)
+        s.options = replace(s.options, hard_failures_per_h=0.1)
+        s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+        d = s.step(3100).decision
+        assert d is not None
+        return d
+
+    kept = checkpoint_with(2)
+    price = spare_price_s(2, 0.1, 86400 - 100, week)  # the repair left at the checkpoint
+    assert price > 43_200
+    assert kept.action == Action.NONE
+    assert kept.reason.startswith("keep running degraded: ")
+    assert f"<= reload 600 s + {price:.0f} s the spare is worth to lost GPUs" in kept.reason
+    plenty = checkpoint_with(12)
+    assert plenty.action == Action.RESTART
+    assert "the spare is worth" in plenty.reason  # priced, and small
+
+
+def test_a_scaled_restart_takes_no_spare_and_pays_no_price() -> None:
+    """Both free spares kept back (RAILOVER_SPARE_RESERVE 2): the checkpoint's restart is a
+    scaled one, which takes no spare, so it pays no spare's price, even with its reload
+    half a second short of the 43,150 s the job would lose running degraded."""
+    s = failed_over(
+        repair_estimate_s=86400,
+        spares_free=2,
+        node_replace_s=7 * 86400.0,
+        reload_s=43_149.5,
+        allow_scaling=True,
+        dp_size=2,
+        tp_size=8,
+    )
+    s.options = replace(s.options, spare_reserve=2, hard_failures_per_h=0.1)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None and d.action == Action.RESTART, d.reason
+    assert "the spare is worth" not in d.reason
+
+
+@pytest.mark.parametrize(("estimate", "hold"), [(7200.0, 7200.0), (None, 50_000.0)])
+def test_a_faults_decision_prices_the_spare_by_the_repair_ahead(
+    estimate: float | None, hold: float
+) -> None:
+    """The fault's decision holds the spare until the job's repair estimate, or the
+    service's default repair time when the job gives none."""
+    job = {"spares_free": 2, "node_replace_s": 86400.0, "repair_estimate_s": estimate}
+    s = Story(["n0", "n1"], job_kw=job)
+    s.options = replace(s.options, hard_failures_per_h=0.1, default_repair_s=50_000.0)
+    s.faults[1] = down(1, "n0", "mlx5_3", 3000)
+    d = s.step(3000).decision
+    assert d is not None
+    assert d.inputs["spare_price_s"] == pytest.approx(spare_price_s(2, 0.1, hold, 86400.0))
+    assert d.inputs["spare_price_s"] > 0
 
 
 def test_a_restart_cannot_escape_a_switch_failure_so_the_checkpoint_keeps_running() -> None:

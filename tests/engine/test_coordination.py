@@ -174,3 +174,18 @@ def test_restart_at_checkpoint(k: float, reload_s: float, repair_s: float, resta
     decided, reason = restart_at_checkpoint(k=k, reload_s=reload_s, repair_s=repair_s)
     assert decided == restart
     assert reason.startswith("restart" if restart else "keep running")
+
+
+def test_restart_at_checkpoint_counts_the_spares_price_with_the_reload() -> None:
+    """1,300 s of repair at k=1.5 lose 650 s degraded: a 600 s reload restarts, unless the
+    spare it takes is worth 50 s or more to the faults only a replacement fixes."""
+    assert restart_at_checkpoint(k=1.5, reload_s=600, repair_s=1300, spare_price_s=49)[0]
+    kept, reason = restart_at_checkpoint(k=1.5, reload_s=600, repair_s=1300, spare_price_s=50)
+    assert not kept
+    assert reason == (
+        "keep running degraded: 650 s lost until the repair in 1300 s (k=1.500) <= reload "
+        "600 s + 50 s the spare is worth to lost GPUs and dead nodes"
+    )
+    small = restart_at_checkpoint(k=1.5, reload_s=600, repair_s=1300, spare_price_s=0.4)
+    assert small[1].endswith("< 650 s lost running degraded (k=1.500) until the repair in 1300 s")
+    assert "reload 600 s + 0 s the spare is worth" in small[1]  # priced, however little

@@ -46,6 +46,7 @@ def test_a_modelled_k_failover_record() -> None:
         "spares_free": None,
         "spare_reserve": 0,
         "node_replace_s": 0.0,
+        "spare_price_s": 0.0,
         "planned": False,
     }
     assert d.costs_s == {

@@ -10,11 +10,13 @@ import pytest
 from scheduler_svc.engine.decision import (
     Action,
     DecisionInputs,
+    at_least,
     decide,
     failover_cost_s,
     failover_threshold_s,
     ib_timeout_s,
     restart_cost_s,
+    spare_price_s,
     spare_usable,
 )
 from scheduler_svc.engine.slowdown import KSource, default_k, estimate_k, modelled_k
@@ -111,6 +113,64 @@ def test_restart_scaled_needs_permission() -> None:
     )
     assert d.costs_s["restart_scaled"] is None
     assert d.action == Action.FAILOVER  # a day's wait makes degraded running cheaper
+
+
+@pytest.mark.parametrize("mean", [0.0, 0.3, 2.9, 25.0, 900.0])
+def test_at_least_is_the_poisson_tail(mean: float) -> None:
+    """P(N >= n) from the distribution's own terms where they are representable, and from
+    a million draws where e^-mean is not (900)."""
+    for n in (0, 1, 2, 3, 8, 30, 900, 1000):
+        if mean < 700:
+            term, below = math.exp(-mean), 0.0
+            for i in range(n):  # each term from the one before: e^-mean mean^i / i!
+                below += term
+                term *= mean / (i + 1)
+            assert at_least(n, mean) == pytest.approx(1 - below, abs=1e-12)
+        else:
+            draws = np.random.default_rng(1).poisson(mean, 1_000_000)
+            assert at_least(n, mean) == pytest.approx(float(np.mean(draws >= n)), abs=2e-3)
+    assert at_least(0, mean) == 1.0
+
+
+def test_a_spare_is_priced_by_the_faults_only_a_replacement_fixes() -> None:
+    """0.1 lost GPUs or dead nodes an hour, a day until the faulty node is back: 2.4 of them
+    are expected meanwhile. Taking one of 3 free spares leaves one of them waiting for a
+    node when 3 or more come: P = 1 - e^-2.4 (1 + 2.4 + 2.88) = 0.4303."""
+    p3 = 1 - math.exp(-2.4) * (1 + 2.4 + 2.4**2 / 2)
+    assert spare_price_s(3, 0.1, 86400, 7200) == pytest.approx(p3 * 7200)
+    assert spare_price_s(3, 0.1, 86400, 7200) == pytest.approx(3098.1, abs=0.1)
+    assert spare_price_s(1, 0.1, 86400, 7200) == pytest.approx((1 - math.exp(-2.4)) * 7200)
+    assert spare_price_s(30, 0.1, 86400, 7200) < 1e-9  # plenty to spare
+    for free in (None, 0, -1):  # not said, or none to take
+        assert spare_price_s(free, 0.1, 86400, 7200) == 0.0
+    assert spare_price_s(3, 0.0, 86400, 7200) == 0.0  # not priced
+    assert spare_price_s(3, 0.1, 0.0, 7200) == 0.0  # back at once
+
+
+def test_a_priced_spare_turns_an_early_restart_into_a_failover() -> None:
+    """Early in the interval a restart onto a spare (4,230 s) beats failing over (5,430 s);
+    priced at 3,098 s the spare makes it 7,328 s, and the job fails over. Without a path
+    the restart takes the spare whatever its price; a restart waiting for a node pays the
+    wait, not the price."""
+    early = {"elapsed_s": 0, "node_replace_s": 7200, "spares_free": 3}
+    price = spare_price_s(3, 0.1, 86400, 7200)
+    assert decide(inputs(**early)).action == Action.RESTART
+    priced = decide(inputs(**early, spare_price_s=price))
+    assert priced.action == Action.FAILOVER
+    assert priced.costs_s["restart"] == pytest.approx(restart_cost_s(3600, 0, 600, 30) + price)
+    assert priced.notes == (
+        "a restart takes one of 3 free spares: 51.6 min of its cost is the wait it may leave "
+        "a lost GPU or dead node",
+    )
+    assert decide(inputs(**early)).notes == ()
+    no_path = decide(inputs(**early, spare_price_s=price, path_available=False))
+    assert no_path.action == Action.RESTART
+    assert no_path.costs_s["restart"] == pytest.approx(restart_cost_s(3600, 0, 600, 30) + price)
+    waits = decide(inputs(**early | {"spares_free": 0}, spare_price_s=price))
+    assert waits.costs_s["restart"] == pytest.approx(restart_cost_s(3600, 0, 600 + 7200, 30))
+    assert waits.notes == ()
+    with pytest.raises(ValueError, match="spare_price_s must be a finite number >= 0"):
+        inputs(spare_price_s=-1.0)
 
 
 def test_the_last_spares_are_kept_for_faults_only_a_replacement_fixes() -> None:

@@ -233,6 +233,7 @@ def decision(**kw: object) -> cost.Decision:
         "spares_free": 0,
         "spare_reserve": 1,
         "node_replace_s": 120.0,
+        "spare_price_s": 45.0,
         "planned": True,
     }
     base.update(kw)
@@ -261,6 +262,7 @@ def test_inputs_record_is_the_exact_dict() -> None:
         "spares_free": 0,
         "spare_reserve": 1,
         "node_replace_s": 120.0,
+        "spare_price_s": 45.0,
         "planned": True,
     }
     assert d.threshold_s == (3600.0 * 0.5 - 5.0) / 1.5
@@ -283,6 +285,7 @@ def test_inputs_record_is_the_exact_dict() -> None:
         "spares_free",
         "spare_reserve",
         "node_replace_s",
+        "spare_price_s",
         "planned",
     ]
 

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from railover_testing import waiting
 from railover_testing.local import ManualClock
+from scheduler_svc.engine.decision import spare_price_s
 from tests.scheduler_svc.helpers import job_body, register_nodes, service_factory
 from tests.scheduler_svc.sequences import ev, post
 
@@ -393,3 +394,31 @@ def test_spares_kept_back_are_not_taken_by_a_restart_a_failover_could_spare(
     contradicts = {"at": datetime.now(UTC).isoformat(), "spares_free": 0, "spare_nodes": True}
     r = http.post("/v1/jobs/j/checkpoints", json=contradicts)
     assert r.status_code == 422 and "spares_free: 0 free spares, yet spare_nodes is True" in r.text
+
+
+def test_a_restart_pays_for_the_spare_it_takes_when_the_fleet_prices_them(
+    make_service: Callable[..., httpx.Client],
+) -> None:
+    """RAILOVER_HARD_FAILURES_PER_H 0.1: a fault 50 s into the interval would restart the
+    job onto one of its 2 free spares, but a lost GPU or dead node that finds none waits a
+    day for a node, and 2.4 of them are expected before the faulty node is repaired: the
+    restart's cost carries that price, which the decision shows, and the job fails over."""
+    day = 86400
+    http = make_service(hard_failures_per_h=0.1)
+    register_nodes(http, ["n0", "n1"])
+    fresh_job(
+        http,
+        "j",
+        ["n0", "n1"],
+        elapsed_s=50,
+        repair_estimate_s=86400,
+        spares_free=2,
+        node_replace_s=day,
+    )
+    post(http, ev("n0", "port_down", datetime.now(UTC)))
+    (d,) = decisions(http, "j")
+    price = spare_price_s(2, 0.1, day, day)
+    assert d["inputs"]["spares_free"] == 2
+    assert d["inputs"]["spare_price_s"] == pytest.approx(price)
+    assert d["costs_s"]["restart"] == pytest.approx(30 + 600 + 3600 + price)
+    assert d["action"] == "failover", d["reason"]

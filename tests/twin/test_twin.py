@@ -17,13 +17,23 @@ from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.planning.params import JobModel
 from scheduler_svc.twin.books import CAUSES, TwinJob, TwinResult
-from scheduler_svc.twin.cluster import ClusterSpec, Fault, FaultKind, Reports, job_mix, trace
+from scheduler_svc.twin.cluster import (
+    ClusterSpec,
+    Fault,
+    FaultKind,
+    Reports,
+    fleet_rates,
+    hard_failures_per_h,
+    job_mix,
+    trace,
+)
 from scheduler_svc.twin.loop import COMM_ID, Twin
 
 DAY = 86400.0
 # 64 nodes, 16 per leaf and rail; 4 spares; job-0 (interval checkpoints) on n00000-n00029,
 # job-1 (FlowCheck) on n00030-n00059.
 SPEC = ClusterSpec(nodes=64, spares=4, nodes_per_leaf=16, jobs=2)
+HARD = (FaultKind.GPU, FaultKind.NODE)  # only a replacement fixes them
 
 
 def checkpoints_told(monkeypatch: pytest.MonkeyPatch, twin: Twin) -> list[float]:
@@ -312,3 +322,37 @@ def test_a_job_restarted_at_a_checkpoint_checkpoints_once_an_interval_after(
     after = told[restarted + 1 :]
     assert after and after[0] == 7200.0 + job.reload_s + job.interval_s
     assert all(b - a == job.interval_s for a, b in itertools.pairwise(after)), after
+
+
+def test_a_priced_spare_keeps_a_job_degraded_that_would_restart_onto_it() -> None:
+    """A cable breaks for 10 days under a job at k=1.03: it fails over, and at its next
+    checkpoint restarts onto one of the 2 spares (reload 1,800 s against 25,920 s lost
+    running degraded). With the service pricing spares at 0.5 lost GPUs and dead nodes an
+    hour, 120 of them are expected before the cable's repair, so a spare taken now leaves
+    one of them waiting a day for a node (86,400 s): the job runs degraded on."""
+    spec = ClusterSpec(nodes=16, spares=2, nodes_per_leaf=16, jobs=1)
+    faults = [Fault(7260.0, FaultKind.LINK, 0, 2, 10 * DAY)]
+    free = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults).run()
+    priced = Twin(spec, days=1, seed=1, fault_scale=0, faults=faults, hard_failures_per_h=0.5)
+    kept = priced.run()
+    for r in (free, kept):
+        assert r.violations == {}, r.first_violation
+        conserved(r)
+    assert free.decisions == {"failover": 1, "restart": 1}
+    assert kept.decisions == {"failover": 1, "none": 1}
+    assert kept.gpu_hours_lost["reload"] == 0 < free.gpu_hours_lost["reload"]
+    assert kept.gpu_hours_lost["degraded"] > free.gpu_hours_lost["degraded"]
+
+
+def test_the_hard_failure_rate_is_the_traces_own() -> None:
+    """The rate --price-spares gives the service is the rate of the trace's GPU losses and
+    node deaths: their count over 30 days at 1,000x is within 4 sd of it."""
+    model, scale, days = JobModel(), 1000.0, 30
+    rate = hard_failures_per_h(SPEC, model, scale)
+    rates = fleet_rates(SPEC, model)
+    assert rate == (rates[FaultKind.GPU] + rates[FaultKind.NODE]) * scale
+    hard = [f for f in trace(SPEC, model, days, 5, scale) if f.kind in HARD]
+    expected = rate * days * 24
+    assert abs(len(hard) - expected) < 4 * math.sqrt(expected), (len(hard), expected)
+    fitted = hard_failures_per_h(SPEC, model, scale, {FaultKind.GPU: 1e-4})
+    assert fitted == (1e-4 * SPEC.nodes * 8 + rates[FaultKind.NODE]) * scale

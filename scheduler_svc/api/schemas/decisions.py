@@ -72,7 +72,16 @@ class DecisionInputsOut(BaseModel):
     )
     allow_scaling: StrictBool = False
     spare_nodes: StrictBool = True
+    spares_free: int | None = Field(
+        default=None, description="Free spares, as the fleet manager last said; null: not said"
+    )
+    spare_reserve: int = Field(default=0, description="Spares kept back (RAILOVER_SPARE_RESERVE)")
     node_replace_s: float = 0.0
+    spare_price_s: float = Field(
+        default=0.0,
+        description="Added to a restart that takes a spare: the wait it may leave a lost GPU "
+        "or dead node (RAILOVER_HARD_FAILURES_PER_H); 0 when not priced",
+    )
     planned: StrictBool = False
 
 
