@@ -64,11 +64,12 @@ def event(
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    """One service a test started: a client for it, its base URL and its clock."""
+    """One service a test started: a client for it, its base URL, its clock and settings."""
 
     http: httpx.Client
     url: str
     clock: Clock
+    settings: Settings
 
 
 @contextmanager
@@ -87,6 +88,6 @@ def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Runn
             )
             url = stack.enter_context(local_service(settings, clock=clock))
             http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
-            return Running(http, url, clock)
+            return Running(http, url, clock, settings)
 
         yield start

@@ -8,9 +8,19 @@ after the README's "What the service decides over time".
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from railover_testing.local import ManualClock
+from scheduler_svc.config import Settings
+from scheduler_svc.engine import reconcile
+from scheduler_svc.engine.state import Reconciled
+from scheduler_svc.services import fabric, reconciler
+from scheduler_svc.store import models as m
+from scheduler_svc.store.jobs import JobRepo
 from tests.scheduler_svc.sequences import LIVE, SWITCH_KINDS
 
 RESTARTS = ("restart", "restart_scaled")
@@ -26,6 +36,10 @@ class SequencesInvariants:
     windows: list[int]
     restart_at: dict[str, datetime]
     restarts: dict[str, dict[str, tuple[frozenset[str], frozenset[str]]]]
+    # The service's settings and clock, and sessions on its store of this process's own.
+    settings: Settings
+    clock: ManualClock
+    sessions: sessionmaker[Session]
 
     if TYPE_CHECKING:  # SequencesMachine's, from the model state
 
@@ -293,3 +307,35 @@ class SequencesInvariants:
                     f"({sorted(evidence)})"
                 )
             seen[d["decision_id"]] = (nodes, evidence)
+
+    def check_fresh_read(self, j: str) -> None:
+        """Invariant 8: reconcile on the caches the service decides on (the job's placement
+        and engine index, its nodes' s-Bond plans) says what it says on the store alone,
+        read afresh in the same transaction, with no cache."""
+        with self.sessions() as s:
+            row = JobRepo(s).get(j)
+            assert row is not None
+            now = self.clock()
+            _, _, cached = reconciler.current(s, row, now, self.settings)
+            fresh = fresh_reconcile(s, row, now, self.settings)
+        differ = {
+            f.name: (getattr(cached, f.name), getattr(fresh, f.name))
+            for f in fields(cached)
+            if getattr(cached, f.name) != getattr(fresh, f.name)
+        }
+        assert not differ, (
+            f"invariant 8: job {j}'s reconcile on the caches differs from a fresh read in "
+            + "; ".join(f"{name}: {a} != {b}" for name, (a, b) in differ.items())[:4000]
+        )
+
+
+def fresh_reconcile(session: Session, job: m.Job, now: datetime, settings: Settings) -> Reconciled:
+    """What reconcile says from the store alone: the placement read whole, every node planned
+    anew (a plan cache of its own), no job index."""
+    state = reconciler.job_state(session, job)
+    shared, fabric.PLANS = fabric.PLANS, fabric.PlanCache()
+    try:
+        view, _ = fabric.view_for(session, {n for _, n, _ in state.ranks}, now, settings)
+    finally:
+        fabric.PLANS = shared
+    return reconcile.reconcile(now, state, view, reconciler.options(settings))

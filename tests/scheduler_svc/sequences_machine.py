@@ -27,7 +27,9 @@ inherits from sequences_invariants.py:
    incarnation, and only ranks the job has on the command's node;
 6. the GET views agree with the commands issued (the incarnation, the job's mode, each
    rank's active path);
-7. no request is answered 5xx and no coordinator sweep fails.
+7. no request is answered 5xx and no coordinator sweep fails;
+8. what reconcile says on the service's caches (each job's placement and index, each
+   node's plans) is what it says on a fresh read of the store.
 
 The test (test_sequences_model.py) runs a few sequences in `make test` on both stores;
 benchmarks/bench_sequences_model.py runs thousands and times the steps.
@@ -56,7 +58,8 @@ from sqlalchemy import Engine, text
 from railover_testing import waiting
 from railover_testing.local import ManualClock
 from scheduler_svc import metrics
-from scheduler_svc.store.db import make_engine
+from scheduler_svc.config import Settings
+from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.models import Base
 from tests.scheduler_svc.helpers import register_nodes, service_factory
 from tests.scheduler_svc.sequences import (
@@ -100,7 +103,7 @@ ADVANCES = (1, 5, 31, 61, 121, 301, 1800)
 LATE_S = 180  # how far before the service's clock a late report may be observed
 START_S = LATE_S + 60  # the clock when the first job is posted, from T0
 
-Connect = Callable[[], AbstractContextManager[tuple[httpx.Client, ManualClock]]]
+Connect = Callable[[], AbstractContextManager[tuple[httpx.Client, ManualClock, Settings]]]
 
 
 def rank_body(job_id: str, nodes: tuple[str, ...], gpus: range) -> list[dict[str, Any]]:
@@ -138,11 +141,17 @@ def job_post(
 _ENGINES: dict[str, Engine] = {}
 
 
-def empty_store(db_url: str) -> None:
-    """Delete every row (the schema stays): each sequence starts from an empty store."""
+def store(db_url: str) -> Engine:
+    """This process's own engine on the sequences' store (one per store, kept)."""
     engine = _ENGINES.get(db_url)
     if engine is None:
         engine = _ENGINES[db_url] = make_engine(db_url)
+    return engine
+
+
+def empty_store(db_url: str) -> None:
+    """Delete every row (the schema stays): each sequence starts from an empty store."""
+    engine = store(db_url)
     tables = Base.metadata.sorted_tables
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
@@ -157,11 +166,12 @@ def connect_to(db_url: str, **settings: Any) -> Connect:
     """Each call: the store emptied and a service on it, on a manual clock at T0."""
 
     @contextmanager
-    def connect() -> Iterator[tuple[httpx.Client, ManualClock]]:
+    def connect() -> Iterator[tuple[httpx.Client, ManualClock, Settings]]:
         empty_store(db_url)
         clock = ManualClock(T0)
         with service_factory(db_url, **(MODEL_SERVICE | settings)) as start:
-            yield start(clock=clock).http, clock
+            running = start(clock=clock)
+            yield running.http, clock, running.settings
 
     return connect
 
@@ -208,7 +218,8 @@ class SequencesMachine(SequencesInvariants, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self._stack = ExitStack()
-        self.http, self.clock = self._stack.enter_context(type(self).connect())
+        self.http, self.clock, self.settings = self._stack.enter_context(type(self).connect())
+        self.sessions = make_sessionmaker(store(self.settings.db_url))
         self.http.event_hooks["response"].append(no_5xx)
         self.sweep_errors = swept()["error"]
         # Model state: each port's newest report (observed_at, up?) ...
@@ -534,6 +545,7 @@ class SequencesMachine(SequencesInvariants, RuleBasedStateMachine):
             self.check_epochs(j, cs)
             self.check_whose(j, cs)
             self.check_restarts(j, ds, open_faults, fabric)
+            self.check_fresh_read(j)
         self.no_evidence = False
         if self.step_s is not None:
             t = time.perf_counter()
