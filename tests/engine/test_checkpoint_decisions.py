@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,17 @@ def failed_over(**job_kw: object) -> Story:
     assert first.decision is not None and first.decision.action == Action.FAILOVER
     assert s.desired.k == 1.5
     return s
+
+
+def checkpoint_decision(options: dict[str, Any], **job_kw: object) -> DecisionRecord:
+    """The decision at a checkpoint 100 s after failing over, a day's repair ahead, with
+    these options (say a spare reserve) and the job's `job_kw`."""
+    s = failed_over(repair_estimate_s=86400, **job_kw)
+    s.options = replace(s.options, **options)
+    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
+    d = s.step(3100).decision
+    assert d is not None
+    return d
 
 
 def test_a_long_repair_ahead_restarts_at_the_checkpoint() -> None:
@@ -317,12 +329,7 @@ def test_a_checkpoint_restart_leaves_the_spares_kept_back_for_lost_gpus() -> Non
     and says so; with two free it restarts onto one of them."""
 
     def checkpoint_with(spares_free: int) -> DecisionRecord:
-        s = failed_over(repair_estimate_s=86400, spares_free=spares_free)
-        s.options = replace(s.options, spare_reserve=1)
-        s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
-        d = s.step(3100).decision
-        assert d is not None
-        return d
+        return checkpoint_decision({"spare_reserve": 1}, spares_free=spares_free)
 
     kept = checkpoint_with(1)
     assert kept.action == Action.NONE
@@ -347,12 +354,8 @@ def test_a_checkpoint_restart_pays_for_the_spare_it_takes() -> None:
     week = 7 * 86400.0
 
     def checkpoint_with(spares_free: int) -> DecisionRecord:
-        s = failed_over(repair_estimate_s=86400, spares_free=spares_free, node_replace_s=week)
-        s.options = replace(s.options, hard_failures_per_h=0.1)
-        s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
-        d = s.step(3100).decision
-        assert d is not None
-        return d
+        priced = {"hard_failures_per_h": 0.1}
+        return checkpoint_decision(priced, spares_free=spares_free, node_replace_s=week)
 
     kept = checkpoint_with(2)
     price = spare_price_s(2, 0.1, 86400 - 100, week)  # the repair left at the checkpoint
@@ -369,8 +372,8 @@ def test_a_scaled_restart_takes_no_spare_and_pays_no_price() -> None:
     """Both free spares kept back (RAILOVER_SPARE_RESERVE 2): the checkpoint's restart is a
     scaled one, which takes no spare, so it pays no spare's price, even with its reload
     half a second short of the 43,150 s the job would lose running degraded."""
-    s = failed_over(
-        repair_estimate_s=86400,
+    d = checkpoint_decision(
+        {"spare_reserve": 2, "hard_failures_per_h": 0.1},
         spares_free=2,
         node_replace_s=7 * 86400.0,
         reload_s=43_149.5,
@@ -378,10 +381,7 @@ def test_a_scaled_restart_takes_no_spare_and_pays_no_price() -> None:
         dp_size=2,
         tp_size=8,
     )
-    s.options = replace(s.options, spare_reserve=2, hard_failures_per_h=0.1)
-    s.checkpoint = CheckpointSeen(5, at(3100), at(3100))
-    d = s.step(3100).decision
-    assert d is not None and d.action == Action.RESTART, d.reason
+    assert d.action == Action.RESTART, d.reason
     assert "the spare is worth" not in d.reason
 
 
