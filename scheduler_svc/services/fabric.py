@@ -111,10 +111,11 @@ class PlanCache:
     A plan is a pure function of the topology, and a topology never changes under a
     version number of one registration (plus the set of lost parts kept in), so
     entries stay valid on every replica. Only committed ones, though: a transaction
-    that rolls back can leave its key to another (SQLite hands a rolled-back fault's id
-    to the next fault; a manual clock registers a node again at the same instant). So a
-    plan made inside a transaction is shared only once it commits; until then it serves
-    that transaction alone, and not past a savepoint rolled back (store/groupcommit.py).
+    that rolls back can leave its key to another (a registration rolled back leaves its
+    topology version to the node's next registration, which may be cabled another way;
+    SQLite hands a rolled-back fault's id to the next fault). So a plan made inside a
+    transaction is shared only once it commits; until then it serves that transaction
+    alone, and not past a savepoint rolled back (store/groupcommit.py).
     """
 
     def __init__(self, max_entries: int = 50_000) -> None:

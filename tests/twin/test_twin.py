@@ -12,10 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from scheduler_svc.cli import app
 from scheduler_svc.engine.decision import Policy
 from scheduler_svc.fleet.client import RailoverClient
 from scheduler_svc.planning.params import JobModel
+from scheduler_svc.twin import harness
 from scheduler_svc.twin.books import CAUSES, TwinJob, TwinResult
 from scheduler_svc.twin.cluster import (
     ClusterSpec,
@@ -356,3 +359,28 @@ def test_the_hard_failure_rate_is_the_traces_own() -> None:
     assert abs(len(hard) - expected) < 4 * math.sqrt(expected), (len(hard), expected)
     fitted = hard_failures_per_h(SPEC, model, scale, {FaultKind.GPU: 1e-4})
     assert fitted == (1e-4 * SPEC.nodes * 8 + rates[FaultKind.NODE]) * scale
+
+
+def test_price_spares_runs_the_service_with_the_traces_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`railover twin --price-spares`: the service's RAILOVER_HARD_FAILURES_PER_H is the
+    trace's rate of GPU losses and node deaths, and the output says it."""
+    given: list[float] = []
+    real = harness.twin_settings
+
+    def settings(*args: Any, **kw: Any) -> Any:
+        made = real(*args, **kw)
+        given.append(made.hard_failures_per_h)
+        return made
+
+    monkeypatch.setattr("scheduler_svc.twin.loop.twin_settings", settings)
+    small = ["--nodes", "16", "--spares", "2", "--days", "0.05", "--fault-scale", "1000"]
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        app, ["twin", *small, "--policy", "railover", "--price-spares"]
+    )
+    assert result.exit_code == 0, result.output
+    spec = ClusterSpec(nodes=16, spares=2, nodes_per_leaf=32, jobs=2)
+    rate = hard_failures_per_h(spec, JobModel(), 1000)
+    assert given == [rate] and rate > 0
+    assert f"spares priced by {rate:.4g} lost GPUs and dead nodes an hour" in result.output
