@@ -230,10 +230,7 @@ def decide(inp: DecisionInputs) -> Decision:
         )
     threshold = failover_threshold_s(interval, inp.detect_s, inp.k)
     options = _Costs.of(inp, elapsed)
-    takes_spare = spare_usable(
-        inp.spare_nodes, inp.spares_free, inp.spare_reserve, can_fail_over=inp.path_available
-    )
-    if takes_spare and inp.spare_price_s > 0:
+    if options.takes_spare and inp.spare_price_s > 0:
         notes.append(
             f"a restart takes one of {inp.spares_free} free spares: {_fmt(inp.spare_price_s)} "
             "of its cost is the wait it may leave a lost GPU or dead node"
@@ -316,6 +313,7 @@ class _Costs:
     restart: float
     scaled: float | None
     none: float | None
+    takes_spare: bool  # the restart takes a spare (spare_usable), and pays its price
 
     @classmethod
     def of(cls, inp: DecisionInputs, elapsed: float) -> _Costs:
@@ -343,7 +341,7 @@ class _Costs:
         # "none" only costs nothing when the fault healed by itself (a flap the
         # retransmissions rode out); otherwise the collective hangs forever.
         none: float | None = interval - elapsed if inp.healed or not inp.affected else None
-        return cls(failover, restart, scaled, none)
+        return cls(failover, restart, scaled, none, spare)
 
 
 def _cheapest(

@@ -467,7 +467,7 @@ def at_checkpoint(
 def _repair_left(p: ReconcilePass, cp: CheckpointSeen) -> float:
     """Seconds until the repair at the checkpoint, its clock started by the oldest evidence."""
     job = p.job
-    repair = job.repair_estimate_s or p.options.default_repair_s
+    repair = _repair_s(job, p.options)
     assert job.failed_over_at is not None
     broken_since = min([job.failed_over_at, *(u.since for u in p.evidence)])
     degraded_for = max(0.0, (cp.at - broken_since).total_seconds())
@@ -480,11 +480,17 @@ def _repair_left(p: ReconcilePass, cp: CheckpointSeen) -> float:
     return remaining
 
 
+def _repair_s(job: JobState, options: Options) -> float:
+    """How long the repair of what the job failed over from takes, from its start: the
+    job's estimate, else the service's default."""
+    return job.repair_estimate_s or options.default_repair_s
+
+
 def _spare_price_s(job: JobState, options: Options, repair_s: float | None = None) -> float:
     """What a restart taking one of the job's free spares costs the fleet's lost GPUs and
     dead nodes (decision.spare_price_s): the spare is theirs again once the node it
     replaces is repaired, `repair_s` from now (by default the job's repair estimate)."""
-    hold = repair_s if repair_s is not None else job.repair_estimate_s or options.default_repair_s
+    hold = repair_s if repair_s is not None else _repair_s(job, options)
     return cost.spare_price_s(
         job.spares_free, options.hard_failures_per_h, hold, job.node_replace_s
     )

@@ -156,13 +156,11 @@ class PlanCache:
         if misses:
             parts: dict[tuple[Any, ...], Any] = {}
             within = session.get_nested_transaction() or session.get_transaction()
+            assert within is not None  # the version read above began one
             for name, rows in repo.topology_rows(misses).items():
                 topo = topology_of(name, rows, lost.get(name, ()), parts)
                 entry = (topo, plan_node(topo, backup_cap))
                 found[name] = entry
-                if within is None:  # no transaction: what was read is committed
-                    self._put(keys[name], entry)
-                    continue
                 pending.setdefault(within, {})[keys[name]] = entry
                 after_commit(session, partial(self._put, keys[name], entry))
         return {n: e[0] for n, e in found.items()}, {n: e[1] for n, e in found.items()}

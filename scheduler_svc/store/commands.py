@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, ScalarResult, func, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -116,12 +116,10 @@ class CommandRepo:
     ) -> list[m.Command]:
         """The job's commands of `kinds` in `states`, in command order."""
         return _in_order(
-            self.s.scalars(
-                select(m.Command).where(
-                    m.Command.job_id == job_id,
-                    m.Command.kind.in_(list(kinds)),
-                    m.Command.state.in_(list(states)),
-                )
+            self._matching(
+                m.Command.job_id == job_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
             )
         )
 
@@ -129,12 +127,10 @@ class CommandRepo:
         """The commands of `kind` the job's `incarnation` was sent, in any state, in command
         order: that incarnation's history only, not every earlier one's."""
         return _in_order(
-            self.s.scalars(
-                select(m.Command).where(
-                    m.Command.job_id == job_id,
-                    m.Command.kind == kind,
-                    m.Command.incarnation == incarnation,
-                )
+            self._matching(
+                m.Command.job_id == job_id,
+                m.Command.kind == kind,
+                m.Command.incarnation == incarnation,
             )
         )
 
@@ -143,13 +139,11 @@ class CommandRepo:
     ) -> list[m.Command]:
         """The communicator's commands of `kinds` in `states`, in command order."""
         return _in_order(
-            self.s.scalars(
-                select(m.Command).where(
-                    m.Command.job_id == job_id,
-                    m.Command.comm_id == comm_id,
-                    m.Command.kind.in_(list(kinds)),
-                    m.Command.state.in_(list(states)),
-                )
+            self._matching(
+                m.Command.job_id == job_id,
+                m.Command.comm_id == comm_id,
+                m.Command.kind.in_(list(kinds)),
+                m.Command.state.in_(list(states)),
             )
         )
 
@@ -176,15 +170,17 @@ class CommandRepo:
         return _in_order(
             c
             for comm_id, epoch in sorted(points)
-            for c in self.s.scalars(
-                select(m.Command).where(
-                    m.Command.job_id == job_id,
-                    m.Command.kind == kind,
-                    m.Command.comm_id == comm_id,
-                    m.Command.epoch == epoch,
-                )
+            for c in self._matching(
+                m.Command.job_id == job_id,
+                m.Command.kind == kind,
+                m.Command.comm_id == comm_id,
+                m.Command.epoch == epoch,
             )
         )
+
+    def _matching(self, *conditions: ColumnElement[bool]) -> ScalarResult[m.Command]:
+        """The commands meeting every condition, in whatever order the index gives."""
+        return self.s.scalars(select(m.Command).where(*conditions))
 
     def delivery_latency_s(self, limit: int = 100) -> float | None:
         """Median time from issuing a command to its delivery, over recent deliveries."""
