@@ -7,7 +7,10 @@ heap (every node's topology and plan, the ORM's identity map), finding nothing t
 free: measured on the index build alone, that is more than half its time. Inside
 `paused()` the collector does not run; it is enabled again when the last pause in
 any thread ends, and cyclic garbage made meanwhile is collected by its next pass.
-Reference counting frees everything else as usual.
+Reference counting frees everything else as usual. The service also pauses it for a
+request with a large body, from its arrival to its answer's end
+(`scheduler_svc.main.PauseCollectorForLargeBodies`): FastAPI validates the body before
+the route's own pause begins.
 """
 
 from __future__ import annotations
