@@ -66,6 +66,16 @@ class Target:
 
 TARGETS = (
     Target(
+        # Issue 33: the collector paused for whole-job work and for a large request body.
+        "large-body",
+        ("scheduler_svc/main.py", "scheduler_svc/services/gcpause.py"),
+        ("tests/scheduler_svc/test_gcpause.py",),
+        only=(
+            "scheduler_svc.main.xǁPauseCollectorForLargeBodiesǁ*",
+            "scheduler_svc.services.gcpause.*",
+        ),
+    ),
+    Target(
         # Degraded RNICs (issue 31): weights by the bandwidth left, and failover where cheaper.
         "degradation",
         ("scheduler_svc/engine/degradation.py",),

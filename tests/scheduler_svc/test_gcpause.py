@@ -50,6 +50,15 @@ def test_nested_pauses_resume_only_when_the_outermost_ends() -> None:
     assert gc.isenabled()
 
 
+def test_a_new_tally_of_pauses_starts_with_none() -> None:
+    """The process has one tally, made at import; a new one behaves the same from scratch."""
+    pauses = gcpause._Pauses()
+    pauses.enter()
+    assert not gc.isenabled()
+    pauses.leave()
+    assert gc.isenabled()
+
+
 def test_a_collector_that_was_off_stays_off() -> None:
     gc.disable()
     with gcpause.paused():
