@@ -198,10 +198,15 @@ def _uncommitted(session: Session) -> dict[SessionTransaction, dict[tuple[object
     return pending
 
 
+def port_of(f: m.Fault) -> tuple[str, str, int]:
+    """The port whose level a fault's evidence reads (a whole device's fault: port 1)."""
+    return (f.node, f.device, f.port or 1)
+
+
 def _evidence_of(
     f: m.Fault, port_states: Mapping[tuple[str, str, int], tuple[str, datetime | None]]
 ) -> health.FaultEvidence:
-    state, since = port_states.get((f.node, f.device, f.port or 1), (ACTIVE, None))
+    state, since = port_states.get(port_of(f), (ACTIVE, None))
     if f.kind == health.FaultKind.DEGRADED.value:
         return health.FaultEvidence(
             id=f.id,
@@ -259,10 +264,11 @@ def evidence(
     """Every piece of evidence on `nodes` (all nodes when None), and the fault rows behind it."""
     wanted = None if nodes is None else set(nodes)
     many = wanted is not None and len(wanted) > MANY_NODES
-    faults = list(FaultRepo(session).unresolved(None if many else wanted))
+    read = FaultRepo(session).unresolved_at_their_ports(None if many else wanted)
     if many and wanted is not None:
-        faults = [f for f in faults if f.node in wanted]
-    states = NodeRepo(session).port_states({f.node for f in faults})
+        read = [r for r in read if r[0].node in wanted]
+    faults = [f for f, _, _ in read]
+    states = {port_of(f): (state, at) for f, state, at in read if state is not None}
     flags = [
         health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
         for q in MaintenanceRepo(session).open_flags()

@@ -201,17 +201,6 @@ class NodeRepo:
         result = self.s.execute(stmt.values(state=state, observed_at=at))
         return bool(getattr(result, "rowcount", 0))
 
-    def port_states(
-        self, nodes: Iterable[str]
-    ) -> dict[tuple[str, str, int], tuple[str, datetime | None]]:
-        """Each port's level: its newest observed state and when it was observed."""
-        rows = self.s.execute(
-            select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state, m.Rnic.observed_at).where(
-                m.Rnic.node.in_(list(nodes))
-            )
-        )
-        return {(n, d, p): (st, at) for n, d, p, st, at in rows.tuples()}
-
     def switch_of(self, node: str, device: str, port: int) -> str | None:
         q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)
         if port:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from railover_testing.cluster_shapes import dual_port_node, hgx_node
@@ -13,10 +14,11 @@ from scheduler_svc.services.targets import registered_ports
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
+from scheduler_svc.store.faults import FaultRepo
 from scheduler_svc.store.jobs import JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.tokens import TOKEN_PREFIX, TokenRepo, hash_secret
-from scheduler_svc.store.types import WAITING, CommandState
+from scheduler_svc.store.types import WAITING, CommandState, FaultKind
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -92,14 +94,65 @@ def test_a_port_report_older_than_its_level_changes_nothing(session: Session) ->
     assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later)
     # An up observed before the down arrives after it: history, the port stays down.
     assert not repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", NOW)
-    levels = NodeRepo(session).port_states(["n0"])
-    assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later)
+    assert levels(session)[("n0", "mlx5_0", 1)] == ("DOWN", later)
     # Observed at the same time, the later report stands; a newer one always does.
     assert repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", later)
     assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later + timedelta(seconds=1))
-    levels = NodeRepo(session).port_states(["n0"])
-    assert levels[("n0", "mlx5_0", 1)] == ("DOWN", later + timedelta(seconds=1))
-    assert levels[("n0", "mlx5_0", 2)] == ("ACTIVE", None)  # never reported: as registered
+    assert levels(session)[("n0", "mlx5_0", 1)] == ("DOWN", later + timedelta(seconds=1))
+    assert levels(session)[("n0", "mlx5_0", 2)] == ("ACTIVE", None)  # never reported
+
+
+def levels(session: Session) -> dict[tuple[str, str, int], tuple[str, datetime | None]]:
+    """Every registered port's level: (state, when observed)."""
+    rows = session.execute(
+        select(m.Rnic.node, m.Rnic.name, m.Rnic.port, m.Rnic.state, m.Rnic.observed_at)
+    )
+    return {(n, d, p): (st, at) for n, d, p, st, at in rows.tuples()}
+
+
+def open_fault(session: Session, node: str, device: str, port: int, kind: str) -> m.Fault:
+    row = m.Fault(
+        node=node,
+        device=device,
+        port=port,
+        kind=kind,
+        opened_at=NOW,
+        first_event_id=f"{node}-{device}-{port}",
+        detail={},
+    )
+    assert FaultRepo(session).open_if_new(row) is row
+    return row
+
+
+def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Session) -> None:
+    """Each open fault beside its port's level, in one statement: a whole device's fault
+    reads port 1; a fault naming no registered port (a GPU's) reads none; a resolved fault
+    is not read; `nodes` limits the faults, and no port of another node joins them."""
+    nodes = NodeRepo(session)
+    for node in ("n0", "n1"):
+        nodes.replace_topology(node, *rows(dual_port_node()), NOW)
+    later = NOW + timedelta(seconds=5)
+    assert nodes.observe_port("n0", "mlx5_1", 2, "DOWN", later)
+    assert nodes.observe_port("n1", "mlx5_1", 2, "INIT", later)  # same port, other node
+    assert nodes.observe_port("n0", "mlx5_3", 1, "DOWN", later)
+    link = open_fault(session, "n0", "mlx5_1", 2, FaultKind.LINK_DOWN)
+    whole = open_fault(session, "n0", "mlx5_3", 0, FaultKind.RNIC_LOST)
+    gpu = open_fault(session, "n0", "GPU-7", 0, FaultKind.GPU_LOST)
+    elsewhere = open_fault(session, "n1", "mlx5_0", 1, FaultKind.LINK_DOWN)
+    FaultRepo(session).close(
+        open_fault(session, "n0", "mlx5_0", 1, FaultKind.LINK_DOWN), later, "up", None
+    )
+    session.flush()
+    faults = FaultRepo(session)
+    assert faults.unresolved_at_their_ports(["n0"]) == [
+        (link, "DOWN", later),
+        (whole, "DOWN", later),
+        (gpu, None, None),
+    ]
+    everywhere = faults.unresolved_at_their_ports()
+    assert [f for f, _, _ in everywhere] == [link, whole, gpu, elsewhere]
+    assert everywhere[-1] == (elsewhere, "ACTIVE", None)
+    assert [f for f, _, _ in everywhere] == list(faults.unresolved())
 
 
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
