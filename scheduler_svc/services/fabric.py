@@ -198,15 +198,11 @@ def _uncommitted(session: Session) -> dict[SessionTransaction, dict[tuple[object
     return pending
 
 
-def port_of(f: m.Fault) -> tuple[str, str, int]:
-    """The port whose level a fault's evidence reads (a whole device's fault: port 1)."""
-    return (f.node, f.device, f.port or 1)
-
-
-def _evidence_of(
-    f: m.Fault, port_states: Mapping[tuple[str, str, int], tuple[str, datetime | None]]
-) -> health.FaultEvidence:
-    state, since = port_states.get(port_of(f), (ACTIVE, None))
+def _evidence_of(f: m.Fault, state: str | None, since: datetime | None) -> health.FaultEvidence:
+    """A fault as the engine reads it, beside the level of the port it names (`state`
+    None: no such port is registered, so nothing says it is down)."""
+    if state is None:
+        state, since = ACTIVE, None
     if f.kind == health.FaultKind.DEGRADED.value:
         return health.FaultEvidence(
             id=f.id,
@@ -264,11 +260,8 @@ def evidence(
     """Every piece of evidence on `nodes` (all nodes when None), and the fault rows behind it."""
     wanted = None if nodes is None else set(nodes)
     many = wanted is not None and len(wanted) > MANY_NODES
-    read = FaultRepo(session).unresolved_at_their_ports(None if many else wanted)
-    if many and wanted is not None:
-        read = [r for r in read if r[0].node in wanted]
+    read = _faults_at_their_ports(session, wanted, many)
     faults = [f for f, _, _ in read]
-    states = {port_of(f): (state, at) for f, state, at in read if state is not None}
     flags = [
         health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
         for q in MaintenanceRepo(session).open_flags()
@@ -283,13 +276,24 @@ def evidence(
         windows = [w for w in windows if w.switch is not None or w.node in wanted]
     return (
         health.Evidence(
-            faults=tuple(_evidence_of(f, states) for f in faults),
+            faults=tuple(_evidence_of(f, state, since) for f, state, since in read),
             switches=tuple(switches),
             quarantines=tuple(flags),
             maintenance=tuple(window(w) for w in windows),
         ),
         faults,
     )
+
+
+def _faults_at_their_ports(
+    session: Session, wanted: set[str] | None, many: bool
+) -> list[tuple[m.Fault, str | None, datetime | None]]:
+    """The open faults on the `wanted` nodes (all when None), each with its port's level;
+    for `many` nodes read fleet-wide and kept here (see MANY_NODES)."""
+    read = FaultRepo(session).unresolved_at_their_ports(None if many else wanted)
+    if many and wanted is not None:
+        return [r for r in read if r[0].node in wanted]
+    return read
 
 
 def has_cleared(session: Session, now: datetime, settings: Settings) -> bool:

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from railover_testing.cluster_shapes import dual_port_node, hgx_node
+from scheduler_svc.services import fabric
 from scheduler_svc.services.commands import transition
 from scheduler_svc.services.targets import registered_ports
 from scheduler_svc.store import models as m
@@ -127,7 +128,8 @@ def open_fault(session: Session, node: str, device: str, port: int, kind: str) -
 def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Session) -> None:
     """Each open fault beside its port's level, in one statement: a whole device's fault
     reads port 1; a fault naming no registered port (a GPU's) reads none; a resolved fault
-    is not read; `nodes` limits the faults, and no port of another node joins them."""
+    is not read; `nodes` limits the faults, and no port of another node joins them. In
+    the order the faults were opened, however the store keeps them."""
     nodes = NodeRepo(session)
     for node in ("n0", "n1"):
         nodes.replace_topology(node, *rows(dual_port_node()), NOW)
@@ -139,9 +141,9 @@ def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Ses
     whole = open_fault(session, "n0", "mlx5_3", 0, FaultKind.RNIC_LOST)
     gpu = open_fault(session, "n0", "GPU-7", 0, FaultKind.GPU_LOST)
     elsewhere = open_fault(session, "n1", "mlx5_0", 1, FaultKind.LINK_DOWN)
-    FaultRepo(session).close(
-        open_fault(session, "n0", "mlx5_0", 1, FaultKind.LINK_DOWN), later, "up", None
-    )
+    closed = open_fault(session, "n0", "mlx5_0", 1, FaultKind.LINK_DOWN)
+    FaultRepo(session).close(closed, later, "port up past the damping", None)
+    link.last_error_at = later  # PostgreSQL writes the row anew, after the others
     session.flush()
     faults = FaultRepo(session)
     assert faults.unresolved_at_their_ports(["n0"]) == [
@@ -153,6 +155,36 @@ def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Ses
     assert [f for f, _, _ in everywhere] == [link, whole, gpu, elsewhere]
     assert everywhere[-1] == (elsewhere, "ACTIVE", None)
     assert [f for f, _, _ in everywhere] == list(faults.unresolved())
+
+
+def test_the_evidence_gives_each_fault_its_own_ports_level(session: Session) -> None:
+    """What the engine is told of each fault's port: down since when for a link's fault,
+    for a degraded RNIC's and (port 1) for a whole RNIC's; up, with no time, for a GPU's,
+    which names no port."""
+    nodes = NodeRepo(session)
+    nodes.replace_topology("n0", *rows(dual_port_node()), NOW)
+    down_at = NOW + timedelta(seconds=5)
+    for device, port in (("mlx5_1", 2), ("mlx5_2", 1), ("mlx5_3", 1)):
+        assert nodes.observe_port("n0", device, port, "DOWN", down_at)
+    open_fault(session, "n0", "mlx5_1", 2, FaultKind.LINK_DOWN)
+    open_fault(session, "n0", "mlx5_2", 1, FaultKind.DEGRADED)
+    open_fault(session, "n0", "mlx5_3", 0, FaultKind.RNIC_LOST)
+    open_fault(session, "n0", "GPU-7", 0, FaultKind.GPU_LOST)
+    nodes.replace_topology("n1", *rows(dual_port_node()), NOW)
+    other = open_fault(session, "n1", "mlx5_0", 1, FaultKind.LINK_DOWN)
+    session.flush()
+    ev, rows_read = fabric.evidence(session, ["n0"])
+    assert [(f.device, f.port, f.port_active, f.port_since) for f in ev.faults] == [
+        ("mlx5_1", 2, False, down_at),
+        ("mlx5_2", 1, False, down_at),
+        ("mlx5_3", 0, False, down_at),
+        ("GPU-7", 0, True, None),
+    ]
+    assert [f.id for f in rows_read] == [f.id for f in ev.faults]
+    # More nodes than MANY_NODES: read fleet-wide, kept to those asked; None: every node.
+    asked = ["n0", *(f"x{i}" for i in range(fabric.MANY_NODES))]
+    assert fabric.evidence(session, asked)[1] == rows_read
+    assert fabric.evidence(session, None)[1] == [*rows_read, other]
 
 
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
