@@ -434,9 +434,10 @@ def _overrides(
     the pass already sends it one), whose newer epoch replaces the armed fail-back on
     every rank. Without communicators each rank kept on its backup is told so again.
     """
+    if not overtaken:  # every pass but a failover's over an armed fail-back: no rank read
+        return []
     switched = {i.comm_id for i in intents if i.coordinated}
     members = {c.comm_id: c.ranks for c in state.communicators}
-    everyone = tuple(r for r, _, _ in state.ranks)
     sent = {r for i in intents if i.kind == IntentKind.FAILOVER for r in i.ranks}
     out = []
     for o in overtaken:
@@ -447,7 +448,7 @@ def _overrides(
             if stay:
                 out.append(Intent(IntentKind.FAILOVER, o.comm_id, stay))
         elif o.comm_id not in switched:
-            ranks = tuple(sorted(members.get(o.comm_id) or everyone))
+            ranks = tuple(sorted(members.get(o.comm_id) or (r for r, _, _ in state.ranks)))
             disabled = tuple(desired.disabled.get(o.comm_id, ()))
             out.append(Intent(IntentKind.REBALANCE, o.comm_id, ranks, disabled))
     return out
