@@ -269,6 +269,23 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: open faults read with their own ports' levels (one statement).
+        "evidence-read",
+        ("scheduler_svc/store/faults.py", "scheduler_svc/services/fabric.py"),
+        ("tests/store/test_repositories.py",),
+        only=(
+            "scheduler_svc.store.faults.xǁFaultRepoǁunresolved_at_their_ports__mutmut_*",
+            "scheduler_svc.services.fabric.x__faults_at_their_ports__mutmut_*",
+        ),
+    ),
+    Target(
+        # What replaces an overtaken fail-back, reading no rank when there is none.
+        "overrides",
+        ("scheduler_svc/services/reconciler.py",),
+        ("tests/scheduler_svc/test_overrides.py",),
+        only=("scheduler_svc.services.reconciler.x__overrides__mutmut_*",),
+    ),
+    Target(
         "group-commit",
         ("scheduler_svc/store/groupcommit.py",),
         ("tests/store/test_groupcommit.py",),
