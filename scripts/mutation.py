@@ -283,7 +283,7 @@ TARGETS = (
         "overrides",
         ("scheduler_svc/services/reconciler.py",),
         ("tests/scheduler_svc/test_overrides.py",),
-        only=("scheduler_svc.services.reconciler.x__overrides__mutmut_*",),
+        only=("scheduler_svc.services.reconciler.x_replacing_overtaken__mutmut_*",),
     ),
     Target(
         "group-commit",

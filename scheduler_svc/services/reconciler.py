@@ -329,7 +329,7 @@ def reconcile_job(
     commanded = Desired.from_json(job.commanded)
     index = out.conn.index
     intents = command_diff(commanded, desired, state, index)
-    overrides = _overrides(overtaken, intents, desired, state)
+    overrides = replacing_overtaken(overtaken, intents, desired, state)
     # A restarting job is asked nothing: its next incarnation is, if still wanted then.
     asked = desired.checkpoint_after if desired.mode != Mode.RESTARTING else None
     if asked is not None and asked != commanded.checkpoint_after:
@@ -422,7 +422,7 @@ def _overtake_returns(
     return overtaken
 
 
-def _overrides(
+def replacing_overtaken(
     overtaken: list[commands.Overtaken],
     intents: list[Intent],
     desired: Desired,
