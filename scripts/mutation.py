@@ -275,6 +275,7 @@ TARGETS = (
         ("tests/store/test_repositories.py",),
         only=(
             "scheduler_svc.store.faults.xǁFaultRepoǁunresolved_at_their_ports__mutmut_*",
+            "scheduler_svc.store.faults.x__unresolved__mutmut_*",
             "scheduler_svc.services.fabric.x__faults_at_their_ports__mutmut_*",
         ),
     ),

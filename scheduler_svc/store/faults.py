@@ -87,6 +87,12 @@ def open_unreachable_query(node: str) -> Select[tuple[m.Fault]]:
     )
 
 
+def _unresolved(q: Select[Any], nodes: Iterable[str] | None) -> Select[Any]:
+    """`q` kept to the faults still evidence (on `nodes`, when given), in the order opened."""
+    q = q.where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
+    return q if nodes is None else q.where(m.Fault.node.in_(list(nodes)))
+
+
 class FaultRepo:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -132,10 +138,7 @@ class FaultRepo:
 
     def unresolved(self, nodes: Iterable[str] | None = None) -> Sequence[m.Fault]:
         """Faults that are still evidence: not closed by their clearing rule or an operator."""
-        q = select(m.Fault).where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
-        if nodes is not None:
-            q = q.where(m.Fault.node.in_(list(nodes)))
-        return self.s.scalars(q).all()
+        return self.s.scalars(_unresolved(select(m.Fault), nodes)).all()
 
     def unresolved_at_their_ports(
         self, nodes: Iterable[str] | None = None
@@ -148,20 +151,11 @@ class FaultRepo:
         statement over every port of the faults' nodes, a thousand rows twice a report
         with a hundred faults open on as many nodes."""
         port = case((m.Fault.port == WHOLE_DEVICE_PORT, 1), else_=m.Fault.port)
-        q = (
-            select(m.Fault, m.Rnic.state, m.Rnic.observed_at)
-            .outerjoin(
-                m.Rnic,
-                and_(
-                    m.Rnic.node == m.Fault.node, m.Rnic.name == m.Fault.device, m.Rnic.port == port
-                ),
-            )
-            .where(m.Fault.resolved_at.is_(None))
-            .order_by(m.Fault.id)
+        q = select(m.Fault, m.Rnic.state, m.Rnic.observed_at).outerjoin(
+            m.Rnic,
+            and_(m.Rnic.node == m.Fault.node, m.Rnic.name == m.Fault.device, m.Rnic.port == port),
         )
-        if nodes is not None:
-            q = q.where(m.Fault.node.in_(list(nodes)))
-        return [(f, state, at) for f, state, at in self.s.execute(q).tuples()]
+        return [(f, state, at) for f, state, at in self.s.execute(_unresolved(q, nodes)).tuples()]
 
     def listing(
         self, *, open_only: bool, node: str | None, nodes: Iterable[str] | None, limit: int
