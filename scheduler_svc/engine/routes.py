@@ -10,11 +10,17 @@ imports the other.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
 
 from scheduler_svc.engine.paths import FailedSet, NodePlan, NodeTopology
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +114,14 @@ def endpoint_class(r: RankRoute) -> int:
 
 def pair_counts(counts: Mapping[object, list[int]]) -> tuple[int, int]:
     """(broken, total) pairs within each group, from its per-class counts."""
-    broken = total = 0
-    for c in counts.values():
-        n, x = sum(c), c[NONE]
-        broken += x * (n - x) + x * (x - 1) // 2 + c[PRIMARY] * c[BACKUP]
-        total += n * (n - 1) // 2
-    return broken, total
+    return class_pairs(np.array(list(counts.values()), np.int64).reshape(-1, 4))
+
+
+def class_pairs(counts: np.ndarray) -> tuple[int, int]:
+    """`pair_counts` of groups given as the rows of an array of per-class counts."""
+    n, x = counts.sum(axis=1), counts[:, NONE]
+    broken = x * (n - x) + x * (x - 1) // 2 + counts[:, PRIMARY] * counts[:, BACKUP]
+    return int(broken.sum()), int((n * (n - 1) // 2).sum())
 
 
 def talks_over_fabric(a: RankRoute, b: RankRoute) -> bool:
@@ -207,28 +215,64 @@ class CommIndex:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Lookups:
+    """What a job's index finds only for a fault: the ranks it can touch and their counts.
+
+    Positions by (node, RNIC) and by switch of a primary or backup (each position once,
+    ascending) and by GPU; per (rail, node) the ranks in each endpoint class; and what
+    `evidence.affects` asks: the ports and switches some rank's primary or backup uses,
+    and the GPUs some rank runs on. A 65,536-rank job's are about half of its index's
+    build, which a registration's answer need not wait for.
+    """
+
+    by_device: Mapping[tuple[str, str], Positions]  # primary or backup on that RNIC
+    by_switch: Mapping[str, Positions]  # primary or backup behind that switch
+    by_gpu: Mapping[tuple[str, int], Positions]
+    node_counts: Mapping[tuple[int | None, str], tuple[int, int, int, int]]
+    ports_by_node: Mapping[str, frozenset[tuple[str, int]]]
+    used_switches: frozenset[str]
+    used_gpus: frozenset[tuple[str, int]]
+
+
+class Once(Generic[T]):
+    """A value made on its first read, once, in whichever thread reads first."""
+
+    __slots__ = ("_lock", "_make", "_value")
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._lock = threading.Lock()
+        self._make: Callable[[], T] | None = make
+        self._value: T | None = None
+
+    @property
+    def made(self) -> bool:
+        return self._make is None
+
+    def get(self) -> T:
+        if self._make is not None:
+            with self._lock:
+                if self._make is not None:
+                    self._value = self._make()
+                    self._make = None  # what it read, it no longer holds
+        return self._value  # type: ignore[return-value]  # made above
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class JobIndex:
     ranks: tuple[tuple[int, str, int], ...]
     healthy: tuple[RankRoute, ...]  # each rank's route when nothing is failed
     positions: Mapping[int, int]  # rank -> its place in `ranks`
     nodes: frozenset[str]
     by_node: Mapping[str, Positions]
-    by_device: Mapping[tuple[str, str], Positions]  # primary or backup on that RNIC
-    by_switch: Mapping[str, Positions]  # primary or backup behind that switch
-    by_gpu: Mapping[tuple[str, int], Positions]
     by_rail: Mapping[int | None, Positions]  # rail of the primary, as the pairs count it
     odd: Positions  # ranks without both endpoints even when nothing is failed
     rail_counts: Mapping[int | None, tuple[int, int, int, int]]
-    node_counts: Mapping[tuple[int | None, str], tuple[int, int, int, int]]
     broken_rail: int
     total_rail: int
     broken_local: int
     total_local: int
-    # What `evidence.affects` asks: the ports and switches some rank's primary or backup uses,
-    # and the GPUs some rank runs on.
-    ports_by_node: Mapping[str, frozenset[tuple[str, int]]]
-    used_switches: frozenset[str]
-    used_gpus: frozenset[tuple[str, int]]
+    # What only a fault reads, made on its first read (`Lookups`, `warm`).
+    lookups: Once[Lookups] = field(repr=False)
     rank_node: Mapping[int, str]
     ranks_in_order: tuple[int, ...]  # the ranks as placed
     sorted_ranks: tuple[int, ...]
@@ -238,6 +282,38 @@ class JobIndex:
     plans: Mapping[str, NodePlan]
     topologies: Mapping[str, NodeTopology]
     warnings: tuple[str, ...]  # every plan's warnings, by node name, as reconcile lists them
+
+    @property
+    def by_device(self) -> Mapping[tuple[str, str], Positions]:
+        return self.lookups.get().by_device
+
+    @property
+    def by_switch(self) -> Mapping[str, Positions]:
+        return self.lookups.get().by_switch
+
+    @property
+    def by_gpu(self) -> Mapping[tuple[str, int], Positions]:
+        return self.lookups.get().by_gpu
+
+    @property
+    def node_counts(self) -> Mapping[tuple[int | None, str], tuple[int, int, int, int]]:
+        return self.lookups.get().node_counts
+
+    @property
+    def ports_by_node(self) -> Mapping[str, frozenset[tuple[str, int]]]:
+        return self.lookups.get().ports_by_node
+
+    @property
+    def used_switches(self) -> frozenset[str]:
+        return self.lookups.get().used_switches
+
+    @property
+    def used_gpus(self) -> frozenset[tuple[str, int]]:
+        return self.lookups.get().used_gpus
+
+    def warm(self) -> None:
+        """Make the lookups now (after a registration's answer), not at the first fault."""
+        self.lookups.get()
 
     def built_on(
         self, plans: Mapping[str, NodePlan], topologies: Mapping[str, NodeTopology]

@@ -10,13 +10,14 @@ nodes with ranks placed out of rank order.
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import replace
 
 import pytest
 
 from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.paths import FailedSet, NodeTopology, plan_node
-from scheduler_svc.engine.routes import JobIndex, connectivity, route_ranks
+from scheduler_svc.engine.routes import JobIndex, Once, connectivity, route_ranks
 from scheduler_svc.engine.state import CommSpec
 from tests.engine.jobs import rail_optimised
 
@@ -112,3 +113,54 @@ def test_route_of_finds_a_rank_with_or_without_an_index() -> None:
         route = jobindex.route_of(conn, 2)
         assert route is not None and (route.rank, route.node, route.gpu) == (2, "b", 0)
         assert jobindex.route_of(conn, 9) is None
+
+
+def test_a_pass_on_the_healthy_fabric_leaves_the_lookups_unmade() -> None:
+    """What only a fault reads is made on its first read: not by the build, nor by a
+    connectivity with nothing failed, nor by a failure that changes no rank's route."""
+    index = build()
+    assert not index.lookups.made
+    healthy = jobindex.connectivity(index, FailedSet(), PLANS, TOPOS)
+    assert healthy.broken_pairs == 0 and not index.lookups.made
+    # A switch no rank uses: the lookups are read (to find whom it touches), nothing changes.
+    elsewhere = jobindex.connectivity(index, FailedSet(switches=frozenset({"spine"})), PLANS, TOPOS)
+    assert index.lookups.made
+    assert elsewhere.routes == healthy.routes
+    # Made once: another read gets the very same tables.
+    by_device = index.by_device
+    jobindex.connectivity(index, FailedSet(rnics=frozenset({("a", "mlx5_0")})), PLANS, TOPOS)
+    assert index.by_device is by_device
+
+
+def test_warm_makes_the_lookups_a_fault_would() -> None:
+    warmed, cold = build(), build()
+    warmed.warm()
+    assert warmed.lookups.made and not cold.lookups.made
+    failed = FailedSet(rnics=frozenset({("b", "mlx5_2")}))
+    assert jobindex.connectivity(warmed, failed, PLANS, TOPOS) == jobindex.connectivity(
+        cold, failed, PLANS, TOPOS
+    )
+    assert warmed.by_switch == cold.by_switch and warmed.node_counts == cold.node_counts
+
+
+def test_once_makes_its_value_once_across_threads() -> None:
+    entered, release = threading.Event(), threading.Event()
+    made: list[int] = []
+
+    def make() -> list[int]:
+        entered.set()
+        assert release.wait(10)
+        made.append(1)
+        return made
+
+    once = Once(make)
+    got: list[object] = []
+    first = threading.Thread(target=lambda: got.append(once.get()))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=lambda: got.append(once.get()))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert made == [1] and got == [made, made] and once.made
