@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import BackgroundTasks, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.api.token_cache import TokenCache
@@ -20,17 +22,21 @@ from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.settings_env import is_loopback
 from scheduler_svc.store.groupcommit import GroupCommit
 from scheduler_svc.store.tokens import TokenRepo
-from scheduler_svc.store.uow import bind_notify, commit
+from scheduler_svc.store.uow import answering, bind_notify, commit
+
+log = logging.getLogger("railover")
 
 
-async def get_session(request: Request) -> AsyncIterator[Session]:
+async def get_session(request: Request, background: BackgroundTasks) -> AsyncIterator[Session]:
     """One session per request, the scope of its transaction: committed on success,
     rolled back on error.
 
     GET and HEAD requests read through the read-only sessionmaker, so on SQLite
     they never queue behind (or hold up) writers. Sync routes commit in their
     own worker thread (api/routing.py explains why); anything still open here
-    is committed on the event loop, which needs no worker thread to do it.
+    is committed on the event loop, which needs no worker thread to do it. What the
+    request's work left for after its answer (`uow.after_answer`) runs once the answer
+    is sent, in a worker thread.
     """
     factory = (
         request.app.state.read_sessionmaker
@@ -39,6 +45,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     )
     session: Session = factory()
     bind_notify(session, request.app.state.notifier.notify_threadsafe)
+    background.add_task(_after_answer, answering(session))
     try:
         yield session
         if session.in_transaction():
@@ -48,6 +55,21 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         raise
     finally:
         session.close()
+
+
+async def _after_answer(later: list[Callable[[], object]]) -> None:
+    if later:
+        await run_in_threadpool(_run_each, later)
+
+
+def _run_each(later: list[Callable[[], object]]) -> None:
+    while later:
+        work = later.pop(0)
+        try:
+            work()
+        except Exception:  # the answer is out: log it, and go on with the rest
+            log.exception("work after the answer failed: %r", work)
+        del work  # what it held (an evicted index) goes now, not with the next one
 
 
 # scope="function": commit before the response goes out, so a 2xx means stored.

@@ -28,6 +28,7 @@ _HOOKS = "railover_after_commit"
 _NODES = "notify_nodes"
 _NOTIFY = "railover_notify"
 _HELD = "railover_held"
+_AFTER_ANSWER = "railover_after_answer"
 
 
 def system_clock() -> datetime:
@@ -37,6 +38,24 @@ def system_clock() -> datetime:
 def after_commit(session: Session, hook: Callable[[], None]) -> None:
     """Run `hook` once this session's transaction has committed (never on rollback)."""
     session.info.setdefault(_HOOKS, []).append(hook)
+
+
+def answering(session: Session) -> list[Callable[[], object]]:
+    """Mark `session` as serving a request: `after_answer` work queued on it lands in the
+    list returned, which the request runs once its answer is sent (api/deps.py)."""
+    later: list[Callable[[], object]] = []
+    session.info[_AFTER_ANSWER] = later
+    return later
+
+
+def after_answer(session: Session, work: Callable[[], object]) -> None:
+    """Run `work` once the answer of the request this session serves is sent; where it
+    serves none (a sweep, the CLI), not at all. So `work` is only ever what is done anyway
+    when first needed (a job index's lookups) or what nothing waits for (letting go of an
+    evicted index, which frees millions of objects)."""
+    later: list[Callable[[], object]] | None = session.info.get(_AFTER_ANSWER)
+    if later is not None:
+        later.append(work)
 
 
 def notify_nodes(session: Session, nodes: Iterable[str]) -> None:

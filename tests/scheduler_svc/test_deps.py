@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any, get_args
 
 import pytest
+from fastapi import BackgroundTasks
 from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy import Engine
 from starlette.requests import Request
@@ -81,7 +82,7 @@ async def finish(gen: Any, exc: BaseException | None = None) -> None:
 def test_a_writing_request_commits_on_success_and_wakes_pollers(app: SimpleNamespace) -> None:
     async def scenario() -> None:
         app.state.notifier.bind(asyncio.get_running_loop())
-        gen = get_session(request(app, "POST"))
+        gen = get_session(request(app, "POST"), BackgroundTasks())
         session = await gen.__anext__()
         assert session.get_bind().get_execution_options() == {}  # the writing sessionmaker
         TokenRepo(session).create(role="fleet", node=None, description="d", now=NOW)
@@ -98,7 +99,7 @@ def test_a_writing_request_commits_on_success_and_wakes_pollers(app: SimpleNames
 
 def test_a_failing_request_rolls_back_and_notifies_nobody(app: SimpleNamespace) -> None:
     async def scenario() -> None:
-        gen = get_session(request(app, "PUT"))
+        gen = get_session(request(app, "PUT"), BackgroundTasks())
         session = await gen.__anext__()
         TokenRepo(session).create(role="fleet", node=None, description="d", now=NOW)
         session.flush()
@@ -112,7 +113,7 @@ def test_a_failing_request_rolls_back_and_notifies_nobody(app: SimpleNamespace) 
 
 def test_reads_use_the_read_only_sessionmaker(app: SimpleNamespace) -> None:
     async def scenario(method: str) -> dict[str, Any]:
-        gen = get_session(request(app, method))
+        gen = get_session(request(app, method), BackgroundTasks())
         session = await gen.__anext__()
         options = dict(session.get_bind().get_execution_options())
         await finish(gen)
