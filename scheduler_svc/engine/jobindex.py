@@ -168,22 +168,19 @@ def _lookups(
             if c is None:
                 c = per_rail[r.rail] = [0, 0, 0, 0]
             c[class_of[i]] += 1
-            last_dev = last_switch = None
-            for key in (r.primary, r.backup):
-                if key is None:
-                    continue
-                end = known.get(key)
-                if end is None:
-                    dev, _, port = key.partition("/")  # as evidence._uses reads a key
-                    # route_ranks gave this endpoint from the node's plan: its topology has it.
-                    end = known[key] = (dev, int(port), topologies[node].rnic(key).switch)
-                dev, _, switch = end
-                if dev != last_dev:  # a primary and backup on one device count once
-                    devices.setdefault(dev, []).append(i)
-                    last_dev = dev
-                if switch is not None and switch != last_switch:
-                    behind.setdefault(switch, []).append(i)
-                    last_switch = switch
+            primary = None
+            if r.primary is not None:
+                primary = known.get(r.primary) or _endpoint(known, topologies, node, r.primary)
+                devices.setdefault(primary[0], []).append(i)
+                if primary[2] is not None:
+                    behind.setdefault(primary[2], []).append(i)
+            if r.backup is not None:
+                backup = known.get(r.backup) or _endpoint(known, topologies, node, r.backup)
+                # A rank's primary and backup on one device, or behind one switch, count once.
+                if primary is None or backup[0] != primary[0]:
+                    devices.setdefault(backup[0], []).append(i)
+                if backup[2] is not None and (primary is None or backup[2] != primary[2]):
+                    behind.setdefault(backup[2], []).append(i)
         for dev, positions in devices.items():
             by_device[(node, dev)] = tuple(positions)
         for switch, positions in behind.items():
@@ -205,6 +202,19 @@ def _lookups(
         used_switches=frozenset(by_switch),
         used_gpus=frozenset(by_gpu),  # type: ignore[arg-type]  # (node, gpu) keys
     )
+
+
+def _endpoint(
+    known: dict[str, tuple[str, int, str | None]],
+    topologies: Mapping[str, NodeTopology],
+    node: str,
+    key: str,
+) -> tuple[str, int, str | None]:
+    """A node's endpoint key read as (device, port, switch), and kept in `known`."""
+    dev, _, port = key.partition("/")  # as evidence._uses reads a key
+    # route_ranks gave this endpoint from the node's plan, so its topology has it.
+    known[key] = found = (dev, int(port), topologies[node].rnic(key).switch)
+    return found
 
 
 def _count(keys: Sequence[object], classes: np.ndarray) -> dict[object, tuple[int, int, int, int]]:

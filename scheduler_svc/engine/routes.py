@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -114,14 +114,28 @@ def endpoint_class(r: RankRoute) -> int:
 
 def pair_counts(counts: Mapping[object, list[int]]) -> tuple[int, int]:
     """(broken, total) pairs within each group, from its per-class counts."""
-    return class_pairs(np.array(list(counts.values()), np.int64).reshape(-1, 4))
+    broken = total = 0
+    for c in counts.values():
+        b, t = _pairs(sum(c), c[NONE], c[PRIMARY], c[BACKUP])
+        broken += b
+        total += t
+    return broken, total
 
 
 def class_pairs(counts: np.ndarray) -> tuple[int, int]:
     """`pair_counts` of groups given as the rows of an array of per-class counts."""
-    n, x = counts.sum(axis=1), counts[:, NONE]
-    broken = x * (n - x) + x * (x - 1) // 2 + counts[:, PRIMARY] * counts[:, BACKUP]
-    return int(broken.sum()), int((n * (n - 1) // 2).sum())
+    broken, total = _pairs(
+        counts.sum(axis=1), counts[:, NONE], counts[:, PRIMARY], counts[:, BACKUP]
+    )
+    return int(broken.sum()), int(total.sum())
+
+
+def _pairs(n: Any, none: Any, primary: Any, backup: Any) -> tuple[Any, Any]:
+    """(broken, total) pairs in a group of `n` ranks: a rank with no endpoint breaks with
+    every other, one with only its primary with every one with only its backup. Integers
+    or numpy arrays of them (one group each)."""
+    broken = none * (n - none) + none * (none - 1) // 2 + primary * backup
+    return broken, n * (n - 1) // 2
 
 
 def talks_over_fabric(a: RankRoute, b: RankRoute) -> bool:

@@ -264,6 +264,13 @@ class JobIndexCache:
 INDEXES = JobIndexCache()
 
 
+def lookups_after_answer(session: Session, index: JobIndex | None) -> None:
+    """Have an index's fault lookups made after the request's answer, unless they are:
+    neither the registration that built it nor the first fault then waits for them."""
+    if index is not None and not index.lookups.made:
+        after_answer(session, index.warm)
+
+
 def current(
     session: Session, job: m.Job, now: datetime, settings: Settings
 ) -> tuple[JobState, FabricView, Reconciled]:
@@ -283,8 +290,7 @@ def current(
 
     view, _ = fabric.view_for(session, entry.nodes, now, settings, placed)
     index = INDEXES.index(entry, chosen[0], state, view)
-    if index is not None and not index.lookups.made:
-        after_answer(session, index.warm)  # so that the first fault does not wait for it
+    lookups_after_answer(session, index)
     return state, view, engine.reconcile(now, state, view, options(settings), index)
 
 

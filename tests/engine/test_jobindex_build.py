@@ -16,8 +16,24 @@ from dataclasses import replace
 import pytest
 
 from scheduler_svc.engine import jobindex
-from scheduler_svc.engine.paths import FailedSet, NodeTopology, plan_node
-from scheduler_svc.engine.routes import JobIndex, Once, connectivity, route_ranks
+from scheduler_svc.engine.paths import (
+    FailedSet,
+    Gpu,
+    GpuPaths,
+    NodePlan,
+    NodeTopology,
+    Rnic,
+    plan_node,
+)
+from scheduler_svc.engine.routes import (
+    JobIndex,
+    Once,
+    RankRoute,
+    connectivity,
+    pair_survives,
+    route_ranks,
+    talks_over_fabric,
+)
 from scheduler_svc.engine.state import CommSpec
 from tests.engine.jobs import rail_optimised
 
@@ -164,3 +180,106 @@ def test_once_makes_its_value_once_across_threads() -> None:
     first.join(10)
     second.join(10)
     assert made == [1] and got == [made, made] and once.made
+
+
+# --- a hand-made plan: what plan_node rarely gives, the index must still count right ------
+
+# Node "h": GPU 0's primary and backup are the two ports of one RNIC behind one switch;
+# GPU 1's backup is that RNIC's second port, behind another switch; GPU 2's primary has
+# no switch and no backup; GPU 3 has only a backup. Node "ghost" has no plan at all.
+_H = NodeTopology(
+    "h",
+    tuple(Gpu(i, f"g{i}") for i in range(4)),
+    (
+        Rnic("mlx5_0", 1, "", switch="tor", rail=0),
+        Rnic("mlx5_0", 2, "", switch="tor", rail=0),
+        Rnic("mlx5_1", 1, "", switch="leaf1", rail=1),
+        Rnic("mlx5_2", 1, "", switch=None, rail=2),
+    ),
+)
+_H_PLAN = NodePlan(
+    "h",
+    (
+        GpuPaths(0, "mlx5_0/1", "mlx5_0/2", 1, 1, "tor", "tor"),
+        GpuPaths(1, "mlx5_1/1", "mlx5_0/2", 1, 2, "leaf1", "tor"),
+        GpuPaths(2, "mlx5_2/1", None, 1, None, None, None),
+        GpuPaths(3, None, "mlx5_1/1", None, 2, None, "leaf1"),
+    ),
+    backup_cap_per_switch=4,
+)
+# Rank 5 shares GPU 0 with rank 0; rank 4 is on a node the service does not know.
+_H_RANKS = ((0, "h", 0), (1, "h", 1), (2, "h", 2), (3, "h", 3), (4, "ghost", 0), (5, "h", 0))
+
+
+def test_lookups_count_a_ranks_device_and_switch_once_and_skip_what_it_lacks() -> None:
+    everyone = CommSpec(9, 2, ())
+    index = jobindex.build(_H_RANKS, {"h": _H_PLAN}, {"h": _H}, [everyone])
+    assert index.by_device == {
+        ("h", "mlx5_0"): (0, 1, 5),  # GPU 0's two ports count once; GPU 1's backup
+        ("h", "mlx5_1"): (1, 3),
+        ("h", "mlx5_2"): (2,),
+    }
+    assert index.by_switch == {"tor": (0, 1, 5), "leaf1": (1, 3)}  # no key for "no switch"
+    assert index.used_switches == {"tor", "leaf1"}
+    assert index.ports_by_node == {
+        "h": {("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1), ("mlx5_2", 1)}
+    }
+    assert index.by_gpu == {
+        ("h", 0): (0, 5),
+        ("h", 1): (1,),
+        ("h", 2): (2,),
+        ("h", 3): (3,),
+        ("ghost", 0): (4,),
+    }
+    assert index.used_gpus == {("h", 0), ("h", 1), ("h", 2), ("h", 3), ("ghost", 0)}
+    # (rail, node): class counts both / primary only / backup only / neither.
+    assert index.node_counts == {
+        (0, "h"): (2, 0, 0, 0),
+        (1, "h"): (1, 0, 0, 0),
+        (2, "h"): (0, 1, 0, 0),
+        (None, "h"): (0, 0, 1, 0),  # GPU 3: no primary, so no rail
+        (None, "ghost"): (0, 0, 0, 1),
+    }
+    assert index.odd == (2, 3, 4)
+    (comm,) = index.comms  # a communicator naming no ranks: every rank of the job, once
+    assert (comm.comm_id, comm.ranks, comm.unique, comm.nodes) == (9, (0, 1, 2, 3, 4, 5), True, 2)
+    assert comm.order == {r: r for r in range(6)}
+    assert comm.told == frozenset(range(6)) and comm.told_sorted == tuple(range(6))
+
+
+def _brute_force(routes: tuple[RankRoute, ...]) -> tuple[int, int]:
+    """(broken, total) fabric pairs, pair by pair."""
+    pairs = [(a, b) for i, a in enumerate(routes) for b in routes[i + 1 :]]
+    talking = [(a, b) for a, b in pairs if talks_over_fabric(a, b)]
+    return sum(not pair_survives(a, b) for a, b in talking), len(talking)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pairs_counted_by_class_match_pairs_counted_one_by_one(seed: int) -> None:
+    """Random routes in every endpoint class on a few rails and nodes: `connectivity`
+    counts what a walk over every pair counts, and so does the index after a failure."""
+    rng = random.Random(seed)
+    routes = tuple(
+        RankRoute(
+            i,
+            f"n{rng.randrange(4)}",
+            0,
+            "p",
+            "b",
+            rng.random() < 0.6,
+            rng.random() < 0.7,
+            rng.choice([0, 1, None]),
+        )
+        for i in range(60)
+    )
+    whole = connectivity(routes)
+    assert (whole.broken_pairs, whole.total_pairs) == _brute_force(routes)
+    assert whole.broken_pairs > 0  # the check can fail
+    index = jobindex.build(_H_RANKS, {"h": _H_PLAN}, {"h": _H})
+    for failed in (
+        FailedSet(switches=frozenset({"tor"})),
+        FailedSet(rnics=frozenset({("h", "mlx5_1")})),
+        FailedSet(links=frozenset({("h", "mlx5_0", 2)}), gpus=frozenset({("h", 2)})),
+    ):
+        conn = jobindex.connectivity(index, failed, {"h": _H_PLAN}, {"h": _H})
+        assert (conn.broken_pairs, conn.total_pairs) == _brute_force(conn.routes), failed

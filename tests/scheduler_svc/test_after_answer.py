@@ -69,8 +69,9 @@ def test_queued_work_runs_in_the_background_task_not_at_the_sessions_end(
     with caplog.at_level(logging.ERROR, logger="railover"):
         asyncio.run(scenario())
     assert ran == ["first", "broken", "third"]
-    assert "work after the answer failed" in caplog.text
-    assert "lookups could not be made" in caplog.text
+    (record,) = caplog.records
+    assert record.getMessage() == f"work after the answer failed: {broken!r}"
+    assert "lookups could not be made" in caplog.text  # with its traceback
 
 
 def test_a_session_that_serves_no_request_drops_the_work(sessions: Any) -> None:
@@ -103,6 +104,31 @@ def test_a_replaced_placements_entry_is_let_go_only_after_the_answer(sessions: A
         assert old() is not None  # still held: freeing it is the answer's to skip
         later.pop()()
         assert old() is None
+        _, now = cache.job(session, placed(2))
+        assert now.ranks == ((0, "b", 0),) and now.nodes == {"b"}
+
+
+def test_the_oldest_job_is_let_go_past_the_caches_size_after_the_answer(sessions: Any) -> None:
+    writer, _ = sessions
+    cache = JobIndexCache(max_jobs=2)
+    created = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def job(job_id: str) -> Any:
+        return SimpleNamespace(job_id=job_id, created_at=created, placement_id=1)
+
+    with writer() as session:
+        later = answering(session)
+        cache.seed(session, job("j"), [(1, "a", 0), (0, "a", 1)])
+        cache.seed(session, job("k"), [(0, "b", 0)])
+        assert later == []  # two jobs, two places: nothing evicted, nor another job's entry
+        oldest = weakref.ref(cache.job(session, job("k"))[1])
+        _, j = cache.job(session, job("j"))  # read after k: k is the least recent now
+        assert j.ranks == ((0, "a", 1), (1, "a", 0))  # in rank order
+        cache.seed(session, job("m"), [(0, "c", 0)])
+        assert len(later) == 1 and oldest() is not None
+        later.pop()()
+        assert oldest() is None
+        assert cache.job(session, job("j"))[1] is j  # kept: read more recently than k
 
 
 class _Order:
