@@ -135,12 +135,9 @@ def _class_counts(
     nodes: np.ndarray, rails: Sequence[int | None], classes: np.ndarray
 ) -> np.ndarray:
     """Per (rail, node) of the ranks, how many are in each endpoint class: one row each."""
-    _, rail_coded = _codes(rails)
-    _, group = np.unique(
-        nodes * (int(rail_coded.max(initial=0)) + 1) + rail_coded, return_inverse=True
-    )
-    counts = np.bincount(group * 4 + classes, minlength=4 * (int(group.max(initial=-1)) + 1))
-    return counts.reshape(-1, 4)
+    rail_codes, rail_coded = _codes(rails)
+    groups, group = np.unique(nodes * len(rail_codes) + rail_coded, return_inverse=True)
+    return np.bincount(group * 4 + classes, minlength=4 * len(groups)).reshape(-1, 4)
 
 
 def _lookups(

@@ -283,3 +283,15 @@ def test_pairs_counted_by_class_match_pairs_counted_one_by_one(seed: int) -> Non
     ):
         conn = jobindex.connectivity(index, failed, {"h": _H_PLAN}, {"h": _H})
         assert (conn.broken_pairs, conn.total_pairs) == _brute_force(conn.routes), failed
+
+
+def test_an_empty_placement_builds_an_empty_index() -> None:
+    index = jobindex.build((), PLANS, TOPOS, [CommSpec(1, 1, ())])
+    assert (index.broken_rail, index.total_rail, index.broken_local, index.total_local) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert index.by_node == {} and index.node_counts == {} and index.by_switch == {}
+    assert index.comms[0].ranks == () and index.comms[0].nodes == 0

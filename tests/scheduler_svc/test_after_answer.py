@@ -20,9 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler_svc.api.deps import get_session
 from scheduler_svc.config import Settings
+from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.routes import JobIndex
 from scheduler_svc.main import create_app
-from scheduler_svc.services.reconciler import JobIndexCache
+from scheduler_svc.services.reconciler import JobIndexCache, lookups_after_answer
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.uow import after_answer, answering
 from scheduler_svc.twin.inprocess import served_app
@@ -129,6 +130,22 @@ def test_the_oldest_job_is_let_go_past_the_caches_size_after_the_answer(sessions
         later.pop()()
         assert oldest() is None
         assert cache.job(session, job("j"))[1] is j  # kept: read more recently than k
+
+
+def test_only_an_index_with_lookups_unmade_is_queued(sessions: Any) -> None:
+    index = jobindex.build(((0, "a", 0),), {}, {})
+    made = jobindex.build(((0, "a", 0),), {}, {})
+    made.warm()
+    writer, _ = sessions
+    with writer() as session:
+        later = answering(session)
+        lookups_after_answer(session, None)  # a job whose ranks repeat has no index
+        lookups_after_answer(session, made)
+        assert later == []
+        lookups_after_answer(session, index)
+        assert len(later) == 1 and not index.lookups.made
+        later.pop()()
+        assert index.lookups.made
 
 
 class _Order:
