@@ -275,6 +275,7 @@ def test_pairs_counted_by_class_match_pairs_counted_one_by_one(seed: int) -> Non
     whole = connectivity(routes)
     assert (whole.broken_pairs, whole.total_pairs) == _brute_force(routes)
     assert whole.broken_pairs > 0  # the check can fail
+    assert type(whole.broken_pairs) is int and type(whole.total_pairs) is int  # not 45.0
     index = jobindex.build(_H_RANKS, {"h": _H_PLAN}, {"h": _H})
     for failed in (
         FailedSet(switches=frozenset({"tor"})),
@@ -283,6 +284,7 @@ def test_pairs_counted_by_class_match_pairs_counted_one_by_one(seed: int) -> Non
     ):
         conn = jobindex.connectivity(index, failed, {"h": _H_PLAN}, {"h": _H})
         assert (conn.broken_pairs, conn.total_pairs) == _brute_force(conn.routes), failed
+        assert type(conn.broken_pairs) is int and type(conn.total_pairs) is int
 
 
 def test_an_empty_placement_builds_an_empty_index() -> None:
