@@ -97,11 +97,12 @@ def build(
     healthy = tuple(route_ranks(ranks, plans, topologies, FailedSet()))
     classes = np.fromiter((endpoint_class(r) for r in healthy), np.int8, len(healthy))
     rails = [r.rail for r in healthy]
-    rail_counts = _count(rails, classes)
+    rail_codes = _codes(rails)  # numbered once: counted, grouped and paired with nodes
+    rail_counts = _count(*rail_codes, classes)
     node_codes = _codes([n for _, n, _ in ranks])
     by_node: dict[str, Positions] = _grouped(*node_codes)  # type: ignore[assignment]
     broken_rail, total_rail = pair_counts({k: list(v) for k, v in rail_counts.items()})
-    broken_local, total_local = class_pairs(_class_counts(node_codes[1], rails, classes))
+    broken_local, total_local = class_pairs(_class_counts(node_codes[1], rail_codes, classes))
     sorted_ranks = tuple(sorted(positions))
     comms = tuple(
         _comm_index(c, ranks, positions, sorted_ranks, len(by_node)) for c in communicators
@@ -112,7 +113,7 @@ def build(
         positions=positions,
         nodes=frozenset(by_node),
         by_node=by_node,
-        by_rail=_groups(rails),  # type: ignore[arg-type]  # rail keys
+        by_rail=_grouped(*rail_codes),  # type: ignore[arg-type]  # rail keys
         odd=tuple(np.flatnonzero(classes != BOTH).tolist()),
         rail_counts=rail_counts,  # type: ignore[arg-type]  # rail keys
         broken_rail=broken_rail,
@@ -132,10 +133,11 @@ def build(
 
 
 def _class_counts(
-    nodes: np.ndarray, rails: Sequence[int | None], classes: np.ndarray
+    nodes: np.ndarray, rails: tuple[Mapping[object, int], np.ndarray], classes: np.ndarray
 ) -> np.ndarray:
-    """Per (rail, node) of the ranks, how many are in each endpoint class: one row each."""
-    rail_codes, rail_coded = _codes(rails)
+    """Per (rail, node) of the ranks (both numbered by `_codes`), how many are in each
+    endpoint class: one row each."""
+    rail_codes, rail_coded = rails
     groups, group = np.unique(nodes * len(rail_codes) + rail_coded, return_inverse=True)
     return np.bincount(group * 4 + classes, minlength=4 * len(groups)).reshape(-1, 4)
 
@@ -214,9 +216,10 @@ def _endpoint(
     return found
 
 
-def _count(keys: Sequence[object], classes: np.ndarray) -> dict[object, tuple[int, int, int, int]]:
-    """Per key, how many of its positions are in each endpoint class."""
-    codes, coded = _codes(keys)
+def _count(
+    codes: Mapping[object, int], coded: np.ndarray, classes: np.ndarray
+) -> dict[object, tuple[int, int, int, int]]:
+    """Per key (numbered by `_codes`), how many of its positions are in each endpoint class."""
     counts = np.bincount(coded * 4 + classes, minlength=4 * len(codes)).reshape(-1, 4).tolist()
     return {name: tuple(c) for name, c in zip(codes, counts, strict=True)}  # type: ignore[misc]
 
