@@ -327,6 +327,23 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 29: an event and its deliveries written by Core, the session left unflushed
+        # (the commands a switch point supersedes are written together at the commit).
+        "outbox-writes",
+        ("scheduler_svc/fleet/events.py", "scheduler_svc/fleet/repositories.py"),
+        (
+            "tests/fleet/test_outbox_writes.py",
+            "tests/fleet/test_worker.py",
+            "tests/fleet/test_actions.py",
+            "tests/fleet/test_webhooks.py",
+        ),
+        only=(
+            "scheduler_svc.fleet.events.x_emit__mutmut_*",
+            "scheduler_svc.fleet.events.x_emit_command_change__mutmut_*",
+            "scheduler_svc.fleet.repositories.xǁOutboxRepoǁadd__mutmut_*",
+        ),
+    ),
+    Target(
         "group-commit",
         ("scheduler_svc/store/groupcommit.py",),
         ("tests/store/test_groupcommit.py",),

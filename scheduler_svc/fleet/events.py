@@ -47,7 +47,7 @@ def emit(
     subject: str,
     data: dict[str, Any],
     now: datetime | None = None,
-) -> m.OutboxEvent:
+) -> str:
     """Queue one event for every target that wants it, in the caller's transaction.
 
     `type` is an EventType value (or another io.railover.* type); `job_id` is
@@ -59,24 +59,25 @@ def emit(
 
     Targets: subscriptions matching type and job; the job's notify_url when a
     notify secret is configured; Kubernetes and Slurm when enabled and the event
-    asks for a node or job action (see fleet.actions).
+    asks for a node or job action (see fleet.actions). Returns the event's id (the
+    CloudEvent's `id`).
     """
     at = now or datetime.now(UTC)
     targets: FleetTargets = session.info.get(CONFIG_KEY, FleetTargets())
     job_key = job_id or ""
-    rows: list[m.Delivery] = []
+    rows: list[dict[str, Any]] = []
 
     def add(target: str, url: str) -> None:
         rows.append(
-            m.Delivery(
-                target=target,
-                lane=f"{target}|{job_key}",
-                url=url,
-                state="pending",
-                attempts=0,
-                next_attempt_at=at,
-                created_at=at,
-            )
+            {
+                "target": target,
+                "lane": f"{target}|{job_key}",
+                "url": url,
+                "state": "pending",
+                "attempts": 0,
+                "next_attempt_at": at,
+                "created_at": at,
+            }
         )
 
     for sub in SubscriptionRepo(session).matching(type, job_id):
@@ -89,23 +90,24 @@ def emit(
         add("k8s", "")
     if targets.slurm and actions.wants_slurm(type, data):
         add("slurm", "")
-    event = m.OutboxEvent(
-        event_id=str(uuid.uuid4()),
-        type=type,
+    event_id = str(uuid.uuid4())
+    event = {
+        "event_id": event_id,
+        "type": type,
         # A port's subject (node/<253-char name>/<device>/<port>) can outgrow the column;
         # `data` carries every name whole, the subject is for filtering and people.
-        subject=subject[:253],
-        job_id=job_id,
-        data=data,
-        created_at=at,
-    )
+        "subject": subject[:253],
+        "job_id": job_id,
+        "data": data,
+        "created_at": at,
+    }
     OutboxRepo(session).add(event, rows)
     if rows:
         session.info[WROTE_KEY] = True
-    return event
+    return event_id
 
 
-def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.OutboxEvent:
+def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> str:
     """io.railover.decision.created for a stored decision.
 
     The commands it leads to are announced by their own io.railover.command.*
@@ -142,7 +144,7 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> m.Outbo
     )
 
 
-def emit_command_change(session: Session, command: m.Command) -> m.OutboxEvent | None:
+def emit_command_change(session: Session, command: m.Command) -> str | None:
     """io.railover.command.<state> if the command's state changed in this transaction.
 
     Reads the attribute history, so call it right after setting the state

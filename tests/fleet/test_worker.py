@@ -59,10 +59,15 @@ def queue(sessions: sessionmaker[Session], n: int = 1, job_id: str | None = None
     ids = []
     with sessions() as s, s.begin():
         for i in range(n):
-            ev = emit(
-                s, "io.railover.switch.fault", job_id=job_id, subject=f"switch/s{i}", data={"i": i}
+            ids.append(
+                emit(
+                    s,
+                    "io.railover.switch.fault",
+                    job_id=job_id,
+                    subject=f"switch/s{i}",
+                    data={"i": i},
+                )
             )
-            ids.append(ev.event_id)
     return ids
 
 
