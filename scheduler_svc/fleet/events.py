@@ -72,9 +72,7 @@ def emit(
             {
                 "target": target,
                 "lane": f"{target}|{job_key}",
-                "url": url,
-                "state": "pending",
-                "attempts": 0,
+                "url": url,  # state "pending" and no attempts yet: the columns' defaults
                 "next_attempt_at": at,
                 "created_at": at,
             }

@@ -17,7 +17,9 @@ import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler_svc.fleet.events import CONFIG_KEY, FleetTargets, emit
 from scheduler_svc.fleet.repositories import SubscriptionRepo
+from scheduler_svc.fleet.types import EventType
 from scheduler_svc.services.commands import transition
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
@@ -105,3 +107,31 @@ def test_superseding_many_commands_writes_each_event_once_and_the_commands_toget
         assert {(d.lane, d.state, d.attempts) for d in deliveries} == {
             (f"{deliveries[0].target}|j", "pending", 0)
         }
+
+
+def test_an_event_goes_to_each_target_on_its_lane_with_the_columns_defaults(
+    sessions: sessionmaker[Session],
+) -> None:
+    """A cluster-wide event's lane has no job; the fleet actions need no URL; a subject is
+    cut to its column (253 characters) while the data keeps every name whole."""
+    ids = _job_with_commands(sessions)
+    long = "n" * 300
+    flag = {"node": long, "device": "mlx5_1", "port": 1, "reason": "port flapped 5x"}
+    with sessions(info={CONFIG_KEY: FleetTargets(k8s=True, slurm=True)}) as s, s.begin():
+        emit(s, "io.railover.command.superseded", job_id="j", subject="c", data={"i": ids[0]})
+        emit(s, EventType.MAINTENANCE_FLAG, job_id=None, subject=f"node/{long}", data=flag)
+    with sessions() as s:
+        events = list(s.scalars(select(m.OutboxEvent).order_by(m.OutboxEvent.id)))
+        assert [len(e.subject) for e in events] == [1, 253]
+        assert events[1].subject == f"node/{long}"[:253]
+        assert events[1].data == flag
+        rows = {
+            (d.outbox_id, d.target, d.lane, d.url, d.state, d.attempts, d.claimed_by)
+            for d in s.scalars(select(m.Delivery))
+        }
+    (sub,) = {t for _, t, *_ in rows if t.startswith("sub:")}
+    assert rows == {
+        (events[0].id, sub, f"{sub}|j", "https://fleet.example/hook", "pending", 0, None),
+        (events[1].id, "k8s", "k8s|", "", "pending", 0, None),
+        (events[1].id, "slurm", "slurm|", "", "pending", 0, None),
+    }
