@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
@@ -76,7 +76,12 @@ def _run_each(later: list[Callable[[], object]]) -> None:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def now(request: Request) -> datetime:
+# The dependencies that only read the app's parts are `async def`: FastAPI runs a plain
+# `def` dependency in a worker thread, a hop (and a GIL hand-over) per dependency per
+# request. `get_principal` stays a `def`: a token the cache lacks is read from the store.
+
+
+async def now(request: Request) -> datetime:
     """The request's time, from the app's clock (a dependency, so tests can set it)."""
     stamp: datetime = request.app.state.clock()
     return stamp
@@ -85,7 +90,7 @@ def now(request: Request) -> datetime:
 NowDep = Annotated[datetime, Depends(now)]
 
 
-def get_passes(request: Request) -> ReconcilePasses:
+async def get_passes(request: Request) -> ReconcilePasses:
     passes: ReconcilePasses = request.app.state.passes
     return passes
 
@@ -93,7 +98,7 @@ def get_passes(request: Request) -> ReconcilePasses:
 PassesDep = Annotated[ReconcilePasses, Depends(get_passes)]
 
 
-def get_writes(request: Request) -> GroupCommit:
+async def get_writes(request: Request) -> GroupCommit:
     writes: GroupCommit = request.app.state.writes
     return writes
 
@@ -102,7 +107,7 @@ def get_writes(request: Request) -> GroupCommit:
 WritesDep = Annotated[GroupCommit, Depends(get_writes)]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -226,8 +231,8 @@ def _read_any_active(request: Request) -> bool:
     return taken
 
 
-def require(*roles: Role) -> Callable[[Principal], Principal]:
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def require(*roles: Role) -> Callable[[Principal], Coroutine[None, None, Principal]]:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             allowed = ", ".join(r.value for r in roles)
             raise Forbidden(f"role {principal.role.value!r} cannot do this (needs: {allowed})")

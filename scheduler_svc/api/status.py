@@ -46,7 +46,7 @@ AfterNode = Annotated[
 NodeLimit = Annotated[int, Query(ge=1, le=NODE_PAGE_MAX, description="Nodes per page")]
 
 
-def status_query(
+async def status_query(
     rail: RailQuery = None,
     switch: SwitchQuery = None,
     health: HealthQuery = "all",

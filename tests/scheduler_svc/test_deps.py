@@ -7,6 +7,7 @@ CommandNotifier; only the request is built by hand, as Starlette builds it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -14,6 +15,8 @@ from typing import Any, get_args
 
 import pytest
 from fastapi import BackgroundTasks
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy import Engine
 from starlette.requests import Request
@@ -24,6 +27,7 @@ from scheduler_svc.api.schemas.tokens import Role
 from scheduler_svc.api.token_cache import TokenCache
 from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
+from scheduler_svc.main import create_app
 from scheduler_svc.services.delivery import CommandNotifier
 from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.tokens import TokenRepo
@@ -125,7 +129,7 @@ def test_reads_use_the_read_only_sessionmaker(app: SimpleNamespace) -> None:
 
 
 def test_settings_come_from_the_app(app: SimpleNamespace) -> None:
-    assert get_settings(request(app)) is app.state.settings
+    assert asyncio.run(get_settings(request(app))) is app.state.settings
 
 
 def bearer(token: str, scheme: str = "Bearer") -> HTTPAuthorizationCredentials:
@@ -196,9 +200,9 @@ def test_missing_header_is_left_to_get_principal(app: SimpleNamespace) -> None:
 def test_require_names_the_roles_it_needs() -> None:
     check = require(Role.FLEET, Role.AGENT)
     agent = Principal("t1", Role.AGENT, "n0")
-    assert check(agent) is agent
+    assert asyncio.run(check(agent)) is agent
     with pytest.raises(Forbidden) as info:
-        check(Principal("t2", Role.VIEWER))
+        asyncio.run(check(Principal("t2", Role.VIEWER)))
     assert info.value.detail == "role 'viewer' cannot do this (needs: fleet, agent)"
 
 
@@ -216,10 +220,10 @@ def test_each_alias_admits_its_roles(alias: Any, allowed: set[Role]) -> None:
     for role in Role:
         who = Principal("t", role, "n0")
         if role in allowed:
-            assert check(who) is who
+            assert asyncio.run(check(who)) is who
         else:
             with pytest.raises(Forbidden):
-                check(who)
+                asyncio.run(check(who))
 
 
 def test_agents_speak_only_for_their_node() -> None:
@@ -342,6 +346,39 @@ def test_the_app_state_dependencies_hand_out_the_apps_own_parts(app: SimpleNames
     app.state.clock = lambda: NOW
     app.state.passes, app.state.writes = object(), object()
     req = request(app)
-    assert deps.now(req) == NOW
-    assert deps.get_passes(req) is app.state.passes
-    assert deps.get_writes(req) is app.state.writes
+    assert asyncio.run(deps.now(req)) == NOW
+    assert asyncio.run(deps.get_passes(req)) is app.state.passes
+    assert asyncio.run(deps.get_writes(req)) is app.state.writes
+
+
+def test_of_the_routes_dependencies_only_the_token_read_takes_a_worker_thread(
+    tmp_path: Any,
+) -> None:
+    """FastAPI runs a `def` dependency in a worker thread: a hop and a GIL hand-over per
+    dependency per request (an acknowledgement had four before its own). Those that only
+    read the app's parts are `async def`; `get_principal` may read the store (a token the
+    cache lacks), so it alone stays a `def`."""
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0), migrate=False)
+
+    def inline(call: Any) -> bool:
+        return (
+            inspect.iscoroutinefunction(call)
+            or inspect.isasyncgenfunction(call)
+            or inspect.iscoroutinefunction(type(call).__call__)  # HTTPBearer and kin
+        )
+
+    threaded: dict[str, set[str]] = {}
+
+    def walk(path: str, dependant: Dependant) -> None:
+        for sub in dependant.dependencies:
+            if sub.call is not None and not inline(sub.call):
+                threaded.setdefault(sub.call.__qualname__, set()).add(path)
+            walk(path, sub)
+
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    for route in routes:
+        walk(route.path, route.dependant)
+    assert set(threaded) == {"get_principal"}
+    # ... and every route that checks a role reaches it through an inline check.
+    assert "/v1/commands/{command_id}/acks" in threaded["get_principal"]
+    assert len(routes) > 30
