@@ -187,8 +187,12 @@ TARGETS = (
     ),
     Target(
         "deps",
-        ("scheduler_svc/api/deps.py",),
+        ("scheduler_svc/api/deps.py", "scheduler_svc/api/token_cache.py"),
         ("tests/scheduler_svc/test_deps.py",),
+        only=(
+            "scheduler_svc.api.deps.*",
+            "scheduler_svc.api.token_cache.xǁTokenCacheǁholds*",
+        ),
     ),
     Target(
         # Issue 30: where webhooks may go (the address policy, checked before and after

@@ -76,9 +76,9 @@ def _run_each(later: list[Callable[[], object]]) -> None:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-# The dependencies that only read the app's parts are `async def`: FastAPI runs a plain
-# `def` dependency in a worker thread, a hop (and a GIL hand-over) per dependency per
-# request. `get_principal` stays a `def`: a token the cache lacks is read from the store.
+# Every dependency is `async def`: FastAPI runs a plain `def` dependency in a worker
+# thread, a hop (and a GIL hand-over) per dependency per request. Those that may read the
+# store hand that read to a worker thread themselves (`get_principal`).
 
 
 async def now(request: Request) -> datetime:
@@ -141,10 +141,28 @@ class Principal:
             raise Forbidden(f"agent token of node {self.node!r} cannot act for node {node!r}")
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
+    """Who is calling (`principal_of`): on the event loop when the token cache has the
+    answer, as it has for every request of a known token within `auth_cache_s`; in a
+    worker thread when the store must be read."""
+    if _cache_answers(request, creds):
+        return principal_of(request, creds)
+    return await run_in_threadpool(principal_of, request, creds)
+
+
+def _cache_answers(request: Request, creds: HTTPAuthorizationCredentials | None) -> bool:
+    cache = token_cache(request)
+    if creds is not None:
+        return creds.scheme.lower() != "bearer" or cache.holds(creds.credentials)
+    return not _may_be_anonymous(request) or cache.holds_any()
+
+
+def principal_of(request: Request, creds: HTTPAuthorizationCredentials | None) -> Principal:
+    """The principal the credentials name, or the anonymous fleet principal on open
+    loopback; Unauthorized otherwise. Reads the store for what the token cache lacks."""
     if creds is not None:
         if creds.scheme.lower() != "bearer":
             raise Unauthorized("Authorization: expected 'Bearer <token>'")
@@ -176,13 +194,16 @@ def anonymous_open(request: Request) -> bool:
     and, read now rather than at start, no usable token exists: the first
     `railover token create` closes it within `auth_cache_s` (token_cache.py).
     """
-    if not getattr(request.app.state, "anonymous_allowed", False):
-        return False
-    if not (
+    return _may_be_anonymous(request) and not token_cache(request).any_active(
+        lambda: _read_any_active(request)
+    )
+
+
+def _may_be_anonymous(request: Request) -> bool:
+    """`anonymous_open` but for the token table: a loopback app and connection."""
+    return bool(getattr(request.app.state, "anonymous_allowed", False)) and (
         _loopback_peer(request.scope.get("client")) and _loopback_peer(request.scope.get("server"))
-    ):
-        return False
-    return not token_cache(request).any_active(lambda: _read_any_active(request))
+    )
 
 
 def still_authorized(request: Request, principal: Principal) -> bool:

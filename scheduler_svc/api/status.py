@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from scheduler_svc.api import routing
-from scheduler_svc.api.deps import Reader, SessionDep, get_principal
+from scheduler_svc.api.deps import Reader, SessionDep, principal_of
 from scheduler_svc.api.schemas.fields import RAIL_MAX, Label, Name
 from scheduler_svc.api.schemas.status import StatusHealth, StatusOut
 from scheduler_svc.errors import VALIDATION, Forbidden, Unauthorized, responses
@@ -83,7 +83,7 @@ def status_page(
     # bearer header from a script); a browser facing a token-protected service gets
     # the page with a token prompt and the script fills it in.
     try:
-        get_principal(request, creds)
+        principal_of(request, creds)
         status: StatusOut | None = build_status(session, datetime.now(UTC), params)
     except (Unauthorized, Forbidden):
         status = None

@@ -41,8 +41,8 @@ _CHANGED = "railover_tokens_changed"
 
 
 class TokenCache(Generic[T]):
-    """Answers about tokens, each kept for ttl_s after it was read (thread-safe: sync
-    dependencies run in worker threads)."""
+    """Answers about tokens, each kept for ttl_s after it was read (thread-safe: a read
+    runs in a worker thread, and sync routes such as the status page ask too)."""
 
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
@@ -79,6 +79,20 @@ class TokenCache(Generic[T]):
                         del self._tokens[next(iter(self._tokens))]
                     self._tokens[key] = (now + keep, found)
         return found
+
+    def holds(self, plain: str) -> bool:
+        """Whether `token(plain, ...)` would answer now without reading (an event-loop
+        caller's test before it hands a read to a worker thread). The entry can lapse
+        between this and the call, which then reads the store where it runs."""
+        if self.ttl_s <= 0:
+            return False
+        kept = self._tokens.get(hash_secret(plain))
+        return kept is not None and self._clock() < kept[0]
+
+    def holds_any(self) -> bool:
+        """Whether `any_active(...)` would answer now without reading (as `holds`)."""
+        kept = self._any
+        return self.ttl_s > 0 and kept is not None and self._clock() < kept[0]
 
     def any_active(self, read: Callable[[], bool]) -> bool:
         """Whether a usable token exists, from `read` when not kept."""

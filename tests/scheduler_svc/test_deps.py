@@ -136,13 +136,18 @@ def bearer(token: str, scheme: str = "Bearer") -> HTTPAuthorizationCredentials:
     return HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
 
 
+def principal(req: Request, creds: HTTPAuthorizationCredentials | None) -> Principal:
+    """The dependency as FastAPI awaits it."""
+    return asyncio.run(get_principal(req, creds))
+
+
 def test_principal_from_a_token(app: SimpleNamespace) -> None:
     with app.state.sessionmaker() as s:
         row, plain = TokenRepo(s).create(role="agent", node="n0", description="", now=NOW)
         token_id = row.token_id
         s.commit()
     req = request(app)
-    who = get_principal(req, bearer(plain, "bearer"))  # the scheme is case-insensitive
+    who = principal(req, bearer(plain, "bearer"))  # the scheme is case-insensitive
     assert who == Principal(token_id, Role.AGENT, "n0")
     assert req.state.principal == who
 
@@ -161,7 +166,7 @@ def test_principal_refusals(
     app.state.anonymous_allowed = anonymous
     req = request(app)
     with pytest.raises(Unauthorized) as info:
-        get_principal(req, creds)
+        principal(req, creds)
     assert info.value.detail == message
     assert not hasattr(req.state, "principal")
 
@@ -172,23 +177,23 @@ def test_revoked_token_is_refused(app: SimpleNamespace) -> None:
         TokenRepo(s).revoke(row.token_id, NOW)
         s.commit()
     with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
-        get_principal(request(app), bearer(plain))
+        principal(request(app), bearer(plain))
 
 
 def test_anonymous_loopback_is_a_fleet_principal(app: SimpleNamespace) -> None:
     app.state.anonymous_allowed = True
     req = request(app)
-    assert get_principal(req, None) == Principal(None, Role.FLEET, None)
+    assert principal(req, None) == Principal(None, Role.FLEET, None)
     assert req.state.principal == Principal(None, Role.FLEET)
     # A caller from a routable address gets no such principal.
     with pytest.raises(Unauthorized, match="bearer token required"):
-        get_principal(request(app, client=("10.0.0.9", 40000)), None)
+        principal(request(app, client=("10.0.0.9", 40000)), None)
     # Nor does anyone once a usable token exists.
     with app.state.sessionmaker() as s:
         TokenRepo(s).create(role="fleet", node=None, description="", now=NOW)
         s.commit()
     with pytest.raises(Unauthorized, match="bearer token required"):
-        get_principal(request(app), None)
+        principal(request(app), None)
 
 
 def test_missing_header_is_left_to_get_principal(app: SimpleNamespace) -> None:
@@ -314,7 +319,7 @@ def test_anonymous_access_is_closed_unless_the_app_says_it_is_open(app: SimpleNa
     connection whose peer the server could not name."""
     del app.state.anonymous_allowed
     with pytest.raises(Unauthorized, match="bearer token required"):
-        get_principal(request(app), None)
+        principal(request(app), None)
     app.state.anonymous_allowed = True
     for peer in (None, ()):
         req = Request({**request(app).scope, "client": peer})
@@ -331,15 +336,15 @@ def test_a_warm_token_cache_answers_each_token_for_itself_and_keeps_it_its_time(
         rows = [TokenRepo(s).create(role="agent", node=n, description="", now=NOW) for n in "ab"]
         s.commit()
     for row, plain in rows:
-        assert get_principal(request(app), bearer(plain)).token_id == row.token_id
+        assert principal(request(app), bearer(plain)).token_id == row.token_id
     (first, plain), _ = rows
     with app.state.sessionmaker() as s:
         TokenRepo(s).revoke(first.token_id, NOW)
         s.commit()
-    assert get_principal(request(app), bearer(plain)).token_id == first.token_id
+    assert principal(request(app), bearer(plain)).token_id == first.token_id
     app.state.token_cache.invalidate()
     with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
-        get_principal(request(app), bearer(plain))
+        principal(request(app), bearer(plain))
 
 
 def test_the_app_state_dependencies_hand_out_the_apps_own_parts(app: SimpleNamespace) -> None:
@@ -351,13 +356,11 @@ def test_the_app_state_dependencies_hand_out_the_apps_own_parts(app: SimpleNames
     assert asyncio.run(deps.get_writes(req)) is app.state.writes
 
 
-def test_of_the_routes_dependencies_only_the_token_read_takes_a_worker_thread(
-    tmp_path: Any,
-) -> None:
+def test_no_dependency_of_any_route_takes_a_worker_thread(tmp_path: Any) -> None:
     """FastAPI runs a `def` dependency in a worker thread: a hop and a GIL hand-over per
-    dependency per request (an acknowledgement had four before its own). Those that only
-    read the app's parts are `async def`; `get_principal` may read the store (a token the
-    cache lacks), so it alone stays a `def`."""
+    dependency per request (an acknowledgement took four before its own). Every route's
+    dependencies are `async def`; a store read is handed to a thread by the dependency
+    itself, only when it is needed (below)."""
     app = create_app(Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", port=0), migrate=False)
 
     def inline(call: Any) -> bool:
@@ -367,18 +370,64 @@ def test_of_the_routes_dependencies_only_the_token_read_takes_a_worker_thread(
             or inspect.iscoroutinefunction(type(call).__call__)  # HTTPBearer and kin
         )
 
-    threaded: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    threaded: set[str] = set()
 
-    def walk(path: str, dependant: Dependant) -> None:
+    def walk(dependant: Dependant) -> None:
         for sub in dependant.dependencies:
-            if sub.call is not None and not inline(sub.call):
-                threaded.setdefault(sub.call.__qualname__, set()).add(path)
-            walk(path, sub)
+            if sub.call is not None:
+                name = getattr(sub.call, "__qualname__", type(sub.call).__qualname__)
+                seen.add(name)
+                if not inline(sub.call):
+                    threaded.add(name)
+            walk(sub)
 
     routes = [r for r in app.routes if isinstance(r, APIRoute)]
     for route in routes:
-        walk(route.path, route.dependant)
-    assert set(threaded) == {"get_principal"}
-    # ... and every route that checks a role reaches it through an inline check.
-    assert "/v1/commands/{command_id}/acks" in threaded["get_principal"]
+        walk(route.dependant)
+    assert threaded == set()
+    assert {"get_principal", "require.<locals>.check", "get_session", "now"} <= seen
     assert len(routes) > 30
+
+
+def test_the_principal_takes_a_worker_thread_only_to_read_the_store(
+    app: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token the cache holds, and anonymous access the cache has an answer for, are
+    answered on the event loop; the first sight of each reads the store in a thread."""
+    hops: list[str] = []
+
+    async def counted(func: Any, *args: Any) -> Any:
+        hops.append(func.__name__)
+        return func(*args)
+
+    monkeypatch.setattr(deps, "run_in_threadpool", counted)
+    app.state.token_cache = TokenCache[Principal](60.0)
+    with app.state.sessionmaker() as s:
+        row, plain = TokenRepo(s).create(role="agent", node="n0", description="", now=NOW)
+        s.commit()
+    want = Principal(row.token_id, Role.AGENT, "n0")
+    assert [principal(request(app), bearer(plain)) for _ in range(3)] == [want] * 3
+    assert hops == ["principal_of"]
+    # Refusals that need no read: no hop.
+    with pytest.raises(Unauthorized, match="expected 'Bearer"):
+        principal(request(app), bearer(plain, "Basic"))
+    with pytest.raises(Unauthorized, match="bearer token required"):
+        principal(request(app, client=("10.0.0.9", 40000)), None)
+    assert hops == ["principal_of"]
+    # Anonymous loopback: one read of whether a token exists, then the cache's answer.
+    app.state.anonymous_allowed = True
+    for _ in range(2):
+        with pytest.raises(Unauthorized, match="bearer token required"):
+            principal(request(app), None)
+    assert hops == ["principal_of"] * 2
+    # A token the cache does not hold (another, or after the cache was emptied): a read.
+    app.state.token_cache.invalidate()
+    assert principal(request(app), bearer(plain)) == want
+    with pytest.raises(Unauthorized, match="unknown, revoked or expired"):
+        principal(request(app), bearer("rvr_unknown"))
+    assert hops == ["principal_of"] * 4
+    # With the cache off, every request reads.
+    app.state.token_cache = TokenCache[Principal](0.0)
+    principal(request(app), bearer(plain))
+    assert len(hops) == 5
