@@ -188,7 +188,7 @@ TARGETS = (
     Target(
         "deps",
         ("scheduler_svc/api/deps.py", "scheduler_svc/api/token_cache.py"),
-        ("tests/scheduler_svc/test_deps.py",),
+        ("tests/scheduler_svc/test_deps.py", "tests/scheduler_svc/test_after_answer.py"),
         only=(
             "scheduler_svc.api.deps.*",
             "scheduler_svc.api.token_cache.xǁTokenCacheǁholds*",

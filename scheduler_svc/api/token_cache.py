@@ -83,16 +83,15 @@ class TokenCache(Generic[T]):
     def holds(self, plain: str) -> bool:
         """Whether `token(plain, ...)` would answer now without reading (an event-loop
         caller's test before it hands a read to a worker thread). The entry can lapse
-        between this and the call, which then reads the store where it runs."""
-        if self.ttl_s <= 0:
-            return False
+        between this and the call, which then reads the store where it runs. (With
+        ttl_s <= 0 nothing is ever kept, so nothing is held.)"""
         kept = self._tokens.get(hash_secret(plain))
         return kept is not None and self._clock() < kept[0]
 
     def holds_any(self) -> bool:
         """Whether `any_active(...)` would answer now without reading (as `holds`)."""
         kept = self._any
-        return self.ttl_s > 0 and kept is not None and self._clock() < kept[0]
+        return kept is not None and self._clock() < kept[0]
 
     def any_active(self, read: Callable[[], bool]) -> bool:
         """Whether a usable token exists, from `read` when not kept."""

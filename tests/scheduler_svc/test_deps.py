@@ -431,3 +431,32 @@ def test_the_principal_takes_a_worker_thread_only_to_read_the_store(
     app.state.token_cache = TokenCache[Principal](0.0)
     principal(request(app), bearer(plain))
     assert len(hops) == 5
+
+
+def test_the_cache_holds_an_answer_exactly_as_long_as_it_gives_it_without_a_read() -> None:
+    """`holds` and `holds_any` agree with `token` and `any_active` at the expiry instant:
+    a request the loop answers from the cache must not turn into a store read there."""
+    t = [100.0]
+    cache = TokenCache[str](10.0, clock=lambda: t[0])
+    reads: list[str] = []
+
+    def read() -> tuple[str | None, datetime | None]:
+        reads.append("token")
+        return "p", None
+
+    def read_any() -> bool:
+        reads.append("any")
+        return True
+
+    assert not cache.holds("rvr_x") and not cache.holds_any()
+    assert cache.token("rvr_x", read) == "p" and cache.any_active(read_any)
+    for at, held in ((109.999, True), (110.0, False)):
+        t[0] = at
+        assert (cache.holds("rvr_x"), cache.holds_any()) == (held, held)
+        before = len(reads)
+        cache.token("rvr_x", read), cache.any_active(read_any)
+        assert len(reads) - before == (0 if held else 2)
+    assert not cache.holds("rvr_other")
+    off = TokenCache[str](0.0)
+    off.token("rvr_x", read), off.any_active(read_any)
+    assert not off.holds("rvr_x") and not off.holds_any()
