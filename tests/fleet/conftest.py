@@ -15,9 +15,25 @@ from typing import Any
 import kubernetes
 import kubernetes_validate
 import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.waiting import wait_for
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
+from scheduler_svc.store.db import make_engine, make_sessionmaker
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """The store of each backend (`db_url`), opened as the service opens it."""
+    e = make_engine(db_url)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return make_sessionmaker(engine)
 
 
 @dataclass

@@ -10,10 +10,8 @@ both stores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,22 +20,9 @@ from scheduler_svc.fleet.repositories import SubscriptionRepo
 from scheduler_svc.fleet.types import EventType
 from scheduler_svc.services.commands import transition
 from scheduler_svc.store import models as m
-from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.types import CommandState
 
 N = 40
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
-    return make_sessionmaker(engine)
 
 
 def _job_with_commands(sessions: sessionmaker[Session]) -> list[int]:

@@ -6,7 +6,6 @@ a real store (SQLite and PostgreSQL), a real loopback receiver.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,21 +23,8 @@ from scheduler_svc.fleet.signing import verify
 from scheduler_svc.fleet.webhooks import USER_AGENT, DeliveryFailed, post_event
 from scheduler_svc.fleet.worker import DeliveryWorker, backoff_s, target_kind
 from scheduler_svc.store import models as m
-from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.fleet.conftest import Receiver
 from tests.fleet.helpers import SECRET, fast
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
-    return make_sessionmaker(engine)
 
 
 def subscribe(sessions: sessionmaker[Session], url: str, **kw: Any) -> str:
