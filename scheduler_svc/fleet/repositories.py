@@ -124,9 +124,10 @@ class OutboxRepo:
         order of events.
 
         By Core, on the session's connection: nothing else of the session is flushed, so
-        the change an event announces (a command's new state) is written at the commit,
-        with every other change of the transaction, and not once per event. A switch point
-        superseding a 1,000-node one announces 1,000 changes in one transaction."""
+        the change an event announces (a command's new state) is written at the session's
+        next flush (its commit at the latest), with the other changes pending, and not once
+        per event. A switch point superseding a 1,000-node one announces 1,000 changes in
+        one transaction."""
         conn = self.s.connection()
         outbox_id = int(conn.execute(_ADD_EVENT, event).scalar_one())
         if deliveries:
