@@ -23,11 +23,12 @@ import pytest
 from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 from psycopg import sql
+from sqlalchemy import Engine
 
 from native_plugin.abi import DEFAULT_LIBRARY, library_path
 from railover_testing.local import local_service
 from scheduler_svc.config import Settings
-from scheduler_svc.store.db import upgrade
+from scheduler_svc.store.db import make_engine, upgrade
 from scheduler_svc.store.models import Base
 from tests.deploy.tools import tool_missing
 
@@ -165,6 +166,14 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     pg: str = request.getfixturevalue("pg_url")
     truncate_pg(pg)
     return pg
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """The store of each backend (`db_url`), opened as the service opens it."""
+    e = make_engine(db_url)
+    yield e
+    e.dispose()
 
 
 @pytest.fixture

@@ -20,15 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from railover_testing.waiting import wait_for
 from scheduler_svc.fleet.signing import SIGNATURE_HEADER, verify
-from scheduler_svc.store.db import make_engine, make_sessionmaker
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    """The store of each backend (`db_url`), opened as the service opens it."""
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
+from scheduler_svc.store.db import make_sessionmaker
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, get_args
@@ -29,17 +28,10 @@ from scheduler_svc.config import Settings
 from scheduler_svc.errors import Forbidden, Unauthorized, Unprocessable
 from scheduler_svc.main import create_app
 from scheduler_svc.services.delivery import CommandNotifier
-from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
+from scheduler_svc.store.db import make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.tokens import TokenRepo
 
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
 
 
 @pytest.fixture

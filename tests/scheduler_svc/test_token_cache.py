@@ -146,13 +146,6 @@ def test_zero_reads_every_time_and_the_size_is_bounded(monkeypatch: pytest.Monke
     assert store.reads == ["a", "b", "c", "a"]
 
 
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
-
-
 def test_token_writes_through_the_sessions_are_seen_at_commit(engine: Engine) -> None:
     sessions = make_sessionmaker(engine)
     changes: list[str] = []
