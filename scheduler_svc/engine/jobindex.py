@@ -57,13 +57,9 @@ def _codes(keys: Sequence[object]) -> tuple[dict[object, int], np.ndarray]:
     return codes, coded
 
 
-def _groups(keys: Sequence[object]) -> dict[object, Positions]:
-    """Positions of equal keys, each group in ascending order (numpy does the sort)."""
-    return _grouped(*_codes(keys))
-
-
 def _grouped(codes: Mapping[object, int], coded: np.ndarray) -> dict[object, Positions]:
-    """`_groups` of keys already numbered by `_codes`."""
+    """Positions of equal keys (numbered by `_codes`), each group in ascending order
+    (numpy does the sort)."""
     flat = np.argsort(coded, kind="stable").tolist()
     ends = np.cumsum(np.bincount(coded, minlength=len(codes))).tolist()
     out: dict[object, Positions] = {}
@@ -75,9 +71,9 @@ def _grouped(codes: Mapping[object, int], coded: np.ndarray) -> dict[object, Pos
 
 
 def _once_each(keys: Sequence[object]) -> dict[object, Positions]:
-    """`_groups` of keys that are most often all distinct (a job's GPUs: one rank each)."""
+    """`_grouped` of keys that are most often all distinct (a job's GPUs: one rank each)."""
     out: dict[object, Positions] = {key: (i,) for i, key in enumerate(keys)}
-    return out if len(out) == len(keys) else _groups(keys)
+    return out if len(out) == len(keys) else _grouped(*_codes(keys))
 
 
 def build(
