@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import BackgroundTasks
+from sqlalchemy import Engine
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,17 +24,15 @@ from scheduler_svc.engine import jobindex
 from scheduler_svc.engine.routes import JobIndex
 from scheduler_svc.main import create_app
 from scheduler_svc.services.reconciler import JobIndexCache, lookups_after_answer
-from scheduler_svc.store.db import make_engine, make_read_sessionmaker, make_sessionmaker
+from scheduler_svc.store.db import make_read_sessionmaker, make_sessionmaker
 from scheduler_svc.store.uow import after_answer, answering
 from scheduler_svc.twin.inprocess import served_app
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
 
 
 @pytest.fixture
-def sessions(db_url: str) -> Iterator[Any]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine), make_read_sessionmaker(engine)
-    engine.dispose()
+def sessions(engine: Engine) -> tuple[Any, Any]:
+    return make_sessionmaker(engine), make_read_sessionmaker(engine)
 
 
 def test_queued_work_runs_in_the_background_task_not_at_the_sessions_end(
