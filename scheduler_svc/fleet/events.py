@@ -21,6 +21,7 @@ from scheduler_svc.fleet import actions
 from scheduler_svc.fleet.repositories import OutboxRepo, SubscriptionRepo
 from scheduler_svc.fleet.types import EventType, command_type
 from scheduler_svc.store import models as m
+from scheduler_svc.store.faults import FaultRepo
 
 SOURCE = "/railover/scheduler"
 # session.info keys: the app's fleet settings, and "this transaction wrote events".
@@ -111,7 +112,7 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> str:
     The commands it leads to are announced by their own io.railover.command.*
     events (data.decision_id links them), which follow this one in the job's order.
     """
-    fault = None if decision.fault_id is None else session.get(m.Fault, decision.fault_id)
+    fault = None if decision.fault_id is None else FaultRepo(session).described(decision.fault_id)
     plan = decision.plan or {}
     data: dict[str, Any] = {
         "decision_id": decision.decision_id,
@@ -130,7 +131,7 @@ def emit_decision(session: Session, job: m.Job, decision: m.Decision) -> str:
         "created_at": decision.created_at.isoformat(),
         "fault": None
         if fault is None
-        else {"node": fault.node, "device": fault.device, "port": fault.port, "kind": fault.kind},
+        else dict(zip(("node", "device", "port", "kind"), fault, strict=True)),
     }
     return emit(
         session,

@@ -21,6 +21,7 @@ returned, and their jobs are reconciled like any report's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -189,9 +190,10 @@ def make_room(session: Session, node: str, device: str, port: int, at: datetime)
         session.flush()
 
 
-def evidence_fields(f: m.Fault) -> dict[str, Any]:
-    """A DEGRADED fault's share, level, restore time and figures, as the engine reads them."""
-    causes = [c for c in (f.detail.get("causes") or {}).values() if isinstance(c, dict)]
+def evidence_fields(detail: Mapping[str, Any]) -> dict[str, Any]:
+    """A DEGRADED fault's share, level, restore time and figures (from its `detail`), as
+    the engine reads them."""
+    causes = [c for c in (detail.get("causes") or {}).values() if isinstance(c, dict)]
     restored = [datetime.fromisoformat(c["at"]) for c in causes if not c.get("level") and "at" in c]
     return {
         "share": min((float(c.get("share", 1.0)) for c in causes), default=1.0),

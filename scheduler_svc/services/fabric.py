@@ -17,10 +17,10 @@ from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_n
 from scheduler_svc.engine.state import FabricView
 from scheduler_svc.services import degradation
 from scheduler_svc.store import models as m
-from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.faults import FaultRepo, OpenFault
 from scheduler_svc.store.maintenance import MaintenanceRepo
 from scheduler_svc.store.nodes import ACTIVE, NodeRepo
-from scheduler_svc.store.uow import after_commit, hold
+from scheduler_svc.store.uow import after_commit
 
 LOST_KINDS = (health.FaultKind.GPU_LOST.value, health.FaultKind.RNIC_LOST.value)
 
@@ -31,7 +31,7 @@ def rules(settings: Settings) -> health.ClearingRules:
     )
 
 
-def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
+def node_topology(node: m.Node, lost: Sequence[OpenFault] = ()) -> NodeTopology:
     """A node's topology, with the GPUs and RNICs it lost kept in as failed "ghosts".
 
     A job was placed on the topology it had; planning on what is left would move
@@ -63,7 +63,7 @@ def node_topology(node: m.Node, lost: Sequence[m.Fault] = ()) -> NodeTopology:
 def topology_of(
     name: str,
     rows: tuple[list[Any], list[Any]],
-    lost: Sequence[m.Fault] = (),
+    lost: Sequence[OpenFault] = (),
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> NodeTopology:
     """`node_topology` from the node's plain GPU and RNIC rows (NodeRepo.topology_rows).
@@ -78,7 +78,7 @@ def topology_of(
 
 
 def _with_lost(
-    name: str, gpus: list[Gpu], rnics: list[Rnic], lost: Sequence[m.Fault]
+    name: str, gpus: list[Gpu], rnics: list[Rnic], lost: Sequence[OpenFault]
 ) -> NodeTopology:
     have_gpus = {g.index for g in gpus}
     have_rnics = {(r.name, r.port) for r in rnics}
@@ -128,7 +128,7 @@ class PlanCache:
         session: Session,
         names: set[str],
         backup_cap: int | None,
-        lost: dict[str, list[m.Fault]],
+        lost: dict[str, list[OpenFault]],
     ) -> tuple[dict[str, NodeTopology], dict[str, NodePlan]]:
         repo = NodeRepo(session)
         versions = repo.versions(names)
@@ -198,9 +198,10 @@ def _uncommitted(session: Session) -> dict[SessionTransaction, dict[tuple[object
     return pending
 
 
-def _evidence_of(f: m.Fault, state: str | None, since: datetime | None) -> health.FaultEvidence:
+def _evidence_of(f: OpenFault) -> health.FaultEvidence:
     """A fault as the engine reads it, beside the level of the port it names (`state`
     None: no such port is registered, so nothing says it is down)."""
+    state, since = f.state, f.observed_at
     if state is None:
         state, since = ACTIVE, None
     if f.kind == health.FaultKind.DEGRADED.value:
@@ -215,7 +216,7 @@ def _evidence_of(f: m.Fault, state: str | None, since: datetime | None) -> healt
             port_active=state == ACTIVE,
             port_since=since,
             switch=f.switch,
-            **degradation.evidence_fields(f),
+            **degradation.evidence_fields(f.detail),
         )
     return health.FaultEvidence(
         id=f.id,
@@ -256,12 +257,12 @@ MANY_NODES = 64
 
 def evidence(
     session: Session, nodes: Iterable[str] | None
-) -> tuple[health.Evidence, list[m.Fault]]:
-    """Every piece of evidence on `nodes` (all nodes when None), and the fault rows behind it."""
+) -> tuple[health.Evidence, list[OpenFault]]:
+    """Every piece of evidence on `nodes` (all nodes when None), and the open faults behind
+    it as they were read."""
     wanted = None if nodes is None else set(nodes)
     many = wanted is not None and len(wanted) > MANY_NODES
-    read = _faults_at_their_ports(session, wanted, many)
-    faults = [f for f, _, _ in read]
+    faults = _faults_at_their_ports(session, wanted, many)
     flags = [
         health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
         for q in MaintenanceRepo(session).open_flags()
@@ -276,7 +277,7 @@ def evidence(
         windows = [w for w in windows if w.switch is not None or w.node in wanted]
     return (
         health.Evidence(
-            faults=tuple(_evidence_of(f, state, since) for f, state, since in read),
+            faults=tuple(_evidence_of(f) for f in faults),
             switches=tuple(switches),
             quarantines=tuple(flags),
             maintenance=tuple(window(w) for w in windows),
@@ -287,12 +288,12 @@ def evidence(
 
 def _faults_at_their_ports(
     session: Session, wanted: set[str] | None, many: bool
-) -> list[tuple[m.Fault, str | None, datetime | None]]:
+) -> list[OpenFault]:
     """The open faults on the `wanted` nodes (all when None), each with its port's level;
     for `many` nodes read fleet-wide and kept here (see MANY_NODES)."""
     read = FaultRepo(session).unresolved_at_their_ports(None if many else wanted)
     if many and wanted is not None:
-        return [r for r in read if r[0].node in wanted]
+        return [f for f in read if f.node in wanted]
     return read
 
 
@@ -305,16 +306,17 @@ def has_cleared(session: Session, now: datetime, settings: Settings) -> bool:
 def close_cleared(
     session: Session, now: datetime, settings: Settings, nodes: Iterable[str] | None = None
 ) -> list[m.Fault]:
-    """Close every fault whose clearing rule is met at `now`; returns them."""
-    ev, rows = evidence(session, nodes)
+    """Close every fault whose clearing rule is met at `now`; returns their rows, read by
+    their ids (the evidence is read as values: most reads close nothing)."""
+    ev, _ = evidence(session, nodes)
     assessed = health.assess(ev, now, rules(settings))
-    by_id = {f.id: f for f in rows}
-    closed = []
+    if not assessed.cleared:
+        return []
+    why = {h.fault.id: h.reason for h in assessed.cleared}
     repo = FaultRepo(session)
-    for h in assessed.cleared:
-        row = by_id[h.fault.id]
-        repo.close(row, now, h.reason, None)
-        closed.append(row)
+    closed = list(repo.by_ids(why))
+    for row in closed:
+        repo.close(row, now, why[row.id], None)
     return closed
 
 
@@ -360,7 +362,7 @@ Placement = tuple[
 
 
 def placement(
-    session: Session, nodes: set[str], settings: Settings, lost: dict[str, list[m.Fault]]
+    session: Session, nodes: set[str], settings: Settings, lost: dict[str, list[OpenFault]]
 ) -> Placement:
     """The nodes' topologies and plans (from the plan cache) and their GPU-fabric ports."""
     topologies, plans = PLANS.get(session, nodes, settings.backup_cap_per_switch, lost)
@@ -381,7 +383,7 @@ def view_for(
     nodes: set[str],
     now: datetime,
     settings: Settings,
-    placed: Callable[[dict[str, list[m.Fault]]], Placement] | None = None,
+    placed: Callable[[dict[str, list[OpenFault]]], Placement] | None = None,
 ) -> tuple[FabricView, health.FabricHealth]:
     """The fabric as the jobs on `nodes` see it at `now`.
 
@@ -389,8 +391,7 @@ def view_for(
     (a job's cached placement); without it they come from the plan cache.
     """
     ev, rows = evidence(session, nodes)
-    hold(session, rows)  # a decision's CloudEvent names its fault (fleet.events.emit_decision)
-    lost: dict[str, list[m.Fault]] = {}
+    lost: dict[str, list[OpenFault]] = {}
     for f in rows:
         if f.kind in LOST_KINDS:
             lost.setdefault(f.node, []).append(f)

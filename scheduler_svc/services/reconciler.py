@@ -47,6 +47,7 @@ from scheduler_svc.fleet import EventType, emit, emit_decision
 from scheduler_svc.services import ccl, commands, fabric, gcpause
 from scheduler_svc.store import models as m
 from scheduler_svc.store.coordination import CoordinationRepo
+from scheduler_svc.store.faults import OpenFault
 from scheduler_svc.store.jobs import DecisionRepo, JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.types import CommandKind
@@ -220,7 +221,7 @@ class JobIndexCache:
         session: Session,
         entry: _Job,
         settings: Settings,
-        lost: dict[str, list[m.Fault]],
+        lost: dict[str, list[OpenFault]],
     ) -> _Placed:
         """The job's nodes' plans for these lost parts: kept while no node registered anew."""
         which = (
@@ -283,7 +284,7 @@ def current(
     state = job_state(session, job, entry.ranks)
     chosen: list[_Placed] = []
 
-    def placed(lost: dict[str, list[m.Fault]]) -> fabric.Placement:
+    def placed(lost: dict[str, list[OpenFault]]) -> fabric.Placement:
         p = INDEXES.placed(session, entry, settings, lost)
         chosen.append(p)
         return p.topologies, p.plans, p.ports

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, and_, case, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -87,6 +87,31 @@ def open_unreachable_query(node: str) -> Select[tuple[m.Fault]]:
     )
 
 
+class OpenFault(NamedTuple):
+    """An unresolved fault as evidence reads it: its row's values, not the row, beside the
+    level of the port it names (`state` None: no such port is registered, a GPU's fault).
+
+    Plain values, so a read of a hundred open faults builds no ORM objects, and a copy
+    held past its transaction is what that transaction read, not a row that may change."""
+
+    id: int
+    node: str
+    device: str
+    port: int
+    kind: str
+    opened_at: datetime
+    cleared_at: datetime | None
+    last_error_at: datetime | None
+    switch: str | None
+    detail: dict[str, Any]
+    state: str | None
+    observed_at: datetime | None
+
+
+# session.info: (the innermost transaction, {fault id: OpenFault}) of the last evidence read.
+_READ = "railover_open_faults_read"
+
+
 def _unresolved(q: Select[Any], nodes: Iterable[str] | None) -> Select[Any]:
     """`q` kept to the faults still evidence (on `nodes`, when given), in the order opened."""
     q = q.where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
@@ -140,22 +165,69 @@ class FaultRepo:
         """Faults that are still evidence: not closed by their clearing rule or an operator."""
         return self.s.scalars(_unresolved(select(m.Fault), nodes)).all()
 
-    def unresolved_at_their_ports(
-        self, nodes: Iterable[str] | None = None
-    ) -> list[tuple[m.Fault, str | None, datetime | None]]:
-        """`unresolved`, each fault beside the level of the port it names (a whole
-        device's fault: port 1 of it), read in the same statement: (fault, state, when
-        observed), the state None where no such port is registered (a GPU's fault).
+    def unresolved_at_their_ports(self, nodes: Iterable[str] | None = None) -> list[OpenFault]:
+        """`unresolved` as plain values, each fault beside the level of the port it names
+        (a whole device's fault: port 1 of it), read in the same statement.
 
         One read of exactly the ports the evidence needs: the levels were a second
         statement over every port of the faults' nodes, a thousand rows twice a report
-        with a hundred faults open on as many nodes."""
+        with a hundred faults open on as many nodes. What it read stays known to this
+        transaction (`described`)."""
         port = case((m.Fault.port == WHOLE_DEVICE_PORT, 1), else_=m.Fault.port)
-        q = select(m.Fault, m.Rnic.state, m.Rnic.observed_at).outerjoin(
-            m.Rnic,
-            and_(m.Rnic.node == m.Fault.node, m.Rnic.name == m.Fault.device, m.Rnic.port == port),
+        f = m.Fault
+        q = (
+            select(
+                f.id,
+                f.node,
+                f.device,
+                f.port,
+                f.kind,
+                f.opened_at,
+                f.cleared_at,
+                f.last_error_at,
+                f.switch,
+                f.detail,
+                m.Rnic.state,
+                m.Rnic.observed_at,
+            )
+            .select_from(f)
+            .outerjoin(
+                m.Rnic,
+                and_(m.Rnic.node == f.node, m.Rnic.name == f.device, m.Rnic.port == port),
+            )
         )
-        return [(f, state, at) for f, state, at in self.s.execute(_unresolved(q, nodes)).tuples()]
+        read = [OpenFault._make(r) for r in self.s.execute(_unresolved(q, nodes)).tuples()]
+        within = self.s.get_nested_transaction() or self.s.get_transaction()
+        self.s.info[_READ] = (within, {r.id: r for r in read})
+        return read
+
+    def described(self, fault_id: int) -> tuple[str, str, int, str] | None:
+        """(node, device, port, kind) of a fault, which never change once it is opened: from
+        the open faults this transaction last read (`unresolved_at_their_ports`), or else
+        one read by its key. Only from a read in the transaction still innermost: one a
+        savepoint rolled back may have read a row whose id SQLite then hands to another."""
+        within = self.s.get_nested_transaction() or self.s.get_transaction()
+        read: tuple[object, dict[int, OpenFault]] | None = self.s.info.get(_READ)
+        if read is not None and read[0] is within and within is not None and within.is_active:
+            known = read[1].get(fault_id)
+            if known is not None:
+                return known.node, known.device, known.port, known.kind
+        row = self.s.execute(
+            select(m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.kind).where(
+                m.Fault.id == fault_id
+            )
+        ).first()
+        return None if row is None else (row[0], row[1], row[2], row[3])
+
+    def by_ids(self, ids: Iterable[int]) -> Sequence[m.Fault]:
+        """The fault rows of these ids, in id order, in one statement (rows this session
+        already holds come back as held, with their changes)."""
+        wanted = sorted(set(ids))
+        if not wanted:
+            return []
+        return self.s.scalars(
+            select(m.Fault).where(m.Fault.id.in_(wanted)).order_by(m.Fault.id)
+        ).all()
 
     def listing(
         self, *, open_only: bool, node: str | None, nodes: Iterable[str] | None, limit: int

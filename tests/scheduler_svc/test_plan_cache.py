@@ -22,6 +22,7 @@ from scheduler_svc.engine.paths import plan_node
 from scheduler_svc.services import fabric, losses, registry
 from scheduler_svc.store import models as m
 from scheduler_svc.store.db import make_engine, make_sessionmaker
+from scheduler_svc.store.faults import FaultRepo, OpenFault
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.uow import commit
 
@@ -46,7 +47,13 @@ def sessions(
         db.dispose()
 
 
-def lose_gpu(s: Session, settings: Settings, gpu: int) -> m.Fault:
+def lost_as_read(s: Session, fault: m.Fault) -> OpenFault:
+    """A lost part's fault as the evidence reads it (the plans are asked with these)."""
+    (read,) = [f for f in FaultRepo(s).unresolved_at_their_ports(["n1"]) if f.id == fault.id]
+    return read
+
+
+def lose_gpu(s: Session, settings: Settings, gpu: int) -> OpenFault:
     """The agent reports GPU `gpu` gone, then the node registers again without it (at
     the same instant whichever GPU it is: a manual clock, or a retried registration)."""
     fault = losses.reported_lost(s, "n1", device=None, gpu=gpu, at=LATER, event_id=f"lost-{gpu}")
@@ -55,15 +62,15 @@ def lose_gpu(s: Session, settings: Settings, gpu: int) -> m.Fault:
     body["gpus"] = [g for g in body["gpus"] if g["index"] != gpu]
     registry.register_node(s, "n1", NodeIn.model_validate(body), LATER, settings)
     s.flush()
-    return fault
+    return lost_as_read(s, fault)
 
 
-def plan_read(s: Session, settings: Settings, lost: list[m.Fault]) -> object:
+def plan_read(s: Session, settings: Settings, lost: list[OpenFault]) -> object:
     _, plans = fabric.PLANS.get(s, {"n1"}, settings.backup_cap_per_switch, {"n1": lost})
     return plans["n1"]
 
 
-def plan_of(s: Session, settings: Settings, lost: list[m.Fault]) -> object:
+def plan_of(s: Session, settings: Settings, lost: list[OpenFault]) -> object:
     node = NodeRepo(s).get_many(["n1"])["n1"]
     return plan_node(fabric.node_topology(node, lost), settings.backup_cap_per_switch)
 
@@ -120,7 +127,7 @@ def test_a_plan_is_made_once_a_transaction_and_shared_when_it_commits(
         commit(s)
     with sessions() as s:
         (again,) = [f for f in s.query(m.Fault).all() if f.device == "gpu2"]
-        assert plan_read(s, settings, [again]) == first
+        assert plan_read(s, settings, [lost_as_read(s, again)]) == first
     assert len(reads) == 1  # committed: the cache answers the next transaction
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import event as sa_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -15,7 +18,7 @@ from scheduler_svc.services.targets import registered_ports
 from scheduler_svc.store import models as m
 from scheduler_svc.store.commands import CommandRepo
 from scheduler_svc.store.coordination import CoordinationRepo, ProgressSample
-from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.faults import FaultRepo, OpenFault
 from scheduler_svc.store.jobs import JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.tokens import TOKEN_PREFIX, TokenRepo, hash_secret
@@ -146,15 +149,78 @@ def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Ses
     link.last_error_at = later  # PostgreSQL writes the row anew, after the others
     session.flush()
     faults = FaultRepo(session)
-    assert faults.unresolved_at_their_ports(["n0"]) == [
-        (link, "DOWN", later),
-        (whole, "DOWN", later),
-        (gpu, None, None),
+
+    def level(f: OpenFault) -> tuple[int, str | None, datetime | None]:
+        return f.id, f.state, f.observed_at
+
+    assert [level(f) for f in faults.unresolved_at_their_ports(["n0"])] == [
+        (link.id, "DOWN", later),
+        (whole.id, "DOWN", later),
+        (gpu.id, None, None),
     ]
     everywhere = faults.unresolved_at_their_ports()
-    assert [f for f, _, _ in everywhere] == [link, whole, gpu, elsewhere]
-    assert everywhere[-1] == (elsewhere, "ACTIVE", None)
-    assert [f for f, _, _ in everywhere] == list(faults.unresolved())
+    assert [f.id for f in everywhere] == [link.id, whole.id, gpu.id, elsewhere.id]
+    assert level(everywhere[-1]) == (elsewhere.id, "ACTIVE", None)
+    assert [f.id for f in everywhere] == [f.id for f in faults.unresolved()]
+    for read, row in zip(everywhere, faults.unresolved(), strict=True):  # the row's own values
+        values = read._asdict()
+        del values["state"], values["observed_at"]
+        assert values == {name: getattr(row, name) for name in values}
+
+
+@contextmanager
+def statements(session: Session) -> Iterator[list[str]]:
+    """The statements sent on `session`'s engine meanwhile."""
+    seen: list[str] = []
+
+    def hook(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    engine = session.get_bind().engine
+    sa_event.listen(engine, "before_cursor_execute", hook)
+    try:
+        yield seen
+    finally:
+        sa_event.remove(engine, "before_cursor_execute", hook)
+
+
+def test_a_fault_read_as_evidence_is_described_without_a_statement(session: Session) -> None:
+    """A decision's CloudEvent names its fault: from the open faults the same transaction
+    read last, without a statement; from one read by its key where that read cannot
+    answer (a fault it did not read, a read in a savepoint since rolled back)."""
+    NodeRepo(session).replace_topology("n0", *rows(dual_port_node()), NOW)
+    link = open_fault(session, "n0", "mlx5_1", 2, FaultKind.LINK_DOWN)
+    other = open_fault(session, "n1", "mlx5_0", 1, FaultKind.LINK_DOWN)
+    session.flush()
+    faults = FaultRepo(session)
+    faults.unresolved_at_their_ports(["n0"])
+    with statements(session) as seen:
+        assert faults.described(link.id) == ("n0", "mlx5_1", 2, FaultKind.LINK_DOWN.value)
+    assert seen == []
+    with statements(session) as seen:
+        assert faults.described(other.id) == ("n1", "mlx5_0", 1, FaultKind.LINK_DOWN.value)
+        assert faults.described(other.id + 100) is None  # no such fault
+    assert len(seen) == 2
+    savepoint = session.begin_nested()
+    faults.unresolved_at_their_ports()
+    savepoint.rollback()
+    with statements(session) as seen:
+        assert faults.described(link.id) == ("n0", "mlx5_1", 2, FaultKind.LINK_DOWN.value)
+    assert len(seen) == 1  # that read's savepoint is gone: asked again
+    faults.unresolved_at_their_ports()  # in the transaction itself again
+    with statements(session) as seen:
+        assert faults.described(other.id) == ("n1", "mlx5_0", 1, FaultKind.LINK_DOWN.value)
+    assert seen == []
+
+
+def test_faults_are_read_by_their_ids_in_one_statement(session: Session) -> None:
+    made = [open_fault(session, f"n{i}", "mlx5_0", 1, FaultKind.LINK_DOWN) for i in range(3)]
+    session.flush()
+    faults = FaultRepo(session)
+    with statements(session) as seen:
+        assert faults.by_ids([made[2].id, made[0].id, made[2].id]) == [made[0], made[2]]
+        assert faults.by_ids([]) == []
+    assert len(seen) == 1
 
 
 def test_the_evidence_gives_each_fault_its_own_ports_level(session: Session) -> None:
@@ -184,7 +250,10 @@ def test_the_evidence_gives_each_fault_its_own_ports_level(session: Session) -> 
     # More nodes than MANY_NODES: read fleet-wide, kept to those asked; None: every node.
     asked = ["n0", *(f"x{i}" for i in range(fabric.MANY_NODES))]
     assert fabric.evidence(session, asked)[1] == rows_read
-    assert fabric.evidence(session, None)[1] == [*rows_read, other]
+    assert [f.id for f in fabric.evidence(session, None)[1]] == [
+        *(f.id for f in rows_read),
+        other.id,
+    ]
 
 
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
