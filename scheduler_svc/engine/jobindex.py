@@ -37,6 +37,7 @@ from scheduler_svc.engine.routes import (
     Connectivity,
     JobIndex,
     Lookups,
+    NodeFailures,
     Once,
     Positions,
     RankRoute,
@@ -279,11 +280,7 @@ def connectivity(
     max_examples: int = 10,
 ) -> Connectivity:
     """`routes.connectivity(route_ranks(...))` for the job, from the ranks `failed` touches."""
-    changed: dict[int, RankRoute] = {}
-    for i in sorted(touched(index, failed)):
-        (now,) = route_ranks([index.ranks[i]], plans, topologies, failed)
-        if now != index.healthy[i]:
-            changed[i] = now
+    changed = _changed(index, failed, plans, topologies)
     routes = _with(index.healthy, changed)
     rail_counts = index.rail_counts
     node_counts = index.node_counts if changed else {}  # a lookup: made only for a change
@@ -320,6 +317,63 @@ def connectivity(
         odd=tuple(odd),
         index=index,
     )
+
+
+def _changed(
+    index: JobIndex,
+    failed: FailedSet,
+    plans: Mapping[str, NodePlan],
+    topologies: Mapping[str, NodeTopology],
+) -> dict[int, RankRoute]:
+    """The routes, by position in order, of the ranks `failed` touches that are not their
+    healthy ones.
+
+    Node by node: a rank's route depends only on its node's plan (the index's own) and
+    on what fails on that node or on a switch its ports are cabled to. So each node's
+    answer is kept on the index with those failures (`JobIndex.routed`) and given again
+    while they are the same: with a hundred faults open, a new one routes the ranks of
+    its own node (or switch), not those of the hundred.
+    """
+    on_node: dict[str, list[int]] = {}
+    for i in touched(index, failed):
+        on_node.setdefault(index.ranks[i][1], []).append(i)
+    own = _failures_by_node(failed)
+    changed: dict[int, RankRoute] = {}
+    for node, positions in on_node.items():
+        was = index.routed.get(node)
+        switches = _switches(topologies.get(node)) if was is None else was[0]
+        failures: NodeFailures = (own.get(node, frozenset()), failed.switches & switches)
+        if was is not None and was[1] == failures:
+            changed.update(was[2])
+            continue
+        mine = {}
+        for i in positions:
+            (now,) = route_ranks([index.ranks[i]], plans, topologies, failed)
+            if now != index.healthy[i]:
+                mine[i] = now
+        index.routed[node] = (switches, failures, mine)
+        changed.update(mine)
+    return dict(sorted(changed.items()))
+
+
+def _failures_by_node(failed: FailedSet) -> dict[str, frozenset[tuple[object, ...]]]:
+    """Each node's own failed parts: ("r", device) for an RNIC ("*": all of them), ("l",
+    device, port) for a link, ("g", gpu) for a GPU."""
+    out: dict[str, set[tuple[object, ...]]] = {}
+    for node, dev in failed.rnics:
+        out.setdefault(node, set()).add(("r", dev))
+    for node, dev, port in failed.links:
+        out.setdefault(node, set()).add(("l", dev, port))
+    for node, gpu in failed.gpus:
+        out.setdefault(node, set()).add(("g", gpu))
+    return {node: frozenset(parts) for node, parts in out.items()}
+
+
+def _switches(topology: NodeTopology | None) -> frozenset[str]:
+    """The fabric switches a node's ports are cabled to (none for a node not known)."""
+    if topology is None:
+        return frozenset()
+    return frozenset(r.switch for r in topology.rnics if r.switch is not None)
 
 
 def _with(routes: tuple[RankRoute, ...], changed: Mapping[int, RankRoute]) -> tuple[RankRoute, ...]:

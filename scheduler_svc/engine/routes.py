@@ -271,6 +271,13 @@ class Once(Generic[T]):
         return self._value  # type: ignore[return-value]  # made above
 
 
+# What fails on one node, as `jobindex.connectivity` keys its routes: the node's own
+# failed parts (("r", device), ("l", device, port), ("g", gpu)) and the failed switches
+# its ports are cabled to.
+NodeFailures = tuple[frozenset[tuple[object, ...]], frozenset[str]]
+NodeRouted = tuple[frozenset[str], NodeFailures, Mapping[int, "RankRoute"]]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class JobIndex:
     ranks: tuple[tuple[int, str, int], ...]
@@ -296,6 +303,9 @@ class JobIndex:
     plans: Mapping[str, NodePlan]
     topologies: Mapping[str, NodeTopology]
     warnings: tuple[str, ...]  # every plan's warnings, by node name, as reconcile lists them
+    # Per node, the last answer `jobindex.connectivity` routed for it: (the switches of
+    # its ports, the failures on it, its ranks' routes that differ from healthy).
+    routed: dict[str, NodeRouted] = field(default_factory=dict, repr=False)
 
     @property
     def by_device(self) -> Mapping[tuple[str, str], Positions]:

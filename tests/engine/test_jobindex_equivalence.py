@@ -143,7 +143,9 @@ def test_the_index_decides_what_the_whole_job_decides(
     index = index_for(job, healthy)
     state = job
     commanded = job.previous
-    for step, failed in enumerate(faults):
+    # The first set again last: each node's routes kept from the first pass are given
+    # again where its failures are those of the first pass (`JobIndex.routed`).
+    for step, failed in enumerate([*faults, faults[0]]):
         now = T0 + timedelta(minutes=40 + step)
         fabric = FabricView(topologies, plans, failed, evidence(failed, now))
 
@@ -185,3 +187,35 @@ def test_an_index_built_for_other_plans_is_not_used() -> None:
     assert routes_of(job, moved, index).index is None
     assert routes_of(replace(job, ranks=((1, "a", 0),)), moved, index).index is None
     assert jobindex.touched(index, FailedSet(links=frozenset({("a", "mlx5_1", 1)}))) == {0}
+
+
+def test_a_nodes_routes_are_kept_while_what_fails_there_is_the_same() -> None:
+    """Each node's routes are kept on the index with the failures that gave them, and
+    given again while those are the same: its own failed parts and the failed switches
+    its ports are cabled to. A switch failing under a node whose own parts did not change
+    routes it again; so does a failure there going away."""
+    topologies = {n: rail_optimised(n, 4) for n in ("a", "b")}
+    plans = {n: plan_node(t) for n, t in topologies.items()}
+    slots = [(n, g) for n in ("a", "b") for g in range(4)]
+    job = a_job(tuple((rank, n, g) for rank, (n, g) in enumerate(slots)))
+    index = index_for(job, FabricView(topologies, plans, FailedSet()))
+
+    def check(failed: FailedSet) -> None:
+        whole = connectivity(route_ranks(job.ranks, plans, topologies, failed))
+        assert jobindex.connectivity(index, failed, plans, topologies) == whole
+
+    on_a = FailedSet(links=frozenset({("a", "mlx5_0", 1)}))
+    check(on_a)
+    kept = index.routed["a"]
+    assert kept[1] == (frozenset({("l", "mlx5_0", 1)}), frozenset())
+    on_both = replace(on_a, links=on_a.links | {("b", "mlx5_1", 1)})
+    check(on_both)
+    assert index.routed["a"] is kept  # nothing changed on a: not routed again
+    assert set(index.routed) == {"a", "b"}
+    leaf = replace(on_both, switches=frozenset({"leaf2"}))  # mlx5_2 of each node
+    check(leaf)
+    assert index.routed["a"] is not kept
+    assert index.routed["a"][1][1] == {"leaf2"}
+    check(on_both)  # the leaf is back
+    check(FailedSet(gpus=frozenset({("a", 0)}), rnics=frozenset({("b", "*")})))
+    check(on_a)
