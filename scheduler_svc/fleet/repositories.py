@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import and_, delete, event, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, event, func, insert, or_, select, update
 from sqlalchemy.orm import Session, SessionTransaction, aliased
 
 from scheduler_svc.store import models as m
@@ -35,6 +35,13 @@ DELIVERIES = cast("Table", m.Delivery.__table__)
 # every command a switch point supersedes.
 _ADD_EVENT = insert(OUTBOX).returning(OUTBOX.c.id)
 _ADD_DELIVERIES = insert(DELIVERIES)
+_SUBSCRIBED = m.Subscription.__table__.c
+# Who wants a job's events: every event asks (built once, see store/commands.py).
+_MATCHING = (
+    select(_SUBSCRIBED.subscription_id, _SUBSCRIBED.url, _SUBSCRIBED.event_types)
+    .where(or_(_SUBSCRIBED.job_id.is_(None), _SUBSCRIBED.job_id == bindparam("job_id")))
+    .order_by(_SUBSCRIBED.subscription_id)
+)
 
 # session.info key: the subscriptions read in this transaction, by job (`matching`).
 _MATCHING_KEY = "railover.subscriptions"
@@ -91,14 +98,9 @@ class SubscriptionRepo:
         events of the transactions that start after it."""
         cached: dict[str | None, list[Target]] = self.s.info.setdefault(_MATCHING_KEY, {})
         if job_id not in cached:
-            sub = m.Subscription.__table__.c
             cached[job_id] = [
                 Target(row.subscription_id, row.url, tuple(row.event_types or ()))
-                for row in self.s.execute(
-                    select(sub.subscription_id, sub.url, sub.event_types)
-                    .where(or_(sub.job_id.is_(None), sub.job_id == job_id))
-                    .order_by(sub.subscription_id)
-                )
+                for row in self.s.execute(_MATCHING, {"job_id": job_id})
             ]
         # The type filter is a JSON list: matched here rather than with backend-specific JSON SQL.
         return [t for t in cached[job_id] if not t.event_types or event_type in t.event_types]

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import bindparam, delete, select, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from scheduler_svc.store import models as m
@@ -28,6 +28,14 @@ class ProgressSample:
     at: datetime
 
 
+# A pass's read of the job's communicators, built once (see store/commands.py).
+_COMMUNICATORS = (
+    select(m.Communicator)
+    .where(m.Communicator.job_id == bindparam("job_id"))
+    .order_by(m.Communicator.comm_id)
+)
+
+
 class CoordinationRepo:
     """Communicators, the ranks' progress in them, and iteration samples."""
 
@@ -36,11 +44,7 @@ class CoordinationRepo:
 
     # -- communicators ----------------------------------------------------------------------
     def communicators(self, job_id: str) -> Sequence[m.Communicator]:
-        return self.s.scalars(
-            select(m.Communicator)
-            .where(m.Communicator.job_id == job_id)
-            .order_by(m.Communicator.comm_id)
-        ).all()
+        return self.s.scalars(_COMMUNICATORS, {"job_id": job_id}).all()
 
     def jobs_of_comm(self, comm_ids: Iterable[int]) -> dict[int, str]:
         rows = self.s.execute(

@@ -7,7 +7,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, and_, case, delete, func, select, text, update
+from sqlalchemy import (
+    BindParameter,
+    Select,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -39,9 +50,7 @@ class EventRepo:
         return set(self.s.scalars(stmt).all())
 
     def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
-        self.s.execute(
-            update(m.Event).where(m.Event.event_id.in_(list(event_ids))).values(fault_id=fault_id)
-        )
+        self.s.execute(_SET_FAULT, {"event_ids": list(event_ids), "to_fault": fault_id})
 
     def count(self, node: str | None = None) -> int:
         q = select(func.count()).select_from(m.Event)
@@ -63,21 +72,12 @@ class EventRepo:
         self, node: str, device: str, port: int, since: datetime
     ) -> list[tuple[datetime, bool]]:
         """(time, up) of a port's down and up reports since `since`, oldest first."""
-        rows = self.s.execute(
-            select(m.Event.observed_at, m.Event.kind)
-            .where(
-                m.Event.node == node,
-                m.Event.device == device,
-                m.Event.kind.in_(["port_down", "port_up"]),
-                m.Event.observed_at >= since,
-                (m.Event.port == port) | m.Event.port.is_(None),
-            )
-            .order_by(m.Event.observed_at)
-        )
+        asked = {"node": node, "device": device, "since": since, "port": port}
+        rows = self.s.execute(_PORT_TRANSITIONS, asked)
         return [(at, kind == "port_up") for at, kind in rows.tuples()]
 
 
-def open_unreachable_query(node: str) -> Select[tuple[m.Fault]]:
+def open_unreachable_query(node: str | BindParameter[str]) -> Select[tuple[m.Fault]]:
     return select(m.Fault).where(
         m.Fault.node == node,
         m.Fault.device == UNREACHABLE_DEVICE,
@@ -112,10 +112,85 @@ class OpenFault(NamedTuple):
 _READ = "railover_open_faults_read"
 
 
-def _unresolved(q: Select[Any], nodes: Iterable[str] | None) -> Select[Any]:
-    """`q` kept to the faults still evidence (on `nodes`, when given), in the order opened."""
+def _unresolved(q: Select[Any]) -> tuple[Select[Any], Select[Any]]:
+    """`q` kept to the faults still evidence, in the order opened: everywhere, and on the
+    nodes of the expanding parameter "nodes". Built once (see store/commands.py)."""
     q = q.where(m.Fault.resolved_at.is_(None)).order_by(m.Fault.id)
-    return q if nodes is None else q.where(m.Fault.node.in_(list(nodes)))
+    return q, q.where(m.Fault.node.in_(bindparam("nodes", expanding=True)))
+
+
+def _pick(
+    queries: tuple[Select[Any], Select[Any]], nodes: Iterable[str] | None
+) -> tuple[Select[Any], dict[str, Any]]:
+    """The statement of `_unresolved` for `nodes` (None: every node), with its parameters."""
+    if nodes is None:
+        return queries[0], {}
+    return queries[1], {"nodes": list(nodes)}
+
+
+_UNRESOLVED = _unresolved(select(m.Fault))
+_AT_THEIR_PORTS = _unresolved(
+    select(
+        m.Fault.id,
+        m.Fault.node,
+        m.Fault.device,
+        m.Fault.port,
+        m.Fault.kind,
+        m.Fault.opened_at,
+        m.Fault.cleared_at,
+        m.Fault.last_error_at,
+        m.Fault.switch,
+        m.Fault.detail,
+        m.Rnic.state,
+        m.Rnic.observed_at,
+    )
+    .select_from(m.Fault)
+    .outerjoin(
+        m.Rnic,
+        and_(
+            m.Rnic.node == m.Fault.node,
+            m.Rnic.name == m.Fault.device,
+            # A whole device's fault reads port 1 of it.
+            m.Rnic.port == case((m.Fault.port == WHOLE_DEVICE_PORT, 1), else_=m.Fault.port),
+        ),
+    )
+)
+_OPEN_UNREACHABLE = open_unreachable_query(bindparam("node"))
+_OPEN_ON_COMPONENT = select(m.Fault).where(
+    m.Fault.node == bindparam("node"),
+    m.Fault.device == bindparam("device"),
+    m.Fault.port == bindparam("port"),
+    m.Fault.cleared_at.is_(None),
+)
+_CLEARING = select(m.Fault).where(
+    m.Fault.node == bindparam("node"),
+    m.Fault.device == bindparam("device"),
+    m.Fault.port.in_(bindparam("ports", expanding=True)),
+    m.Fault.kind.in_(bindparam("kinds", expanding=True)),
+    m.Fault.cleared_at.is_(None),
+)
+_DESCRIBED = select(m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.kind).where(
+    m.Fault.id == bindparam("id")
+)
+_OPEN_SWITCH_FAULTS = (
+    select(m.SwitchFault).where(m.SwitchFault.cleared_at.is_(None)).order_by(m.SwitchFault.id)
+)
+_PORT_TRANSITIONS = (
+    select(m.Event.observed_at, m.Event.kind)
+    .where(
+        m.Event.node == bindparam("node"),
+        m.Event.device == bindparam("device"),
+        m.Event.kind.in_(["port_down", "port_up"]),
+        m.Event.observed_at >= bindparam("since"),
+        (m.Event.port == bindparam("port")) | m.Event.port.is_(None),
+    )
+    .order_by(m.Event.observed_at)
+)
+_SET_FAULT = (
+    update(m.Event)
+    .where(m.Event.event_id.in_(bindparam("event_ids", expanding=True)))
+    .values(fault_id=bindparam("to_fault"))  # an UPDATE keeps a column's name for its value
+)
 
 
 class FaultRepo:
@@ -130,28 +205,14 @@ class FaultRepo:
         return insert_unless_taken(self.s, fault)
 
     def open_on_component(self, node: str, device: str, port: int) -> m.Fault | None:
-        return self.s.scalar(
-            select(m.Fault).where(
-                m.Fault.node == node,
-                m.Fault.device == device,
-                m.Fault.port == port,
-                m.Fault.cleared_at.is_(None),
-            )
-        )
+        return self.s.scalar(_OPEN_ON_COMPONENT, {"node": node, "device": device, "port": port})
 
     def clear(
         self, node: str, device: str, port: int, now: datetime, kinds: Sequence[str]
     ) -> list[m.Fault]:
         """The port is up again: faults of `kinds` on it (or its whole RNIC) start clearing."""
-        rows = self.s.scalars(
-            select(m.Fault).where(
-                m.Fault.node == node,
-                m.Fault.device == device,
-                m.Fault.port.in_([port, 0]),
-                m.Fault.kind.in_(list(kinds)),
-                m.Fault.cleared_at.is_(None),
-            )
-        ).all()
+        asked = {"node": node, "device": device, "ports": [port, 0], "kinds": list(kinds)}
+        rows = self.s.scalars(_CLEARING, asked).all()
         for f in rows:
             f.cleared_at = now
         self.s.flush()
@@ -159,11 +220,11 @@ class FaultRepo:
 
     def open_unreachable(self, node: str) -> Sequence[m.Fault]:
         """The node's UNREACHABLE fault, if open (the open-component index finds it)."""
-        return self.s.scalars(open_unreachable_query(node)).all()
+        return self.s.scalars(_OPEN_UNREACHABLE, {"node": node}).all()
 
     def unresolved(self, nodes: Iterable[str] | None = None) -> Sequence[m.Fault]:
         """Faults that are still evidence: not closed by their clearing rule or an operator."""
-        return self.s.scalars(_unresolved(select(m.Fault), nodes)).all()
+        return self.s.scalars(*_pick(_UNRESOLVED, nodes)).all()
 
     def unresolved_at_their_ports(self, nodes: Iterable[str] | None = None) -> list[OpenFault]:
         """`unresolved` as plain values, each fault beside the level of the port it names
@@ -173,30 +234,7 @@ class FaultRepo:
         statement over every port of the faults' nodes, a thousand rows twice a report
         with a hundred faults open on as many nodes. What it read stays known to this
         transaction (`described`)."""
-        port = case((m.Fault.port == WHOLE_DEVICE_PORT, 1), else_=m.Fault.port)
-        f = m.Fault
-        q = (
-            select(
-                f.id,
-                f.node,
-                f.device,
-                f.port,
-                f.kind,
-                f.opened_at,
-                f.cleared_at,
-                f.last_error_at,
-                f.switch,
-                f.detail,
-                m.Rnic.state,
-                m.Rnic.observed_at,
-            )
-            .select_from(f)
-            .outerjoin(
-                m.Rnic,
-                and_(m.Rnic.node == f.node, m.Rnic.name == f.device, m.Rnic.port == port),
-            )
-        )
-        read = [OpenFault._make(r) for r in self.s.execute(_unresolved(q, nodes)).tuples()]
+        read = [OpenFault._make(r) for r in self.s.execute(*_pick(_AT_THEIR_PORTS, nodes))]
         within = self.s.get_nested_transaction() or self.s.get_transaction()
         self.s.info[_READ] = (within, {r.id: r for r in read})
         return read
@@ -212,11 +250,7 @@ class FaultRepo:
             known = read[1].get(fault_id)
             if known is not None:
                 return known.node, known.device, known.port, known.kind
-        row = self.s.execute(
-            select(m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.kind).where(
-                m.Fault.id == fault_id
-            )
-        ).first()
+        row = self.s.execute(_DESCRIBED, {"id": fault_id}).first()
         return None if row is None else (row[0], row[1], row[2], row[3])
 
     def by_ids(self, ids: Iterable[int]) -> Sequence[m.Fault]:
@@ -252,11 +286,7 @@ class FaultRepo:
             fault.cleared_at = now
 
     def open_switch_faults(self) -> Sequence[m.SwitchFault]:
-        return self.s.scalars(
-            select(m.SwitchFault)
-            .where(m.SwitchFault.cleared_at.is_(None))
-            .order_by(m.SwitchFault.id)
-        ).all()
+        return self.s.scalars(_OPEN_SWITCH_FAULTS).all()
 
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
         return insert_unless_taken(self.s, row)

@@ -9,7 +9,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Table, delete, func, or_, select, text, update
+from sqlalchemy import (
+    BindParameter,
+    Table,
+    Update,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -25,6 +36,57 @@ if TYPE_CHECKING:
 JOB_RANKS = cast("Table", m.JobRank.__table__)
 COPY_RANKS = "COPY job_ranks (job_id, rank, node, gpu) FROM STDIN"
 INSERT_RANKS = "INSERT INTO job_ranks (job_id, rank, node, gpu) VALUES (?, ?, ?, ?)"
+
+
+def _mark_due(postgresql: bool) -> Update:
+    """Mark the jobs of "job_ids" due "at", unless already due by then (`JobRepo.mark_due`)."""
+    unmarked = select(m.Job.job_id).where(
+        m.Job.job_id.in_(bindparam("job_ids", expanding=True)),
+        or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > bindparam("at")),
+    )
+    if postgresql:
+        unmarked = unmarked.with_for_update(skip_locked=True)
+    return (
+        update(m.Job)
+        .where(m.Job.job_id.in_(unmarked))
+        .values(reconcile_due_at=bindparam("at"))
+        .execution_options(synchronize_session=False)
+    )
+
+
+# The statements of a report's pass and a poll, built once (see store/commands.py).
+_JOB: BindParameter[str] = bindparam("job_id")
+_LOCK = (
+    select(m.Job)
+    .where(m.Job.job_id == _JOB)
+    .with_for_update()
+    .execution_options(populate_existing=True)
+)
+_RANK_TUPLES = (
+    select(m.JobRank.rank, m.JobRank.node, m.JobRank.gpu)
+    .where(m.JobRank.job_id == _JOB)
+    .order_by(m.JobRank.rank)
+)
+_RANKS_ON_NODE = select(m.JobRank.job_id, m.JobRank.rank).where(m.JobRank.node == bindparam("node"))
+_JOBS_ON_NODES = (
+    select(m.JobRank.job_id)
+    .where(m.JobRank.node.in_(bindparam("nodes", expanding=True)))
+    .distinct()
+)
+_MARK_DUE = {False: _mark_due(False), True: _mark_due(True)}  # by: on PostgreSQL
+_NEWEST_CHECKPOINT = (
+    select(m.Checkpoint)
+    .where(
+        m.Checkpoint.job_id == _JOB,
+        m.Checkpoint.incarnation.is_(None) | (m.Checkpoint.incarnation == bindparam("incarnation")),
+    )
+    .order_by(m.Checkpoint.received_at.desc(), m.Checkpoint.id.desc())
+    .limit(1)
+)
+_HAS_MIRROR_FAILURES = select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == _JOB).limit(1)
+_DECISION_EXISTS = select(m.Decision.decision_id).where(
+    m.Decision.job_id == _JOB, m.Decision.trigger == bindparam("trigger")
+)
 
 
 class JobRepo:
@@ -48,12 +110,7 @@ class JobRepo:
         that forgets to lock. Events for the outbox are emitted under this lock
         too, which is what makes their ids follow the job's decision order.
         """
-        return self.s.scalar(
-            select(m.Job)
-            .where(m.Job.job_id == job_id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
+        return self.s.scalar(_LOCK, {"job_id": job_id})
 
     def add(self, job: m.Job, ranks: Sequence[tuple[int, str, int]] = ()) -> None:
         """Store the job and its (rank, node, gpu) placement. The ranks (65,536 for a large
@@ -97,12 +154,7 @@ class JobRepo:
 
     def rank_tuples(self, job_id: str) -> list[tuple[int, str, int]]:
         """(rank, node, gpu) rows without building ORM objects: 1,024 of them per decision."""
-        rows = self.s.execute(
-            select(m.JobRank.rank, m.JobRank.node, m.JobRank.gpu)
-            .where(m.JobRank.job_id == job_id)
-            .order_by(m.JobRank.rank)
-        )
-        return list(rows.tuples().all())
+        return list(self.s.execute(_RANK_TUPLES, {"job_id": job_id}).tuples().all())
 
     def rank_counts(self) -> dict[str, tuple[int, list[str]]]:
         """Per job: how many ranks and on which nodes, without loading rank rows."""
@@ -152,19 +204,12 @@ class JobRepo:
     def ranks_on_node(self, node: str) -> dict[str, set[int]]:
         """Each job with ranks on the node, and those ranks' numbers (a few rows: one per GPU)."""
         out: dict[str, set[int]] = {}
-        rows = self.s.execute(
-            select(m.JobRank.job_id, m.JobRank.rank).where(m.JobRank.node == node)
-        )
-        for job_id, rank in rows.tuples():
+        for job_id, rank in self.s.execute(_RANKS_ON_NODE, {"node": node}).tuples():
             out.setdefault(job_id, set()).add(rank)
         return out
 
     def job_ids_on_nodes(self, nodes: Iterable[str]) -> list[str]:
-        return sorted(
-            self.s.scalars(
-                select(m.JobRank.job_id).where(m.JobRank.node.in_(list(nodes))).distinct()
-            ).all()
-        )
+        return sorted(self.s.scalars(_JOBS_ON_NODES, {"nodes": list(nodes)}).all())
 
     def due_for_reconcile(self, now: datetime, limit: int = 100) -> list[str]:
         """Jobs the coordinator must reconcile by `now` (a pass failed, or a report's
@@ -189,18 +234,8 @@ class JobRepo:
         """
         if not job_ids:
             return
-        unmarked = select(m.Job.job_id).where(
-            m.Job.job_id.in_(list(job_ids)),
-            or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > at),
-        )
-        if self.s.get_bind().dialect.name == "postgresql":
-            unmarked = unmarked.with_for_update(skip_locked=True)
-        self.s.execute(
-            update(m.Job)
-            .where(m.Job.job_id.in_(unmarked))
-            .values(reconcile_due_at=at)
-            .execution_options(synchronize_session=False)
-        )
+        postgresql = self.s.get_bind().dialect.name == "postgresql"
+        self.s.execute(_MARK_DUE[postgresql], {"job_ids": list(job_ids), "at": at})
 
     def nodes_of(self, job_id: str) -> list[str]:
         return sorted(
@@ -212,15 +247,7 @@ class JobRepo:
     def newest_checkpoint(self, job_id: str, incarnation: int) -> m.Checkpoint | None:
         """The newest checkpoint reported by `incarnation` (or not naming one, from before
         incarnations were stored)."""
-        return self.s.scalar(
-            select(m.Checkpoint)
-            .where(
-                m.Checkpoint.job_id == job_id,
-                m.Checkpoint.incarnation.is_(None) | (m.Checkpoint.incarnation == incarnation),
-            )
-            .order_by(m.Checkpoint.received_at.desc(), m.Checkpoint.id.desc())
-            .limit(1)
-        )
+        return self.s.scalar(_NEWEST_CHECKPOINT, {"job_id": job_id, "incarnation": incarnation})
 
     def add_checkpoint(self, cp: m.Checkpoint) -> None:
         self.s.add(cp)
@@ -259,10 +286,7 @@ class JobRepo:
         )
 
     def has_mirror_failures(self, job_id: str) -> bool:
-        found = self.s.scalar(
-            select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == job_id).limit(1)
-        )
-        return found is not None
+        return self.s.scalar(_HAS_MIRROR_FAILURES, {"job_id": job_id}) is not None
 
     def clear_mirror_failures(self, job_id: str) -> None:
         self.s.execute(delete(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id))
@@ -314,14 +338,7 @@ class DecisionRepo:
         return insert_unless_taken(self.s, d)
 
     def exists(self, job_id: str, trigger: str) -> bool:
-        return (
-            self.s.scalar(
-                select(m.Decision.decision_id).where(
-                    m.Decision.job_id == job_id, m.Decision.trigger == trigger
-                )
-            )
-            is not None
-        )
+        return self.s.scalar(_DECISION_EXISTS, {"job_id": job_id, "trigger": trigger}) is not None
 
     def for_job(self, job_id: str, limit: int = 100) -> Sequence[m.Decision]:
         return self.s.scalars(

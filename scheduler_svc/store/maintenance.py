@@ -6,11 +6,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store.idempotency import insert_unless_taken
+
+# The evidence's reads, built once (see store/commands.py).
+_IN_FORCE = (
+    select(m.MaintenanceWindow)
+    .where(m.MaintenanceWindow.phase != "done")
+    .order_by(m.MaintenanceWindow.id)
+)
+_IN_FORCE_ON = _IN_FORCE.where(
+    m.MaintenanceWindow.switch.is_not(None)
+    | m.MaintenanceWindow.node.in_(bindparam("nodes", expanding=True))
+)
+_OPEN_FLAGS = (
+    select(m.MaintenanceFlag)
+    .where(m.MaintenanceFlag.cleared_at.is_(None))
+    .order_by(m.MaintenanceFlag.id)
+)
 
 
 class MaintenanceRepo:
@@ -41,12 +57,9 @@ class MaintenanceRepo:
 
     def in_force(self, nodes: Iterable[str] | None) -> Sequence[m.MaintenanceWindow]:
         """Windows not yet done on `nodes` (all when None), and every switch-wide one."""
-        q = select(m.MaintenanceWindow).where(m.MaintenanceWindow.phase != "done")
-        if nodes is not None:
-            q = q.where(
-                m.MaintenanceWindow.switch.is_not(None) | m.MaintenanceWindow.node.in_(list(nodes))
-            )
-        return self.s.scalars(q.order_by(m.MaintenanceWindow.id)).all()
+        if nodes is None:
+            return self.s.scalars(_IN_FORCE).all()
+        return self.s.scalars(_IN_FORCE_ON, {"nodes": list(nodes)}).all()
 
     def due(self, now: datetime, limit: int = 100) -> list[int]:
         return list(
@@ -77,11 +90,7 @@ class MaintenanceRepo:
         return insert_unless_taken(self.s, row)
 
     def open_flags(self) -> Sequence[m.MaintenanceFlag]:
-        return self.s.scalars(
-            select(m.MaintenanceFlag)
-            .where(m.MaintenanceFlag.cleared_at.is_(None))
-            .order_by(m.MaintenanceFlag.id)
-        ).all()
+        return self.s.scalars(_OPEN_FLAGS).all()
 
     def clear_flag(self, flag_id: int, now: datetime) -> m.MaintenanceFlag | None:
         row = self.s.get(m.MaintenanceFlag, flag_id)

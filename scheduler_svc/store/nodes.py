@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Result, Select, Text, cast, select, update
+from sqlalchemy import BindParameter, Result, Select, Text, bindparam, cast, select, update
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
@@ -38,6 +38,22 @@ TOPOLOGY_RNIC = (
     m.Rnic.kind,
     m.Rnic.physfn,
 )
+
+
+# The statements of a report, built once (see store/commands.py). Their parameters are
+# named apart from the columns: an UPDATE keeps a column's own name for its new value.
+_DEVICE = (m.Rnic.node == bindparam("of_node"), m.Rnic.name == bindparam("of_device"))
+_PORT = m.Rnic.port == bindparam("of_port")
+_NEWER = m.Rnic.observed_at.is_(None) | (m.Rnic.observed_at <= bindparam("seen_at"))
+_OBSERVED: dict[str, BindParameter[Any]] = {
+    "state": bindparam("seen_state"),
+    "observed_at": bindparam("seen_at"),
+}
+_OBSERVE_PORT = update(m.Rnic).where(*_DEVICE, _PORT, _NEWER).values(_OBSERVED)
+_OBSERVE_DEVICE = update(m.Rnic).where(*_DEVICE, _NEWER).values(_OBSERVED)
+_SWITCH_OF_PORT = select(m.Rnic.switch).where(*_DEVICE, _PORT).limit(1)
+_SWITCH_OF_DEVICE = select(m.Rnic.switch).where(*_DEVICE).limit(1)
+_FLEET_STAMP = select(m.FleetStamp.version).where(m.FleetStamp.id == 1)
 
 
 class NodeRepo:
@@ -121,7 +137,7 @@ class NodeRepo:
         """The fleet's registration stamp: it changes when any node registers anew or
         changes topology (`bump_fleet`). One row by its key, whatever the fleet's size; a
         cached job index is checked node by node (`versions`) only when it changed."""
-        return int(self.s.scalar(select(m.FleetStamp.version).where(m.FleetStamp.id == 1)) or 0)
+        return int(self.s.scalar(_FLEET_STAMP) or 0)
 
     def bump_fleet(self) -> None:
         """Give the stamp a new value, in the transaction of the registration that changes
@@ -194,18 +210,18 @@ class NodeRepo:
         Returns whether it became the level of some port. Of two reports observed at the
         same time, the later one stands (an agent sends a port's reports in order).
         """
-        stmt = update(m.Rnic).where(m.Rnic.node == node, m.Rnic.name == device)
+        asked = {"of_node": node, "of_device": device, "seen_state": state, "seen_at": at}
         if port:
-            stmt = stmt.where(m.Rnic.port == port)
-        stmt = stmt.where(m.Rnic.observed_at.is_(None) | (m.Rnic.observed_at <= at))
-        result = self.s.execute(stmt.values(state=state, observed_at=at))
+            result = self.s.execute(_OBSERVE_PORT, asked | {"of_port": port})
+        else:
+            result = self.s.execute(_OBSERVE_DEVICE, asked)
         return bool(getattr(result, "rowcount", 0))
 
     def switch_of(self, node: str, device: str, port: int) -> str | None:
-        q = select(m.Rnic.switch).where(m.Rnic.node == node, m.Rnic.name == device)
+        asked = {"of_node": node, "of_device": device}
         if port:
-            q = q.where(m.Rnic.port == port)
-        return self.s.scalar(q.limit(1))
+            return self.s.scalar(_SWITCH_OF_PORT, asked | {"of_port": port})
+        return self.s.scalar(_SWITCH_OF_DEVICE, asked)
 
     def ports_on_switch(self, switch: str) -> list[tuple[str, str, int]]:
         rows = self.s.execute(
