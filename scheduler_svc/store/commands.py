@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import BindParameter, bindparam, func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import open_unreachable_query
@@ -23,6 +24,7 @@ _KIND: BindParameter[str] = bindparam("kind")
 _KINDS: BindParameter[list[str]] = bindparam("kinds", expanding=True)
 _COMM: BindParameter[int] = bindparam("comm_id")
 _WAITING = m.Command.state.in_(_STATES)
+_BY_ID = select(m.Command).where(m.Command.command_id == bindparam("command_id"))
 _JOB_OF = select(m.Command.job_id).where(m.Command.command_id == bindparam("command_id"))
 _PENDING = select(m.Command).where(m.Command.node == _NODE, _WAITING).order_by(m.Command.command_id)
 _HAS_PENDING = select(m.Command.command_id).where(m.Command.node == _NODE, _WAITING).limit(1)
@@ -73,7 +75,12 @@ class CommandRepo:
         self.s.flush()
 
     def get(self, command_id: int) -> m.Command | None:
-        return self.s.get(m.Command, command_id)
+        """The command of this id: as this session holds it (no statement), or read by a
+        statement built once (an acknowledgement's first read; `Session.get` builds a new
+        SELECT for every miss)."""
+        if identity_key(m.Command, command_id) in self.s.identity_map:
+            return self.s.get(m.Command, command_id)
+        return self.s.scalar(_BY_ID, {"command_id": command_id})
 
     def job_of(self, command_id: int) -> str | None:
         """The job a command is for (a plain read: nothing is locked or loaded)."""

@@ -378,3 +378,23 @@ def test_commands_pending_superseded_and_unacknowledged(session: Session) -> Non
     )
     assert [a.status for a in repo.acks(cmds[0].command_id)] == ["applied"]
     assert repo.get(cmds[0].command_id) is cmds[0]
+
+
+def test_a_command_is_got_as_held_or_read_by_its_key(session: Session) -> None:
+    """`CommandRepo.get`: a command this session holds comes back as held, with no
+    statement; one it does not hold is one read; an unknown id is None."""
+    JobRepo(session).add(job("j1", ["n0"]))
+    repo = CommandRepo(session)
+    cmd = m.Command(node="n0", job_id="j1", kind="failover", created_at=NOW)
+    repo.add_all([cmd])
+    with statements(session) as seen:
+        assert repo.get(cmd.command_id) is cmd
+    assert seen == []
+    command_id = cmd.command_id
+    session.expunge_all()
+    with statements(session) as seen:
+        got = repo.get(command_id)
+        assert got is not None and (got.node, got.kind) == ("n0", "failover")
+        assert repo.get(command_id) is got  # held now
+        assert repo.get(command_id + 1) is None
+    assert len(seen) == 2
