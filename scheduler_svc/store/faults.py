@@ -172,6 +172,11 @@ _CLEARING = select(m.Fault).where(
 _DESCRIBED = select(m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.kind).where(
     m.Fault.id == bindparam("id")
 )
+_RECENT_ON_SWITCH = select(m.Fault).where(
+    m.Fault.switch == bindparam("switch"),
+    m.Fault.opened_at >= bindparam("since"),
+    m.Fault.cleared_at.is_(None),
+)
 _OPEN_SWITCH_FAULTS = (
     select(m.SwitchFault).where(m.SwitchFault.cleared_at.is_(None)).order_by(m.SwitchFault.id)
 )
@@ -337,8 +342,4 @@ class FaultRepo:
             )
 
     def recent_switch_faults(self, switch: str, since: datetime) -> Sequence[m.Fault]:
-        return self.s.scalars(
-            select(m.Fault).where(
-                m.Fault.switch == switch, m.Fault.opened_at >= since, m.Fault.cleared_at.is_(None)
-            )
-        ).all()
+        return self.s.scalars(_RECENT_ON_SWITCH, {"switch": switch, "since": since}).all()
