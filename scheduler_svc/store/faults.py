@@ -26,6 +26,16 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store.idempotency import insert_unless_taken
 from scheduler_svc.store.types import UNREACHABLE_DEVICE, WHOLE_DEVICE_PORT, FaultKind
 
+_EVENTS = m.Event.__table__
+# One statement per store, built once, its rows sent as one executemany: SQLAlchemy
+# writes them as multi-row VALUES with RETURNING (its "insertmanyvalues").
+_INSERT_EVENTS = {
+    name: dialect.insert(_EVENTS)
+    .on_conflict_do_nothing(index_elements=["event_id"])
+    .returning(_EVENTS.c.event_id)
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
 
 class EventRepo:
     def __init__(self, session: Session) -> None:
@@ -40,14 +50,7 @@ class EventRepo:
         if not rows:
             return set()
         dialect = self.s.get_bind().dialect.name
-        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        stmt = (
-            insert(m.Event)
-            .values(rows)
-            .on_conflict_do_nothing(index_elements=["event_id"])
-            .returning(m.Event.event_id)
-        )
-        return set(self.s.scalars(stmt).all())
+        return set(self.s.execute(_INSERT_EVENTS[dialect], rows).scalars().all())
 
     def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
         self.s.execute(_SET_FAULT, {"event_ids": list(event_ids), "to_fault": fault_id})
