@@ -331,6 +331,46 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: a node's routes kept on the job index while what fails there is the same.
+        "node-routes",
+        ("scheduler_svc/engine/jobindex.py",),
+        ("tests/engine/test_jobindex_equivalence.py", "tests/engine/test_jobindex_build.py"),
+        only=(
+            "scheduler_svc.engine.jobindex.x__changed__mutmut_*",
+            "scheduler_svc.engine.jobindex.x__failures_by_node__mutmut_*",
+            "scheduler_svc.engine.jobindex.x__switches__mutmut_*",
+        ),
+    ),
+    Target(
+        # Issue 33: open faults read as plain values; a decision's fault named from them.
+        "evidence-values",
+        (
+            "scheduler_svc/store/faults.py",
+            "scheduler_svc/services/fabric.py",
+            "scheduler_svc/fleet/events.py",
+        ),
+        (
+            "tests/store/test_repositories.py",
+            "tests/scheduler_svc/test_pass_reads.py",
+            "tests/scheduler_svc/test_plan_cache.py",
+            "tests/scheduler_svc/test_fault_lifecycle_api.py",
+            "tests/scheduler_svc/test_job_index_cache.py",
+            "tests/scheduler_svc/test_sequences_regressions.py",
+            "tests/scheduler_svc/test_maintenance_api.py",
+        ),
+        only=(
+            "scheduler_svc.store.faults.xǁFaultRepoǁunresolved_at_their_ports__mutmut_*",
+            "scheduler_svc.store.faults.xǁFaultRepoǁdescribed__mutmut_*",
+            "scheduler_svc.store.faults.xǁFaultRepoǁby_ids__mutmut_*",
+            "scheduler_svc.store.faults.x__pick__mutmut_*",
+            "scheduler_svc.services.fabric.x__evidence_of__mutmut_*",
+            "scheduler_svc.services.fabric.x_evidence__mutmut_*",
+            "scheduler_svc.services.fabric.x_close_cleared__mutmut_*",
+            "scheduler_svc.services.fabric.x_view_for__mutmut_*",
+            "scheduler_svc.fleet.events.x_emit_decision__mutmut_*",
+        ),
+    ),
+    Target(
         # Issue 29: an event and its deliveries written by Core, the session left unflushed
         # (the commands a switch point supersedes are written together at the commit).
         "outbox-writes",

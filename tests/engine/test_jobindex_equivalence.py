@@ -218,4 +218,5 @@ def test_a_nodes_routes_are_kept_while_what_fails_there_is_the_same() -> None:
     assert index.routed["a"][1][1] == {"leaf2"}
     check(on_both)  # the leaf is back
     check(FailedSet(gpus=frozenset({("a", 0)}), rnics=frozenset({("b", "*")})))
+    check(FailedSet(gpus=frozenset({("a", 1)}), rnics=frozenset({("b", "mlx5_1")})))
     check(on_a)
