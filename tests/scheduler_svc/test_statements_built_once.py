@@ -27,7 +27,8 @@ BUILT = (selectable.Select, dml.Insert, dml.Update, dml.Delete)
 
 @contextmanager
 def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Each statement built meanwhile, by where in the service it was built."""
+    """Each statement built meanwhile under a route of the service, by where it was built
+    (not the coordinator's sweeps nor the outbox worker, which run beside the requests)."""
     seen: Counter[str] = Counter()
     on = [True]
     for cls in BUILT:
@@ -36,9 +37,10 @@ def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
         def init(
             self: Any, *args: Any, _real: Any = real, _kind: str = cls.__name__, **kw: Any
         ) -> None:
-            if on[0]:
-                ours = [f for f in traceback.extract_stack()[:-1] if "scheduler_svc" in f.filename]
-                seen[f"{_kind} in {ours[-1].name if ours else 'SQLAlchemy'}"] += 1
+            stack = traceback.extract_stack()[:-1] if on[0] else []
+            if any("scheduler_svc/api/" in f.filename for f in stack):
+                ours = [f for f in stack if "scheduler_svc" in f.filename]
+                seen[f"{_kind} in {ours[-1].name}"] += 1
             _real(self, *args, **kw)
 
         monkeypatch.setattr(cls, "__init__", init)
