@@ -11,16 +11,11 @@ service's engines (it runs in this process) with SQLAlchemy's cursor hook.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event as sa_event
 from sqlalchemy import select
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from scheduler_svc.config import Settings
@@ -29,6 +24,7 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store import uow
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
+from tests.sql_statements import statements
 
 NODES = ["a", "b"]
 # What `session.get` sends for a fault or a communicator not in the identity map.
@@ -36,20 +32,6 @@ BY_PRIMARY_KEY = re.compile(
     r"FROM (faults WHERE faults\.id = |"
     r"communicators WHERE communicators\.job_id = \S+ AND communicators\.comm_id = )"
 )
-
-
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def hook(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(" ".join(statement.split()))
-
-    sa_event.listen(Engine, "before_cursor_execute", hook)
-    try:
-        yield seen
-    finally:
-        sa_event.remove(Engine, "before_cursor_execute", hook)
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event as sa_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -23,6 +20,7 @@ from scheduler_svc.store.jobs import JobRepo
 from scheduler_svc.store.nodes import NodeRepo
 from scheduler_svc.store.tokens import TOKEN_PREFIX, TokenRepo, hash_secret
 from scheduler_svc.store.types import WAITING, CommandState, FaultKind
+from tests.sql_statements import statements
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -168,22 +166,6 @@ def test_open_faults_are_read_with_the_level_of_the_port_each_names(session: Ses
         assert values == {name: getattr(row, name) for name in values}
 
 
-@contextmanager
-def statements(session: Session) -> Iterator[list[str]]:
-    """The statements sent on `session`'s engine meanwhile."""
-    seen: list[str] = []
-
-    def hook(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(" ".join(statement.split()))
-
-    engine = session.get_bind().engine
-    sa_event.listen(engine, "before_cursor_execute", hook)
-    try:
-        yield seen
-    finally:
-        sa_event.remove(engine, "before_cursor_execute", hook)
-
-
 def test_a_fault_read_as_evidence_is_described_without_a_statement(session: Session) -> None:
     """A decision's CloudEvent names its fault: from the open faults the same transaction
     read last, without a statement; from one read by its key where that read cannot
@@ -194,21 +176,21 @@ def test_a_fault_read_as_evidence_is_described_without_a_statement(session: Sess
     session.flush()
     faults = FaultRepo(session)
     faults.unresolved_at_their_ports(["n0"])
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert faults.described(link.id) == ("n0", "mlx5_1", 2, FaultKind.LINK_DOWN.value)
     assert seen == []
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert faults.described(other.id) == ("n1", "mlx5_0", 1, FaultKind.LINK_DOWN.value)
         assert faults.described(other.id + 100) is None  # no such fault
     assert len(seen) == 2
     savepoint = session.begin_nested()
     faults.unresolved_at_their_ports()
     savepoint.rollback()
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert faults.described(link.id) == ("n0", "mlx5_1", 2, FaultKind.LINK_DOWN.value)
     assert len(seen) == 1  # that read's savepoint is gone: asked again
     faults.unresolved_at_their_ports()  # in the transaction itself again
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert faults.described(other.id) == ("n1", "mlx5_0", 1, FaultKind.LINK_DOWN.value)
     assert seen == []
 
@@ -217,7 +199,7 @@ def test_faults_are_read_by_their_ids_in_one_statement(session: Session) -> None
     made = [open_fault(session, f"n{i}", "mlx5_0", 1, FaultKind.LINK_DOWN) for i in range(3)]
     session.flush()
     faults = FaultRepo(session)
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert faults.by_ids([made[2].id, made[0].id, made[2].id]) == [made[0], made[2]]
         assert faults.by_ids([]) == []
     assert len(seen) == 1
@@ -387,12 +369,12 @@ def test_a_command_is_got_as_held_or_read_by_its_key(session: Session) -> None:
     repo = CommandRepo(session)
     cmd = m.Command(node="n0", job_id="j1", kind="failover", created_at=NOW)
     repo.add_all([cmd])
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         assert repo.get(cmd.command_id) is cmd
     assert seen == []
     command_id = cmd.command_id
     session.expunge_all()
-    with statements(session) as seen:
+    with statements(session.get_bind().engine) as seen:
         got = repo.get(command_id)
         assert got is not None and (got.node, got.kind) == ("n0", "failover")
         assert repo.get(command_id) is got  # held now
