@@ -273,6 +273,25 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: reads of values on the session's connection, and the evidence's
+        # quarantines, switch failures and windows read through it.
+        "plain-reads",
+        (
+            "scheduler_svc/store/plain.py",
+            "scheduler_svc/store/maintenance.py",
+            "scheduler_svc/store/faults.py",
+            "scheduler_svc/services/fabric.py",
+        ),
+        ("tests/store/test_plain.py", "tests/store/test_repositories.py"),
+        only=(
+            "scheduler_svc.store.plain.x_execute__mutmut_*",
+            "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁin_force_values__mutmut_*",
+            "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁopen_flag_values__mutmut_*",
+            "scheduler_svc.store.faults.xǁFaultRepoǁopen_switch_fault_values__mutmut_*",
+            "scheduler_svc.services.fabric.x_evidence__mutmut_*",
+        ),
+    ),
+    Target(
         # Issue 33: open faults read with their own ports' levels (one statement). The
         # statements themselves are built at import (`_unresolved`), before any mutant is
         # switched on: what a run can mutate is which of them is asked, with what.

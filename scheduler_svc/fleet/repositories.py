@@ -12,6 +12,7 @@ from sqlalchemy import and_, bindparam, delete, event, func, insert, or_, select
 from sqlalchemy.orm import Session, SessionTransaction, aliased
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 
 if TYPE_CHECKING:
     from sqlalchemy import Table
@@ -100,7 +101,7 @@ class SubscriptionRepo:
         if job_id not in cached:
             cached[job_id] = [
                 Target(row.subscription_id, row.url, tuple(row.event_types or ()))
-                for row in self.s.execute(_MATCHING, {"job_id": job_id})
+                for row in plain.execute(self.s, _MATCHING, {"job_id": job_id}, flush=False)
             ]
         # The type filter is a JSON list: matched here rather than with backend-specific JSON SQL.
         return [t for t in cached[job_id] if not t.event_types or event_type in t.event_types]

@@ -318,10 +318,7 @@ def infer_switch(session: Session, fault: m.Fault, settings: Settings) -> m.Swit
     repo = FaultRepo(session)
     repo.lock_switch(fault.switch)  # the fault is in: count with the others' committed
     since = fault.opened_at - timedelta(seconds=settings.correlation_window_s)
-    recent = [
-        coord.PortFault(f.node, f.device, f.port, f.switch, f.opened_at)
-        for f in repo.recent_switch_faults(fault.switch, since)
-    ]
+    recent = [coord.PortFault(*f) for f in repo.recent_switch_faults(fault.switch, since)]
     found = coord.infer_switch_failures(
         recent, window_s=settings.correlation_window_s, min_nodes=settings.correlation_min_nodes
     )

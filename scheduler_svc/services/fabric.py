@@ -263,16 +263,14 @@ def evidence(
     wanted = None if nodes is None else set(nodes)
     many = wanted is not None and len(wanted) > MANY_NODES
     faults = _faults_at_their_ports(session, wanted, many)
+    # Read as values, each row in its evidence type's field order.
     flags = [
-        health.Quarantine(q.id, q.node, q.device, q.port, q.flagged_at, q.reason)
-        for q in MaintenanceRepo(session).open_flags()
+        health.Quarantine(*q)
+        for q in MaintenanceRepo(session).open_flag_values()
         if wanted is None or q.node in wanted
     ]
-    switches = [
-        health.SwitchEvidence(s.id, s.switch, s.opened_at, s.reason)
-        for s in FaultRepo(session).open_switch_faults()
-    ]
-    windows = MaintenanceRepo(session).in_force(None if many else wanted)
+    switches = [health.SwitchEvidence(*s) for s in FaultRepo(session).open_switch_fault_values()]
+    windows = MaintenanceRepo(session).in_force_values(None if many else wanted)
     if many and wanted is not None:
         windows = [w for w in windows if w.switch is not None or w.node in wanted]
     return (
@@ -280,7 +278,7 @@ def evidence(
             faults=tuple(_evidence_of(f) for f in faults),
             switches=tuple(switches),
             quarantines=tuple(flags),
-            maintenance=tuple(window(w) for w in windows),
+            maintenance=tuple(health.Maintenance(*w) for w in windows),
         ),
         faults,
     )

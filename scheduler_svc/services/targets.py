@@ -21,6 +21,7 @@ from scheduler_svc import metrics
 from scheduler_svc.api.schemas.events import EventIn, EventKind
 from scheduler_svc.errors import Forbidden, Unprocessable
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 
 # ibv_event_type values that say something about a port or the whole device.
 _LOCATED_EVENT_TYPES = {8, 9, 10}
@@ -63,7 +64,7 @@ _REGISTERED_PORTS = (
 def registered_ports(session: Session, names: Iterable[str]) -> dict[str, Topology]:
     """The RNIC ports of each of these nodes that is registered (a node without RNICs maps
     to an empty topology), in one query of plain rows: a report needs no more of its node."""
-    rows = session.execute(_REGISTERED_PORTS, {"names": list(names)}).tuples()
+    rows = plain.execute(session, _REGISTERED_PORTS, {"names": list(names)}).tuples()
     ports: dict[str, dict[str, set[int]]] = {}
     for node, device, port in rows:
         devices = ports.setdefault(node, {})

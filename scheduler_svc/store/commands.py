@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 from scheduler_svc.store.faults import open_unreachable_query
 from scheduler_svc.store.types import CommandState
 
@@ -84,7 +85,7 @@ class CommandRepo:
 
     def job_of(self, command_id: int) -> str | None:
         """The job a command is for (a plain read: nothing is locked or loaded)."""
-        return self.s.scalar(_JOB_OF, {"command_id": command_id})
+        return plain.execute(self.s, _JOB_OF, {"command_id": command_id}).scalar()
 
     def pending_for_node(self, node: str, include_delivered: bool = True) -> Sequence[m.Command]:
         """Commands for the node not acknowledged yet (issued, and delivered if asked)."""
@@ -100,13 +101,13 @@ class CommandRepo:
 
     def has_pending(self, node: str, include_delivered: bool) -> bool:
         asked = {"node": node, "states": _waiting(include_delivered)}
-        return self.s.scalar(_HAS_PENDING, asked) is not None
+        return plain.execute(self.s, _HAS_PENDING, asked).first() is not None
 
     def look(self, node: str, include_delivered: bool) -> NodeLook:
         """What a poll of the node looks for, in one round trip: commands to hand it (as
         `has_pending`), and whether the node is held unreachable (FaultRepo.open_unreachable)."""
         asked = {"node": node, "states": _waiting(include_delivered)}
-        row = self.s.execute(_LOOK, asked).one()
+        row = plain.execute(self.s, _LOOK, asked).one()
         return NodeLook(pending=bool(row[0]), unreachable=bool(row[1]))
 
     def add_acks(self, acks: Iterable[m.CommandAck]) -> None:
@@ -169,10 +170,8 @@ class CommandRepo:
         """The highest epoch the communicator's commands of `kinds` have had (0: none). One
         aggregate on the (job, communicator, epoch) index: a job's history of commands
         (every switch point of its life, a row per node) is never loaded for it."""
-        top = self.s.scalar(
-            _MAX_EPOCH, {"job_id": job_id, "comm_id": comm_id, "kinds": list(kinds)}
-        )
-        return int(top or 0)
+        asked = {"job_id": job_id, "comm_id": comm_id, "kinds": list(kinds)}
+        return int(plain.execute(self.s, _MAX_EPOCH, asked).scalar() or 0)
 
     def switch_points(
         self, job_id: str, kind: str, points: Collection[tuple[int, int]]

@@ -23,6 +23,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from scheduler_svc.store import plain
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)
 
@@ -281,9 +283,11 @@ def publish_command_nodes(session: Session, nodes: Iterable[str]) -> None:
     if session.get_bind().dialect.name != "postgresql":
         return
     for payload in _payloads(sorted(set(nodes))):
-        session.execute(
+        plain.execute(
+            session,
             text("SELECT pg_notify(:channel, :payload)"),
             {"channel": COMMANDS_CHANNEL, "payload": payload},
+            flush=False,
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BindParameter,
+    Row,
     Select,
     and_,
     bindparam,
@@ -23,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 from scheduler_svc.store.idempotency import insert_unless_taken
 from scheduler_svc.store.types import UNREACHABLE_DEVICE, WHOLE_DEVICE_PORT, FaultKind
 
@@ -50,10 +52,12 @@ class EventRepo:
         if not rows:
             return set()
         dialect = self.s.get_bind().dialect.name
-        return set(self.s.execute(_INSERT_EVENTS[dialect], rows).scalars().all())
+        return set(
+            plain.execute(self.s, _INSERT_EVENTS[dialect], rows, flush=False).scalars().all()
+        )
 
     def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
-        self.s.execute(_SET_FAULT, {"event_ids": list(event_ids), "to_fault": fault_id})
+        plain.execute(self.s, _SET_FAULT, {"event_ids": list(event_ids), "to_fault": fault_id})
 
     def count(self, node: str | None = None) -> int:
         q = select(func.count()).select_from(m.Event)
@@ -76,7 +80,7 @@ class EventRepo:
     ) -> list[tuple[datetime, bool]]:
         """(time, up) of a port's down and up reports since `since`, oldest first."""
         asked = {"node": node, "device": device, "since": since, "port": port}
-        rows = self.s.execute(_PORT_TRANSITIONS, asked)
+        rows = plain.execute(self.s, _PORT_TRANSITIONS, asked)
         return [(at, kind == "port_up") for at, kind in rows.tuples()]
 
 
@@ -175,13 +179,20 @@ _CLEARING = select(m.Fault).where(
 _DESCRIBED = select(m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.kind).where(
     m.Fault.id == bindparam("id")
 )
-_RECENT_ON_SWITCH = select(m.Fault).where(
+_RECENT_ON_SWITCH = select(
+    m.Fault.node, m.Fault.device, m.Fault.port, m.Fault.switch, m.Fault.opened_at
+).where(
     m.Fault.switch == bindparam("switch"),
     m.Fault.opened_at >= bindparam("since"),
     m.Fault.cleared_at.is_(None),
 )
 _OPEN_SWITCH_FAULTS = (
     select(m.SwitchFault).where(m.SwitchFault.cleared_at.is_(None)).order_by(m.SwitchFault.id)
+)
+_OPEN_SWITCH_FAULT_VALUES = (
+    select(m.SwitchFault.id, m.SwitchFault.switch, m.SwitchFault.opened_at, m.SwitchFault.reason)
+    .where(m.SwitchFault.cleared_at.is_(None))
+    .order_by(m.SwitchFault.id)
 )
 _PORT_TRANSITIONS = (
     select(m.Event.observed_at, m.Event.kind)
@@ -242,7 +253,7 @@ class FaultRepo:
         statement over every port of the faults' nodes, a thousand rows twice a report
         with a hundred faults open on as many nodes. What it read stays known to this
         transaction (`described`)."""
-        read = [OpenFault._make(r) for r in self.s.execute(*_pick(_AT_THEIR_PORTS, nodes))]
+        read = [OpenFault._make(r) for r in plain.execute(self.s, *_pick(_AT_THEIR_PORTS, nodes))]
         within = self.s.get_nested_transaction() or self.s.get_transaction()
         self.s.info[_READ] = (within, {r.id: r for r in read})
         return read
@@ -258,7 +269,7 @@ class FaultRepo:
             known = read[1].get(fault_id)
             if known is not None:
                 return known.node, known.device, known.port, known.kind
-        row = self.s.execute(_DESCRIBED, {"id": fault_id}).first()
+        row = plain.execute(self.s, _DESCRIBED, {"id": fault_id}).first()
         return None if row is None else (row[0], row[1], row[2], row[3])
 
     def by_ids(self, ids: Iterable[int]) -> Sequence[m.Fault]:
@@ -295,6 +306,10 @@ class FaultRepo:
 
     def open_switch_faults(self) -> Sequence[m.SwitchFault]:
         return self.s.scalars(_OPEN_SWITCH_FAULTS).all()
+
+    def open_switch_fault_values(self) -> list[Row[Any]]:
+        """`open_switch_faults` as values: (id, switch, opened_at, reason) of each."""
+        return list(plain.execute(self.s, _OPEN_SWITCH_FAULT_VALUES))
 
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
         return insert_unless_taken(self.s, row)
@@ -339,10 +354,15 @@ class FaultRepo:
         already.
         """
         if self.s.get_bind().dialect.name == "postgresql":
-            self.s.execute(
+            plain.execute(
+                self.s,
                 text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
                 {"key": f"railover switch {switch}"},
+                flush=False,
             )
 
-    def recent_switch_faults(self, switch: str, since: datetime) -> Sequence[m.Fault]:
-        return self.s.scalars(_RECENT_ON_SWITCH, {"switch": switch, "since": since}).all()
+    def recent_switch_faults(self, switch: str, since: datetime) -> list[Row[Any]]:
+        """(node, device, port, switch, opened_at) of each fault open on the switch's ports
+        opened since `since`: what correlating them into a switch failure needs."""
+        asked = {"switch": switch, "since": since}
+        return list(plain.execute(self.s, _RECENT_ON_SWITCH, asked))

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 from scheduler_svc.store.idempotency import insert_unless_taken
 from scheduler_svc.store.types import JobMode
 
@@ -181,9 +182,11 @@ class JobRepo:
         second sees the first's. SQLite has one writer already.
         """
         if self.s.get_bind().dialect.name == "postgresql":
-            self.s.execute(
+            plain.execute(
+                self.s,
                 text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
                 {"key": "railover placement"},
+                flush=False,
             )
 
     def gpu_holders(self, nodes: Iterable[str], *, besides: str) -> dict[tuple[str, int], str]:
@@ -204,12 +207,12 @@ class JobRepo:
     def ranks_on_node(self, node: str) -> dict[str, set[int]]:
         """Each job with ranks on the node, and those ranks' numbers (a few rows: one per GPU)."""
         out: dict[str, set[int]] = {}
-        for job_id, rank in self.s.execute(_RANKS_ON_NODE, {"node": node}).tuples():
+        for job_id, rank in plain.execute(self.s, _RANKS_ON_NODE, {"node": node}).tuples():
             out.setdefault(job_id, set()).add(rank)
         return out
 
     def job_ids_on_nodes(self, nodes: Iterable[str]) -> list[str]:
-        return sorted(self.s.scalars(_JOBS_ON_NODES, {"nodes": list(nodes)}).all())
+        return sorted(plain.execute(self.s, _JOBS_ON_NODES, {"nodes": list(nodes)}).scalars())
 
     def due_for_reconcile(self, now: datetime, limit: int = 100) -> list[str]:
         """Jobs the coordinator must reconcile by `now` (a pass failed, or a report's
@@ -235,7 +238,7 @@ class JobRepo:
         if not job_ids:
             return
         postgresql = self.s.get_bind().dialect.name == "postgresql"
-        self.s.execute(_MARK_DUE[postgresql], {"job_ids": list(job_ids), "at": at})
+        plain.execute(self.s, _MARK_DUE[postgresql], {"job_ids": list(job_ids), "at": at})
 
     def nodes_of(self, job_id: str) -> list[str]:
         return sorted(
@@ -286,7 +289,7 @@ class JobRepo:
         )
 
     def has_mirror_failures(self, job_id: str) -> bool:
-        return self.s.scalar(_HAS_MIRROR_FAILURES, {"job_id": job_id}) is not None
+        return plain.execute(self.s, _HAS_MIRROR_FAILURES, {"job_id": job_id}).first() is not None
 
     def clear_mirror_failures(self, job_id: str) -> None:
         self.s.execute(delete(m.MirrorFailure).where(m.MirrorFailure.job_id == job_id))
@@ -338,7 +341,8 @@ class DecisionRepo:
         return insert_unless_taken(self.s, d)
 
     def exists(self, job_id: str, trigger: str) -> bool:
-        return self.s.scalar(_DECISION_EXISTS, {"job_id": job_id, "trigger": trigger}) is not None
+        asked = {"job_id": job_id, "trigger": trigger}
+        return plain.execute(self.s, _DECISION_EXISTS, asked).first() is not None
 
     def for_job(self, job_id: str, limit: int = 100) -> Sequence[m.Decision]:
         return self.s.scalars(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Row, bindparam, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 from scheduler_svc.store.idempotency import insert_unless_taken
 
 # The evidence's reads, built once (see store/commands.py).
@@ -26,6 +28,31 @@ _OPEN_FLAGS = (
     select(m.MaintenanceFlag)
     .where(m.MaintenanceFlag.cleared_at.is_(None))
     .order_by(m.MaintenanceFlag.id)
+)
+# The same reads as values, in the order of engine.fabric.Quarantine's and Maintenance's
+# fields: the evidence reads them twice a report, and builds no row objects.
+_W = m.MaintenanceWindow
+_WINDOW_VALUES = select(
+    _W.id,
+    _W.start_at,
+    _W.end_at,
+    _W.node,
+    _W.device,
+    _W.port,
+    _W.switch,
+    _W.moves_at,
+    _W.cancelled_at,
+    _W.reason,
+).where(_W.phase != "done")
+_IN_FORCE_VALUES = _WINDOW_VALUES.order_by(_W.id)
+_IN_FORCE_ON_VALUES = _WINDOW_VALUES.where(
+    _W.switch.is_not(None) | _W.node.in_(bindparam("nodes", expanding=True))
+).order_by(_W.id)
+_F = m.MaintenanceFlag
+_OPEN_FLAG_VALUES = (
+    select(_F.id, _F.node, _F.device, _F.port, _F.flagged_at, _F.reason)
+    .where(_F.cleared_at.is_(None))
+    .order_by(_F.id)
 )
 
 
@@ -61,6 +88,13 @@ class MaintenanceRepo:
             return self.s.scalars(_IN_FORCE).all()
         return self.s.scalars(_IN_FORCE_ON, {"nodes": list(nodes)}).all()
 
+    def in_force_values(self, nodes: Iterable[str] | None) -> list[Row[Any]]:
+        """`in_force` as values: (id, start_at, end_at, node, device, port, switch, moves_at,
+        cancelled_at, reason) of each window."""
+        if nodes is None:
+            return list(plain.execute(self.s, _IN_FORCE_VALUES))
+        return list(plain.execute(self.s, _IN_FORCE_ON_VALUES, {"nodes": list(nodes)}))
+
     def due(self, now: datetime, limit: int = 100) -> list[int]:
         return list(
             self.s.scalars(
@@ -91,6 +125,10 @@ class MaintenanceRepo:
 
     def open_flags(self) -> Sequence[m.MaintenanceFlag]:
         return self.s.scalars(_OPEN_FLAGS).all()
+
+    def open_flag_values(self) -> list[Row[Any]]:
+        """`open_flags` as values: (id, node, device, port, flagged_at, reason) of each."""
+        return list(plain.execute(self.s, _OPEN_FLAG_VALUES))
 
     def clear_flag(self, flag_id: int, now: datetime) -> m.MaintenanceFlag | None:
         row = self.s.get(m.MaintenanceFlag, flag_id)

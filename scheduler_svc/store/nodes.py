@@ -13,6 +13,7 @@ from sqlalchemy import BindParameter, Result, Select, Text, bindparam, cast, sel
 from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
+from scheduler_svc.store import plain
 
 # The columns a node's topology is built from, in the order of engine.paths.Gpu and Rnic
 # (Rnic's last, members, is read apart: NodeRepo.topology_rows).
@@ -64,11 +65,9 @@ class NodeRepo:
         return self.s.get(m.Node, name)
 
     def _plain(self, stmt: Select[Any]) -> Result[Any]:
-        """Rows of a column select on the session's connection, past the ORM's result layer
-        (half the cost of a session's execute for the 65,536 rows of a large placement);
-        flushed first, as a session's execute autoflushes."""
-        self.s.flush()
-        return self.s.connection().execute(stmt)
+        """Rows of a column select past the ORM's result layer (half the cost of a session's
+        execute for the 65,536 rows of a large placement)."""
+        return plain.execute(self.s, stmt)
 
     def get_many(self, names: Iterable[str]) -> dict[str, m.Node]:
         rows = self.s.scalars(select(m.Node).where(m.Node.name.in_(list(names)))).all()
@@ -137,7 +136,7 @@ class NodeRepo:
         """The fleet's registration stamp: it changes when any node registers anew or
         changes topology (`bump_fleet`). One row by its key, whatever the fleet's size; a
         cached job index is checked node by node (`versions`) only when it changed."""
-        return int(self.s.scalar(_FLEET_STAMP) or 0)
+        return int(plain.execute(self.s, _FLEET_STAMP).scalar() or 0)
 
     def bump_fleet(self) -> None:
         """Give the stamp a new value, in the transaction of the registration that changes
@@ -212,16 +211,16 @@ class NodeRepo:
         """
         asked = {"of_node": node, "of_device": device, "seen_state": state, "seen_at": at}
         if port:
-            result = self.s.execute(_OBSERVE_PORT, asked | {"of_port": port})
+            result = plain.execute(self.s, _OBSERVE_PORT, asked | {"of_port": port})
         else:
-            result = self.s.execute(_OBSERVE_DEVICE, asked)
-        return bool(getattr(result, "rowcount", 0))
+            result = plain.execute(self.s, _OBSERVE_DEVICE, asked)
+        return bool(result.rowcount)
 
     def switch_of(self, node: str, device: str, port: int) -> str | None:
         asked = {"of_node": node, "of_device": device}
         if port:
-            return self.s.scalar(_SWITCH_OF_PORT, asked | {"of_port": port})
-        return self.s.scalar(_SWITCH_OF_DEVICE, asked)
+            return plain.execute(self.s, _SWITCH_OF_PORT, asked | {"of_port": port}).scalar()
+        return plain.execute(self.s, _SWITCH_OF_DEVICE, asked).scalar()
 
     def ports_on_switch(self, switch: str) -> list[tuple[str, str, int]]:
         rows = self.s.execute(

@@ -1,11 +1,17 @@
-"""The statements of the busiest requests are built once (issue 33, and the twin's
-polls and acknowledgements of issue 29).
+"""The statements of the busiest requests are built once, and only those that load
+objects go through the ORM's execute (issue 33, and the twin's polls and
+acknowledgements of issue 29).
 
 Building a SQLAlchemy statement (its clauses, then its cache key) took longer than
 SQLite took to run it, so the store keeps those of a poll, an acknowledgement and a
 fault report as module statements with bound parameters. Here every statement built
 while the service answers such a request is counted, in this process, by wrapping
 the constructors: none of them builds one.
+
+`Session.execute` costs a column select twice what the session's connection does, and
+an UPDATE of a mapped class seven times (its bulk-update path), so column reads and
+Core writes go to the connection (`store/plain.py`); each statement the session's own
+execute runs for these requests is listed here.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event as sa_event
+from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.sql import dml, selectable
 
 from tests.scheduler_svc.helpers import event, job_body, register_nodes
@@ -85,3 +93,45 @@ def test_a_poll_an_ack_and_a_report_build_no_statement_of_their_own(
     with built(monkeypatch) as seen:
         ack(http, "b", command)
     assert seen == Counter()
+
+
+@contextmanager
+def through_the_orm() -> Iterator[list[str]]:
+    """Each statement the ORM's execute ran meanwhile under a route: the mapped class's
+    name for a load of objects, else the statement's text."""
+    seen: list[str] = []
+
+    def executed(state: ORMExecuteState) -> None:
+        if not any("scheduler_svc/api/" in f.filename for f in traceback.extract_stack()):
+            return  # the coordinator's sweeps and the outbox worker run beside the requests
+        described = getattr(state.statement, "column_descriptions", [])
+        loaded = [d["type"].__name__ for d in described if d.get("type") is d.get("entity")]
+        whole = state.is_select and loaded and len(loaded) == len(described)
+        seen.append(" ".join(loaded) if whole else " ".join(str(state.statement).split()))
+
+    sa_event.listen(Session, "do_orm_execute", executed)
+    try:
+        yield seen
+    finally:
+        sa_event.remove(Session, "do_orm_execute", executed)
+
+
+def test_only_reads_of_objects_go_through_the_orms_execute(http: httpx.Client) -> None:
+    """A report, a poll and an acknowledgement: what the session's own execute runs is a
+    load of objects the request changes or hands on, each named here; every column
+    read and every Core write goes to the connection."""
+    register_nodes(http, ["a", "b"])
+    assert http.post("/v1/jobs", json=job_body("j", ["a", "b"])).status_code == 201
+    report(http, "a", "mlx5_0", 2400)
+    ack(http, "a", poll(http, "a"))
+    with through_the_orm() as seen:
+        report(http, "b", "mlx5_2", 2401)
+    # The open fault on the part (make_room), the job under its lock, its newest
+    # checkpoint, its communicators, then the commands it supersedes.
+    assert seen == ["Fault", "Job", "Checkpoint", "Communicator", "Command"]
+    with through_the_orm() as seen:
+        command = poll(http, "b")
+    assert seen == ["Command"]  # the commands it takes
+    with through_the_orm() as seen:
+        ack(http, "b", command)
+    assert seen == ["Command", "Fault"]  # the command, and the node's unreachability

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from railover_testing.cluster_shapes import dual_port_node, hgx_node
+from scheduler_svc.engine import fabric as health
 from scheduler_svc.services import fabric
 from scheduler_svc.services.commands import transition
 from scheduler_svc.services.targets import registered_ports
@@ -236,6 +237,70 @@ def test_the_evidence_gives_each_fault_its_own_ports_level(session: Session) -> 
         *(f.id for f in rows_read),
         other.id,
     ]
+
+
+def test_the_evidence_reads_flags_switch_failures_and_windows_as_their_rows_say(
+    session: Session,
+) -> None:
+    """The evidence reads quarantines, switch failures and maintenance windows as values:
+    each the same as built from its row, open ones only, windows not done, on the nodes
+    asked or switch-wide (whether read for those nodes or fleet-wide and kept)."""
+    later = NOW + timedelta(hours=1)
+    flags = [
+        m.MaintenanceFlag(node=n, device="mlx5_1", port=p, flagged_at=NOW, reason=f"flaps {n}")
+        for n, p in (("n0", 2), ("n1", 1), ("n0", 1))
+    ]
+    flags[2].cleared_at = later
+    switches = [
+        m.SwitchFault(switch=sw, opened_at=NOW, nodes=["n0"], reason=f"{sw} lost")
+        for sw in ("leaf-1", "leaf-2")
+    ]
+    switches[1].cleared_at = later
+
+    def window(**on: Any) -> m.MaintenanceWindow:
+        return m.MaintenanceWindow(
+            start_at=later,
+            end_at=later + timedelta(hours=2),
+            moves_at=later - timedelta(minutes=5),
+            reason=f"on {on}",
+            created_at=NOW,
+            **on,
+        )
+
+    windows = [
+        window(node="n0", device="mlx5_3", port=1),
+        window(switch="leaf-9"),
+        window(node="n1"),
+        window(node="n0", phase="done"),
+        window(node="n0", cancelled_at=later),
+    ]
+    session.add_all([*flags, *switches, *windows])
+    session.flush()
+
+    def read(nodes: list[str] | None) -> tuple[Any, ...]:
+        ev, _ = fabric.evidence(session, nodes)
+        return ev.quarantines, ev.switches, ev.maintenance
+
+    def built(on: set[str] | None) -> tuple[Any, ...]:
+        return (
+            tuple(
+                health.Quarantine(f.id, f.node, f.device, f.port, f.flagged_at, f.reason)
+                for f in flags[:2]
+                if on is None or f.node in on
+            ),
+            (health.SwitchEvidence(switches[0].id, "leaf-1", NOW, "leaf-1 lost"),),
+            tuple(
+                fabric.window(w)
+                for w in (windows[0], windows[1], windows[2], windows[4])
+                if on is None or w.switch is not None or w.node in on
+            ),
+        )
+
+    assert read(["n0"]) == built({"n0"})
+    assert read(None) == built(None)
+    many = ["n0", *(f"x{i}" for i in range(fabric.MANY_NODES))]  # read fleet-wide, then kept
+    assert read(many) == built(set(many))
+    assert len(read(["n0"])[2]) == 3  # its own link's window, the switch's, the cancelled
 
 
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
