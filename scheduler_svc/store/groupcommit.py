@@ -16,7 +16,7 @@ own. A work that raises is rolled back to its savepoint, alone, and its caller
 gets the exception; the others' writes commit. When the commit itself fails,
 every caller whose work had succeeded gets that error, and nothing of the
 batch is stored. A quiet service therefore pays nothing (a batch of one runs
-at once), and a storm pays one commit per batch.
+at once, in a transaction without a savepoint), and a storm pays one commit per batch.
 
 A work must be short and must not commit: it runs in the leader's thread,
 and everything queued behind it waits for it.
@@ -107,6 +107,12 @@ class GroupCommit:
         metrics.GROUP_COMMIT_WORKS.observe(len(batch))
         try:
             with unit_of_work(self._factory, self._notify) as session:
+                if len(batch) == 1:
+                    # Alone in its transaction, a work that raises rolls back all of it
+                    # and its caller gets the exception (below): no savepoint is needed,
+                    # and a quiet service's report sends no SAVEPOINT and RELEASE.
+                    batch[0].result = batch[0].work(session)
+                    return
                 for item in batch:
                     hooks = checkpoint_hooks(session)
                     try:

@@ -97,6 +97,41 @@ def test_a_lone_write_commits_at_once_in_a_batch_of_its_own(
     assert (writes.batches, stored(sessions)) == (2, ["/a", "/b"])
 
 
+def test_a_lone_work_runs_without_a_savepoint_and_fails_alone(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Alone in its transaction, a work needs no savepoint: what it raises rolls back the
+    whole transaction, its after-commit hooks with it, and reaches its caller."""
+    woken: list[set[str]] = []
+    hooks: list[str] = []
+    writes = GroupCommit(sessions, woken.append)
+    sent: list[str] = []
+    engine = sessions.kw["bind"]
+
+    def statement(*args: Any) -> None:
+        sent.append(args[2].split()[0].upper())
+
+    def bad(s: Session) -> str:
+        notify_nodes(s, {"bad"})
+        after_commit(s, lambda: hooks.append("bad"))
+        s.add(entry("/bad"))
+        s.flush()
+        raise LookupError("no such thing")
+
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        assert writes.run(add("/a")) == "/a"
+        with pytest.raises(LookupError, match="no such thing"):
+            writes.run(bad)
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+    assert "SAVEPOINT" not in sent and "RELEASE" not in sent
+    assert sent.count("INSERT") == 2
+    assert stored(sessions) == ["/a"]
+    assert (woken, hooks) == ([], [])
+    assert writes.batches == 2
+
+
 def test_writes_queued_behind_a_batch_share_the_next_transaction(
     sessions: sessionmaker[Session],
 ) -> None:
