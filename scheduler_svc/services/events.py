@@ -134,8 +134,7 @@ def ingest(
         nodes = {n for n in touched if not n.startswith("@")}
         for sw in (n[1:] for n in touched if n.startswith("@")):
             nodes |= {n for n, _, _ in NodeRepo(session).ports_on_switch(sw)}
-        result.jobs = JobRepo(session).job_ids_on_nodes(nodes)
-        JobRepo(session).mark_due(result.jobs, now + REPORT_PASS_GRACE)
+        result.jobs = JobRepo(session).mark_due_on_nodes(nodes, now + REPORT_PASS_GRACE)
     return result
 
 
@@ -148,12 +147,18 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
     kind = _fault_kind(e)
     if kind is not None:
         fault_kind, port = kind
-        if fault_kind in (FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL) and not NodeRepo(
-            session
-        ).observe_port(e.node, device, port or None, DOWN, e.observed_at):
-            # Observed before the port's newest report (a late or reordered one): it is
-            # history, and the level that came after it stands.
-            return set()
+        if fault_kind in (FaultKind.LINK_DOWN, FaultKind.RNIC_FATAL):
+            levels = NodeRepo(session).observe_port(
+                e.node, device, port or None, DOWN, e.observed_at
+            )
+            if not levels:
+                # Observed before the port's newest report (a late or reordered one): it is
+                # history, and the level that came after it stands.
+                return set()
+            # A whole RNIC's fault is cabled where its lowest port that went down is.
+            switch = levels[0][1]
+        else:
+            switch = NodeRepo(session).switch_of(e.node, device, port)
         degradation.make_room(session, e.node, device, port, e.observed_at)
         fault = faults.open_if_new(
             m.Fault(
@@ -165,7 +170,7 @@ def _record(session: Session, e: EventIn, result: IngestResult, settings: Settin
                 last_error_at=e.observed_at,
                 first_event_id=e.event_id,
                 detail={"wc_status": e.wc_status} if e.wc_status is not None else {},
-                switch=NodeRepo(session).switch_of(e.node, device, port),
+                switch=switch,
             )
         )
         if fault is None:

@@ -21,7 +21,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
@@ -35,6 +35,20 @@ _INSERT_EVENTS = {
     name: dialect.insert(_EVENTS)
     .on_conflict_do_nothing(index_elements=["event_id"])
     .returning(_EVENTS.c.event_id)
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+
+# A fault opened unless one is open on its component (the partial unique index
+# uq_faults_open_component), in one statement: no savepoint to catch the collision.
+_FAULTS = m.Fault.__table__
+_FAULT_VALUES = tuple(c.key for c in _FAULTS.columns if c.key != "id")
+_OPEN_IF_NEW = {
+    name: dialect.insert(_FAULTS)
+    .on_conflict_do_nothing(
+        index_elements=["node", "device", "port"], index_where=_FAULTS.c.cleared_at.is_(None)
+    )
+    .returning(_FAULTS.c.id)
     for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
 }
 
@@ -220,8 +234,20 @@ class FaultRepo:
         return self.s.get(m.Fault, fault_id)
 
     def open_if_new(self, fault: m.Fault) -> m.Fault | None:
-        """Open a fault unless one is already open on that component (then None)."""
-        return insert_unless_taken(self.s, fault)
+        """Open `fault` (a new object, not yet in the session) unless a fault is already
+        open on that component (then None).
+
+        One INSERT whether or not it collides, on the open-component index: no savepoint
+        to catch the collision. The object then joins the session as the stored row."""
+        values = {key: getattr(fault, key) for key in _FAULT_VALUES}
+        dialect = self.s.get_bind().dialect.name
+        fault_id = plain.execute(self.s, _OPEN_IF_NEW[dialect], values).scalar()
+        if fault_id is None:
+            return None
+        fault.id = fault_id
+        make_transient_to_detached(fault)  # as if loaded: no change of its own to flush
+        self.s.add(fault)
+        return fault
 
     def open_on_component(self, node: str, device: str, port: int) -> m.Fault | None:
         return self.s.scalar(_OPEN_ON_COMPONENT, {"node": node, "device": device, "port": port})

@@ -5,15 +5,17 @@ Decisions live with their job: each is taken under the job's row lock (JobRepo.l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     BindParameter,
+    Executable,
     Table,
     Update,
     bindparam,
+    case,
     delete,
     func,
     or_,
@@ -55,6 +57,42 @@ def _mark_due(postgresql: bool) -> Update:
     )
 
 
+def _mark_due_on_nodes(postgresql: bool) -> Executable:
+    """The jobs with ranks on "nodes", each marked due "at" unless already due by then
+    (`JobRepo.mark_due_on_nodes`): one statement, returning every such job's id."""
+    on_nodes = (
+        select(m.JobRank.job_id)
+        .where(m.JobRank.node.in_(bindparam("nodes", expanding=True)))
+        .distinct()
+    )
+    sooner = or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > bindparam("at"))
+    if not postgresql:
+        # SQLite has one writer and no data-modifying WITH: every job on the nodes is
+        # written, those due sooner with the time they had, and returned.
+        return (
+            update(m.Job)
+            .where(m.Job.job_id.in_(on_nodes))
+            .values(reconcile_due_at=case((sooner, bindparam("at")), else_=m.Job.reconcile_due_at))
+            .returning(m.Job.job_id)
+        )
+    # PostgreSQL: the marks are a data-modifying WITH, which runs whether or not the
+    # answer reads it; a row a pass holds locked is skipped (as in _mark_due).
+    named = on_nodes.cte("on_nodes")
+    unmarked = (
+        select(m.Job.job_id)
+        .where(m.Job.job_id.in_(select(named.c.job_id)), sooner)
+        .with_for_update(skip_locked=True)
+    )
+    marked = (
+        update(m.Job)
+        .where(m.Job.job_id.in_(unmarked))
+        .values(reconcile_due_at=bindparam("at"))
+        .returning(m.Job.job_id)
+        .cte("marked")
+    )
+    return select(named.c.job_id).add_cte(marked)
+
+
 # The statements of a report's pass and a poll, built once (see store/commands.py).
 _JOB: BindParameter[str] = bindparam("job_id")
 _LOCK = (
@@ -75,6 +113,7 @@ _JOBS_ON_NODES = (
     .distinct()
 )
 _MARK_DUE = {False: _mark_due(False), True: _mark_due(True)}  # by: on PostgreSQL
+_MARK_DUE_ON_NODES = {False: _mark_due_on_nodes(False), True: _mark_due_on_nodes(True)}
 _NEWEST_CHECKPOINT = (
     select(m.Checkpoint)
     .where(
@@ -239,6 +278,16 @@ class JobRepo:
             return
         postgresql = self.s.get_bind().dialect.name == "postgresql"
         plain.execute(self.s, _MARK_DUE[postgresql], {"job_ids": list(job_ids), "at": at})
+
+    def mark_due_on_nodes(self, nodes: Collection[str], at: datetime) -> list[str]:
+        """The jobs with ranks on these nodes, in order, each marked due at `at` as
+        `mark_due` marks it (not one due sooner; on PostgreSQL, not one a pass holds): in
+        one statement, as a report names the jobs its evidence touched."""
+        if not nodes:
+            return []
+        postgresql = self.s.get_bind().dialect.name == "postgresql"
+        asked = {"nodes": sorted(nodes), "at": at}
+        return sorted(plain.execute(self.s, _MARK_DUE_ON_NODES[postgresql], asked).scalars())
 
     def nodes_of(self, job_id: str) -> list[str]:
         return sorted(

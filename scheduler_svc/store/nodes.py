@@ -50,8 +50,11 @@ _OBSERVED: dict[str, BindParameter[Any]] = {
     "state": bindparam("seen_state"),
     "observed_at": bindparam("seen_at"),
 }
-_OBSERVE_PORT = update(m.Rnic).where(*_DEVICE, _PORT, _NEWER).values(_OBSERVED)
-_OBSERVE_DEVICE = update(m.Rnic).where(*_DEVICE, _NEWER).values(_OBSERVED)
+# Each port whose level the report becomes, with the switch it is cabled to (a fault opened
+# on it names that switch, for correlation).
+_CABLED = (m.Rnic.port, m.Rnic.switch)
+_OBSERVE_PORT = update(m.Rnic).where(*_DEVICE, _PORT, _NEWER).values(_OBSERVED).returning(*_CABLED)
+_OBSERVE_DEVICE = update(m.Rnic).where(*_DEVICE, _NEWER).values(_OBSERVED).returning(*_CABLED)
 _SWITCH_OF_PORT = select(m.Rnic.switch).where(*_DEVICE, _PORT).limit(1)
 _SWITCH_OF_DEVICE = select(m.Rnic.switch).where(*_DEVICE).limit(1)
 _FLEET_STAMP = select(m.FleetStamp.version).where(m.FleetStamp.id == 1)
@@ -202,19 +205,20 @@ class NodeRepo:
 
     def observe_port(
         self, node: str, device: str, port: int | None, state: str, at: datetime
-    ) -> bool:
+    ) -> list[tuple[int, str | None]]:
         """Record a port's state observed at `at` (every port of the RNIC when `port` is
         None or 0), unless a newer observation is known: the port's level.
 
-        Returns whether it became the level of some port. Of two reports observed at the
-        same time, the later one stands (an agent sends a port's reports in order).
+        Returns the ports whose level it became, in port order, each with the switch it is
+        cabled to (none: newer observations stand). Of two reports observed at the same
+        time, the later one stands (an agent sends a port's reports in order).
         """
         asked = {"of_node": node, "of_device": device, "seen_state": state, "seen_at": at}
         if port:
             result = plain.execute(self.s, _OBSERVE_PORT, asked | {"of_port": port})
         else:
             result = plain.execute(self.s, _OBSERVE_DEVICE, asked)
-        return bool(result.rowcount)
+        return sorted(result.tuples())
 
     def switch_of(self, node: str, device: str, port: int) -> str | None:
         asked = {"of_node": node, "of_device": device}

@@ -52,7 +52,7 @@ def test_a_taken_key_returns_none_and_keeps_the_rest_of_the_transaction(
     assert FaultRepo(session).open_if_new(other) is other
     duplicate = fault(event_id="e2")  # same component, still open
     assert FaultRepo(session).open_if_new(duplicate) is None
-    # Only the savepoint was rolled back: both earlier faults are still there, and the
+    # The collision changed nothing else: both earlier faults are still there, and the
     # session goes on working (a flush, another insert, a query).
     assert duplicate not in session
     session.flush()

@@ -77,17 +77,28 @@ def test_dual_port_topology_is_stored_port_by_port(session: Session) -> None:
 
 
 def test_port_state_of_one_port_or_the_whole_card(session: Session) -> None:
+    """A report sets one port's level or every port's of the card, and says which ports
+    took it and the switch each is cabled to (a fault opened on them names it)."""
     repo = NodeRepo(session)
     repo.replace_topology("n0", *rows(dual_port_node()), NOW)
-    assert repo.observe_port("n0", "mlx5_0", 2, "DOWN", NOW)
+    assert repo.observe_port("n0", "mlx5_0", 2, "DOWN", NOW) == [(2, "rail1-leaf")]
     session.expire_all()
     states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
     assert (states[("mlx5_0", 1)], states[("mlx5_0", 2)]) == ("ACTIVE", "DOWN")
-    assert repo.observe_port("n0", "mlx5_1", None, "DOWN", NOW)  # device fatal: every port
+    # Device fatal: every port.
+    assert repo.observe_port("n0", "mlx5_1", None, "DOWN", NOW) == [
+        (1, "rail2-leaf"),
+        (2, "rail3-leaf"),
+    ]
     session.expire_all()
     states = {(r.name, r.port): r.state for r in repo.get("n0").rnics}  # type: ignore[union-attr]
     assert (states[("mlx5_1", 1)], states[("mlx5_1", 2)]) == ("DOWN", "DOWN")
     assert sorted(repo.get_many(["n0", "n1"])) == ["n0"]
+    # A card's report older than one port's newest: the other port's level only.
+    later = NOW + timedelta(seconds=5)
+    assert repo.observe_port("n0", "mlx5_2", 1, "ACTIVE", later + timedelta(seconds=5))
+    assert repo.observe_port("n0", "mlx5_2", None, "DOWN", later) == [(2, "rail5-leaf")]
+    assert repo.observe_port("n0", "mlx5_9", None, "DOWN", later) == []  # no such card
 
 
 def test_a_port_report_older_than_its_level_changes_nothing(session: Session) -> None:
@@ -96,7 +107,7 @@ def test_a_port_report_older_than_its_level_changes_nothing(session: Session) ->
     later = NOW + timedelta(seconds=5)
     assert repo.observe_port("n0", "mlx5_0", 1, "DOWN", later)
     # An up observed before the down arrives after it: history, the port stays down.
-    assert not repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", NOW)
+    assert repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", NOW) == []
     assert levels(session)[("n0", "mlx5_0", 1)] == ("DOWN", later)
     # Observed at the same time, the later report stands; a newer one always does.
     assert repo.observe_port("n0", "mlx5_0", 1, "ACTIVE", later)
