@@ -495,10 +495,6 @@ def request_checkpoint(
 
 def record_decision(session: Session, job: m.Job, d: DecisionRecord, now: datetime) -> m.Decision:
     """Store one entry of the job's decision history and announce it."""
-    trigger = d.trigger
-    if DecisionRepo(session).exists(job.job_id, trigger):
-        # The same evidence changed the outcome again (it came back, say): one history.
-        trigger = f"{trigger}#{job.decision_count + 1}"
     fault_id = None
     if d.fault_key is not None and d.fault_key.startswith("fault:"):
         fault_id = int(d.fault_key.split(":", 1)[1])
@@ -506,7 +502,7 @@ def record_decision(session: Session, job: m.Job, d: DecisionRecord, now: dateti
         decision_id=str(uuid.uuid4()),
         job_id=job.job_id,
         seq=job.decision_count + 1,
-        trigger=trigger[:128],
+        trigger=d.trigger[:128],
         fault_id=fault_id,
         action=d.action.value,
         reason=d.reason,
@@ -517,8 +513,11 @@ def record_decision(session: Session, job: m.Job, d: DecisionRecord, now: dateti
         created_at=now,
         saved_gpu_s=d.saved_gpu_s,
     )
-    session.add(row)
-    session.flush()
+    if DecisionRepo(session).add(row) is None:
+        # The same evidence changed the outcome again (it came back, say): one history.
+        row.trigger = f"{d.trigger}#{job.decision_count + 1}"[:128]
+        session.add(row)
+        session.flush()
     job.decision_count += 1
     metrics.DECISIONS.labels(action=d.action.value).inc()
     emit_decision(session, job, row)  # outbox row in this transaction

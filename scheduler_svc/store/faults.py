@@ -21,11 +21,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
-from scheduler_svc.store.idempotency import insert_unless_taken
+from scheduler_svc.store.idempotency import insert_new, insert_unless_taken, on_conflict_insert
 from scheduler_svc.store.types import UNREACHABLE_DEVICE, WHOLE_DEVICE_PORT, FaultKind
 
 _EVENTS = m.Event.__table__
@@ -41,16 +41,7 @@ _INSERT_EVENTS = {
 
 # A fault opened unless one is open on its component (the partial unique index
 # uq_faults_open_component), in one statement: no savepoint to catch the collision.
-_FAULTS = m.Fault.__table__
-_FAULT_VALUES = tuple(c.key for c in _FAULTS.columns if c.key != "id")
-_OPEN_IF_NEW = {
-    name: dialect.insert(_FAULTS)
-    .on_conflict_do_nothing(
-        index_elements=["node", "device", "port"], index_where=_FAULTS.c.cleared_at.is_(None)
-    )
-    .returning(_FAULTS.c.id)
-    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
-}
+_OPEN_IF_NEW = on_conflict_insert(m.Fault, ("node", "device", "port"), m.Fault.cleared_at.is_(None))
 
 
 class EventRepo:
@@ -235,19 +226,8 @@ class FaultRepo:
 
     def open_if_new(self, fault: m.Fault) -> m.Fault | None:
         """Open `fault` (a new object, not yet in the session) unless a fault is already
-        open on that component (then None).
-
-        One INSERT whether or not it collides, on the open-component index: no savepoint
-        to catch the collision. The object then joins the session as the stored row."""
-        values = {key: getattr(fault, key) for key in _FAULT_VALUES}
-        dialect = self.s.get_bind().dialect.name
-        fault_id = plain.execute(self.s, _OPEN_IF_NEW[dialect], values).scalar()
-        if fault_id is None:
-            return None
-        fault.id = fault_id
-        make_transient_to_detached(fault)  # as if loaded: no change of its own to flush
-        self.s.add(fault)
-        return fault
+        open on that component (then None): one INSERT on the open-component index."""
+        return insert_new(self.s, _OPEN_IF_NEW, fault)
 
     def open_on_component(self, node: str, device: str, port: int) -> m.Fault | None:
         return self.s.scalar(_OPEN_ON_COMPONENT, {"node": node, "device": device, "port": port})

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
-from scheduler_svc.store.idempotency import insert_unless_taken
+from scheduler_svc.store.idempotency import insert_new, on_conflict_insert
 from scheduler_svc.store.types import JobMode
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ _NEWEST_CHECKPOINT = (
     .limit(1)
 )
 _HAS_MIRROR_FAILURES = select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == _JOB).limit(1)
+_ADD_DECISION = on_conflict_insert(m.Decision, ("job_id", "trigger"))
 _DECISION_EXISTS = select(m.Decision.decision_id).where(
     m.Decision.job_id == _JOB, m.Decision.trigger == bindparam("trigger")
 )
@@ -386,8 +387,9 @@ class DecisionRepo:
         return self.s.get(m.Decision, decision_id)
 
     def add(self, d: m.Decision) -> m.Decision | None:
-        """Store a decision; None when this (job, trigger) was already decided."""
-        return insert_unless_taken(self.s, d)
+        """Store a decision (a new object); None when this (job, trigger) was already
+        decided. One INSERT whether or not it was."""
+        return insert_new(self.s, _ADD_DECISION, d)
 
     def exists(self, job_id: str, trigger: str) -> bool:
         asked = {"job_id": job_id, "trigger": trigger}

@@ -9,6 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.engine.fabric import FaultKind
+from scheduler_svc.engine.state import Action, DecisionRecord
+from scheduler_svc.services.reconciler import record_decision
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import EventRepo, FaultRepo
 from scheduler_svc.store.idempotency import insert_unless_taken
@@ -116,7 +118,9 @@ def decision(decision_id: str, trigger: str) -> m.Decision:
 def test_one_decision_per_job_and_trigger(session: Session) -> None:
     JobRepo(session).add(job())
     repo = DecisionRepo(session)
-    assert repo.add(decision("d1", "fault:1")) is not None
+    first = decision("d1", "fault:1")
+    assert repo.add(first) is first
+    assert first.saved_gpu_s == 0.0  # left to the column's default, read back
     assert repo.add(decision("d2", "fault:1")) is None
     assert repo.add(decision("d3", "fault:2")) is not None
     assert repo.exists("j1", "fault:1")
@@ -175,3 +179,25 @@ def test_events_are_inserted_once_by_id(session: Session) -> None:
     assert repo.count() == 3
     assert repo.count("n0") == 3
     assert repo.count("n9") == 0
+
+
+def test_evidence_that_changes_the_outcome_again_extends_the_history(session: Session) -> None:
+    """The same trigger deciding again (the fault came back, say) is stored under the
+    trigger and the job's next decision number, each entry once."""
+    row = job()
+    JobRepo(session).add(row)
+    made = [
+        record_decision(
+            session,
+            row,
+            DecisionRecord("fault:7", Action.FAILOVER, "r", {}, {}, {}, {}, "fault:7"),
+            NOW + timedelta(seconds=i),
+        )
+        for i in range(3)
+    ]
+    assert [d.trigger for d in made] == ["fault:7", "fault:7#2", "fault:7#3"]
+    assert [d.seq for d in made] == [1, 2, 3]
+    assert row.decision_count == 3
+    assert [d.fault_id for d in made] == [7, 7, 7]
+    stored = sorted((d.seq, d.trigger) for d in DecisionRepo(session).for_job(row.job_id))
+    assert stored == [(1, "fault:7"), (2, "fault:7#2"), (3, "fault:7#3")]
