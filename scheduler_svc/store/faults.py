@@ -25,7 +25,11 @@ from sqlalchemy.orm import Session
 
 from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
-from scheduler_svc.store.idempotency import insert_new, insert_unless_taken, on_conflict_insert
+from scheduler_svc.store.idempotency import (
+    insert_new,
+    insert_values,
+    on_conflict_insert,
+)
 from scheduler_svc.store.types import UNREACHABLE_DEVICE, WHOLE_DEVICE_PORT, FaultKind
 
 _EVENTS = m.Event.__table__
@@ -41,7 +45,13 @@ _INSERT_EVENTS = {
 
 # A fault opened unless one is open on its component (the partial unique index
 # uq_faults_open_component), in one statement: no savepoint to catch the collision.
-_OPEN_IF_NEW = on_conflict_insert(m.Fault, ("node", "device", "port"), m.Fault.cleared_at.is_(None))
+_OPEN_IF_NEW = on_conflict_insert(m.Fault, ("node", "device", "port"), "cleared_at IS NULL")
+
+
+# One event: the same insert as one statement SQLAlchemy compiles once (its dialects' ON
+# CONFLICT inserts above have no cache key, so each batch compiles them anew).
+_INSERT_EVENT = on_conflict_insert(m.Event, ("event_id",))
+_OPEN_SWITCH_FAULT = on_conflict_insert(m.SwitchFault, ("switch",), "cleared_at IS NULL")
 
 
 class EventRepo:
@@ -56,6 +66,9 @@ class EventRepo:
         """
         if not rows:
             return set()
+        if len(rows) == 1:  # a report's usual one: a statement whose compiled form is kept
+            event_id = insert_values(self.s, _INSERT_EVENT, rows[0])
+            return set() if event_id is None else {event_id}
         dialect = self.s.get_bind().dialect.name
         return set(
             plain.execute(self.s, _INSERT_EVENTS[dialect], rows, flush=False).scalars().all()
@@ -318,7 +331,9 @@ class FaultRepo:
         return list(plain.execute(self.s, _OPEN_SWITCH_FAULT_VALUES))
 
     def open_switch_fault(self, row: m.SwitchFault) -> m.SwitchFault | None:
-        return insert_unless_taken(self.s, row)
+        """Open a switch failure (a new object) unless one is open on that switch (then
+        None): one INSERT, as every later fault under a failed switch asks again."""
+        return insert_new(self.s, _OPEN_SWITCH_FAULT, row)
 
     def switch_has_open_faults(self, switch: str, since: datetime) -> bool:
         """Whether some fault on a port cabled to `switch`, observed at `since` or later,

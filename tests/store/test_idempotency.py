@@ -4,8 +4,9 @@ that a fault, decision, switch fault or flag already exists, without deciding tw
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from scheduler_svc.engine.fabric import FaultKind
@@ -140,6 +141,14 @@ def test_one_open_switch_fault_and_one_open_flag_per_component(session: Session)
     assert faults.clear_switch_fault("leaf1", NOW) is None
     assert faults.open_switch_fault(sw()) is not None
     assert len(faults.open_switch_faults()) == 1
+    bare = m.SwitchFault(switch="leaf2", opened_at=NOW, reason="r")  # nodes: its default
+    assert faults.open_switch_fault(bare) is bare
+    assert bare.nodes == []
+    session.expire_all()
+    assert [(f.switch, f.nodes) for f in faults.open_switch_faults()] == [
+        ("leaf1", ["n0", "n1"]),
+        ("leaf2", []),
+    ]
 
     def flag() -> m.MaintenanceFlag:
         return m.MaintenanceFlag(node="n0", device="mlx5_0", port=1, flagged_at=NOW, reason="r")
@@ -176,9 +185,47 @@ def test_events_are_inserted_once_by_id(session: Session) -> None:
     assert repo.insert_new([]) == set()
     assert repo.insert_new([event_row("a"), event_row("b")]) == {"a", "b"}
     assert repo.insert_new([event_row("b"), event_row("c")]) == {"c"}
-    assert repo.count() == 3
-    assert repo.count("n0") == 3
+    # One event alone (a report's usual batch) goes by a statement of its own.
+    assert repo.insert_new([event_row("d")]) == {"d"}
+    assert repo.insert_new([event_row("d")]) == set()
+    assert repo.count() == 4
+    assert repo.count("n0") == 4
     assert repo.count("n9") == 0
+    stored = session.get_one(m.Event, "d")
+    assert (stored.node, stored.payload, stored.fault_id) == ("n0", event_row("d")["payload"], None)
+    assert stored.observed_at == event_row("d")["observed_at"]
+
+
+def test_an_insert_on_a_taken_key_is_compiled_once_and_typed_by_its_columns(
+    session: Session,
+) -> None:
+    """The one-row inserts that find a taken key are text SQLAlchemy caches compiled (its
+    dialects' own ON CONFLICT inserts have no cache key), their values bound by the
+    columns' types: an aware time and a JSON document read back as given."""
+    repo = FaultRepo(session)
+    first = repo.open_if_new(fault(device="mlx5_4"))
+    assert first is not None
+    row = fault(device="mlx5_5")
+    row.detail = {"wc_status": 12, "note": "ü"}
+    assert repo.open_if_new(row) is row
+    session.expire_all()
+    read = session.get_one(m.Fault, row.id)
+    assert (read.opened_at, read.detail) == (NOW, {"wc_status": 12, "note": "ü"})
+    assert read.cleared_at is None and read.last_error_at is None
+    cached = []
+
+    def seen(*args: Any) -> None:  # before_cursor_execute(conn, cursor, sql, params, context, many)
+        if args[2].startswith("INSERT INTO faults") and "ON CONFLICT" in args[2]:
+            cached.append(args[4].cache_hit)
+
+    engine = session.get_bind().engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert repo.open_if_new(fault(device="mlx5_7")) is not None
+        assert repo.open_if_new(fault(device="mlx5_7", event_id="again")) is None
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert [str(c) for c in cached] == ["CacheStats.CACHE_HIT"] * 2
 
 
 def test_evidence_that_changes_the_outcome_again_extends_the_history(session: Session) -> None:
