@@ -273,6 +273,37 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: a report's writes in fewer statements: inserts on a taken key in one
+        # statement (not a savepoint), the due marks with the job ids, a port's level with
+        # its switch, a lone work without a savepoint. The statements are built at import.
+        "report-writes",
+        (
+            "scheduler_svc/store/idempotency.py",
+            "scheduler_svc/store/faults.py",
+            "scheduler_svc/store/jobs.py",
+            "scheduler_svc/store/nodes.py",
+            "scheduler_svc/store/groupcommit.py",
+        ),
+        (
+            "tests/store/test_idempotency.py",
+            "tests/store/test_due_marks.py",
+            "tests/store/test_repositories.py",
+            "tests/store/test_groupcommit.py",
+        ),
+        only=(
+            "scheduler_svc.store.idempotency.x_insert_new__mutmut_*",
+            "scheduler_svc.store.idempotency.x_insert_values__mutmut_*",
+            "scheduler_svc.store.idempotency.x__default__mutmut_*",
+            "scheduler_svc.store.faults.xǁEventRepoǁinsert_new__mutmut_*",
+            "scheduler_svc.store.faults.xǁFaultRepoǁopen_if_new__mutmut_*",
+            "scheduler_svc.store.faults.xǁFaultRepoǁopen_switch_fault__mutmut_*",
+            "scheduler_svc.store.jobs.xǁJobRepoǁmark_due_on_nodes__mutmut_*",
+            "scheduler_svc.store.jobs.xǁDecisionRepoǁadd__mutmut_*",
+            "scheduler_svc.store.nodes.xǁNodeRepoǁobserve_port__mutmut_*",
+            "scheduler_svc.store.groupcommit.xǁGroupCommitǁ_execute__mutmut_*",
+        ),
+    ),
+    Target(
         # Issue 33: reads of values on the session's connection, and the evidence's
         # quarantines, switch failures and windows read through it.
         "plain-reads",

@@ -70,9 +70,7 @@ class EventRepo:
             event_id = insert_values(self.s, _INSERT_EVENT, rows[0])
             return set() if event_id is None else {event_id}
         dialect = self.s.get_bind().dialect.name
-        return set(
-            plain.execute(self.s, _INSERT_EVENTS[dialect], rows, flush=False).scalars().all()
-        )
+        return set(plain.execute(self.s, _INSERT_EVENTS[dialect], rows).scalars().all())
 
     def set_fault(self, event_ids: Iterable[str], fault_id: int) -> None:
         plain.execute(self.s, _SET_FAULT, {"event_ids": list(event_ids), "to_fault": fault_id})

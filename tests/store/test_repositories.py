@@ -314,6 +314,24 @@ def test_the_evidence_reads_flags_switch_failures_and_windows_as_their_rows_say(
     assert len(read(["n0"])[2]) == 3  # its own link's window, the switch's, the cancelled
 
 
+def test_evidence_on_more_than_many_nodes_is_read_fleet_wide(session: Session) -> None:
+    """Up to MANY_NODES nodes, the open faults and the windows are read for those nodes;
+    past it, fleet-wide (a query naming 8,192 nodes costs more than the few rows), and
+    what they hold is the same either way (the previous test)."""
+    engine = session.get_bind().engine
+
+    def reads(count: int) -> list[str]:
+        nodes = [f"n{i}" for i in range(count)]
+        with statements(engine) as seen:
+            fabric.evidence(session, nodes)
+        return [s for s in seen if s.startswith("SELECT faults.") or "maintenance_windows" in s]
+
+    few, many = reads(fabric.MANY_NODES), reads(fabric.MANY_NODES + 1)
+    assert len(few) == len(many) == 2
+    assert all(" IN (" in s for s in few)
+    assert not any(" IN (" in s for s in many)
+
+
 def test_a_reports_nodes_are_read_as_their_registered_ports(session: Session) -> None:
     repo = NodeRepo(session)
     repo.replace_topology("n0", *rows(dual_port_node()), NOW)
