@@ -43,6 +43,19 @@ def add(path: str) -> Callable[[Session], str]:
     return work
 
 
+def failing(hooks: list[str]) -> Callable[[Session], str]:
+    """A work that writes, asks for a wake-up and an after-commit hook, then raises."""
+
+    def bad(s: Session) -> str:
+        notify_nodes(s, {"bad"})
+        after_commit(s, lambda: hooks.append("bad"))
+        s.add(entry("/bad"))
+        s.flush()
+        raise LookupError("no such thing")
+
+    return bad
+
+
 def stored(sessions: sessionmaker[Session]) -> list[str]:
     with sessions() as s:
         return sorted(s.scalars(select(m.AuditEntry.path)))
@@ -111,12 +124,7 @@ def test_a_lone_work_runs_without_a_savepoint_and_fails_alone(
     def statement(*args: Any) -> None:
         sent.append(args[2].split()[0].upper())
 
-    def bad(s: Session) -> str:
-        notify_nodes(s, {"bad"})
-        after_commit(s, lambda: hooks.append("bad"))
-        s.add(entry("/bad"))
-        s.flush()
-        raise LookupError("no such thing")
+    bad = failing(hooks)
 
     event.listen(engine, "before_cursor_execute", statement)
     try:
@@ -175,12 +183,7 @@ def test_a_failing_work_is_rolled_back_alone_and_its_caller_gets_its_error(
 
         return work
 
-    def bad(s: Session) -> str:
-        notify_nodes(s, {"bad"})
-        after_commit(s, lambda: hooks.append("bad"))
-        s.add(entry("/bad"))
-        s.flush()
-        raise LookupError("no such thing")
+    bad = failing(hooks)
 
     held = Held(writes)
     held.queue_behind({"a": good("a"), "bad": bad, "b": good("b")})
