@@ -316,7 +316,7 @@ TARGETS = (
         ("tests/store/test_plain.py", "tests/store/test_repositories.py"),
         only=(
             "scheduler_svc.store.plain.x_execute__mutmut_*",
-            "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁin_force_values__mutmut_*",
+            "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁin_force__mutmut_*",
             "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁopen_flag_values__mutmut_*",
             "scheduler_svc.store.faults.xǁFaultRepoǁopen_switch_fault_values__mutmut_*",
             "scheduler_svc.services.fabric.x_evidence__mutmut_*",

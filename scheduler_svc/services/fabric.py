@@ -270,7 +270,7 @@ def evidence(
         if wanted is None or q.node in wanted
     ]
     switches = [health.SwitchEvidence(*s) for s in FaultRepo(session).open_switch_fault_values()]
-    windows = MaintenanceRepo(session).in_force_values(None if many else wanted)
+    windows = MaintenanceRepo(session).in_force(None if many else wanted)
     if many and wanted is not None:
         windows = [w for w in windows if w.switch is not None or w.node in wanted]
     return (

@@ -2,8 +2,8 @@
 already there (faults, decisions, switch faults, flags, communicators, stalls).
 
 Two ways: `insert_new`, one INSERT ... ON CONFLICT DO NOTHING on the key (the busy
-paths: a report's fault, a pass's decision); `insert_unless_taken`, a flush in a
-savepoint that catches the collision (the rest).
+paths: a report's event and fault, a switch failure, a pass's decision);
+`insert_unless_taken`, a flush in a savepoint that catches the collision (the rest).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from sqlalchemy import (
     BindParameter,
     Executable,
     Table,
-    Update,
     bindparam,
     case,
     delete,
@@ -41,22 +40,6 @@ COPY_RANKS = "COPY job_ranks (job_id, rank, node, gpu) FROM STDIN"
 INSERT_RANKS = "INSERT INTO job_ranks (job_id, rank, node, gpu) VALUES (?, ?, ?, ?)"
 
 
-def _mark_due(postgresql: bool) -> Update:
-    """Mark the jobs of "job_ids" due "at", unless already due by then (`JobRepo.mark_due`)."""
-    unmarked = select(m.Job.job_id).where(
-        m.Job.job_id.in_(bindparam("job_ids", expanding=True)),
-        or_(m.Job.reconcile_due_at.is_(None), m.Job.reconcile_due_at > bindparam("at")),
-    )
-    if postgresql:
-        unmarked = unmarked.with_for_update(skip_locked=True)
-    return (
-        update(m.Job)
-        .where(m.Job.job_id.in_(unmarked))
-        .values(reconcile_due_at=bindparam("at"))
-        .execution_options(synchronize_session=False)
-    )
-
-
 def _mark_due_on_nodes(postgresql: bool) -> Executable:
     """The jobs with ranks on "nodes", each marked due "at" unless already due by then
     (`JobRepo.mark_due_on_nodes`): one statement, returning every such job's id."""
@@ -76,7 +59,7 @@ def _mark_due_on_nodes(postgresql: bool) -> Executable:
             .returning(m.Job.job_id)
         )
     # PostgreSQL: the marks are a data-modifying WITH, which runs whether or not the
-    # answer reads it; a row a pass holds locked is skipped (as in _mark_due).
+    # answer reads it; a row a pass holds locked is skipped, not waited for.
     named = on_nodes.cte("on_nodes")
     unmarked = (
         select(m.Job.job_id)
@@ -112,7 +95,6 @@ _JOBS_ON_NODES = (
     .where(m.JobRank.node.in_(bindparam("nodes", expanding=True)))
     .distinct()
 )
-_MARK_DUE = {False: _mark_due(False), True: _mark_due(True)}  # by: on PostgreSQL
 _MARK_DUE_ON_NODES = {False: _mark_due_on_nodes(False), True: _mark_due_on_nodes(True)}
 _NEWEST_CHECKPOINT = (
     select(m.Checkpoint)
@@ -125,9 +107,6 @@ _NEWEST_CHECKPOINT = (
 )
 _HAS_MIRROR_FAILURES = select(m.MirrorFailure.id).where(m.MirrorFailure.job_id == _JOB).limit(1)
 _ADD_DECISION = on_conflict_insert(m.Decision, ("job_id", "trigger"))
-_DECISION_EXISTS = select(m.Decision.decision_id).where(
-    m.Decision.job_id == _JOB, m.Decision.trigger == bindparam("trigger")
-)
 
 
 class JobRepo:
@@ -266,24 +245,16 @@ class JobRepo:
             ).all()
         )
 
-    def mark_due(self, job_ids: Sequence[str], at: datetime) -> None:
-        """Have the coordinator reconcile these jobs at `at` unless a pass does first.
-
-        Only jobs not already due by then (an earlier mark, or a failed pass, keeps
-        its time; a later one, a refused fail-back's retry, gives way). On PostgreSQL a
-        job whose row a pass holds locked is skipped rather than waited for: the pass,
-        or the next one the caller asks for, covers it, and a report must not queue
-        behind a whole-job pass to record its evidence.
-        """
-        if not job_ids:
-            return
-        postgresql = self.s.get_bind().dialect.name == "postgresql"
-        plain.execute(self.s, _MARK_DUE[postgresql], {"job_ids": list(job_ids), "at": at})
-
     def mark_due_on_nodes(self, nodes: Collection[str], at: datetime) -> list[str]:
-        """The jobs with ranks on these nodes, in order, each marked due at `at` as
-        `mark_due` marks it (not one due sooner; on PostgreSQL, not one a pass holds): in
-        one statement, as a report names the jobs its evidence touched."""
+        """The jobs with ranks on these nodes, in order, in one statement; each is marked
+        for the coordinator to reconcile at `at` unless a pass does first.
+
+        Only jobs not already due by then are marked (an earlier mark, or a failed
+        pass, keeps its time; a later one, a refused fail-back's retry, gives way). On
+        PostgreSQL a job whose row a pass holds locked is named but not marked, rather
+        than waited for: the pass, or the next one the caller asks for, covers it, and a
+        report must not queue behind a whole-job pass to record its evidence.
+        """
         if not nodes:
             return []
         postgresql = self.s.get_bind().dialect.name == "postgresql"
@@ -390,10 +361,6 @@ class DecisionRepo:
         """Store a decision (a new object); None when this (job, trigger) was already
         decided. One INSERT whether or not it was."""
         return insert_new(self.s, _ADD_DECISION, d)
-
-    def exists(self, job_id: str, trigger: str) -> bool:
-        asked = {"job_id": job_id, "trigger": trigger}
-        return plain.execute(self.s, _DECISION_EXISTS, asked).first() is not None
 
     def for_job(self, job_id: str, limit: int = 100) -> Sequence[m.Decision]:
         return self.s.scalars(

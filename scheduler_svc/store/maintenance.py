@@ -14,23 +14,14 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
 from scheduler_svc.store.idempotency import insert_unless_taken
 
-# The evidence's reads, built once (see store/commands.py).
-_IN_FORCE = (
-    select(m.MaintenanceWindow)
-    .where(m.MaintenanceWindow.phase != "done")
-    .order_by(m.MaintenanceWindow.id)
-)
-_IN_FORCE_ON = _IN_FORCE.where(
-    m.MaintenanceWindow.switch.is_not(None)
-    | m.MaintenanceWindow.node.in_(bindparam("nodes", expanding=True))
-)
 _OPEN_FLAGS = (
     select(m.MaintenanceFlag)
     .where(m.MaintenanceFlag.cleared_at.is_(None))
     .order_by(m.MaintenanceFlag.id)
 )
-# The same reads as values, in the order of engine.fabric.Quarantine's and Maintenance's
-# fields: the evidence reads them twice a report, and builds no row objects.
+# The evidence's reads, built once (see store/commands.py), as values in the order of
+# engine.fabric.Maintenance's and Quarantine's fields: the evidence reads them twice a
+# report, and builds no row objects.
 _W = m.MaintenanceWindow
 _WINDOW_VALUES = select(
     _W.id,
@@ -82,15 +73,10 @@ class MaintenanceRepo:
             q.order_by(m.MaintenanceWindow.start_at, m.MaintenanceWindow.id).limit(limit)
         ).all()
 
-    def in_force(self, nodes: Iterable[str] | None) -> Sequence[m.MaintenanceWindow]:
-        """Windows not yet done on `nodes` (all when None), and every switch-wide one."""
-        if nodes is None:
-            return self.s.scalars(_IN_FORCE).all()
-        return self.s.scalars(_IN_FORCE_ON, {"nodes": list(nodes)}).all()
-
-    def in_force_values(self, nodes: Iterable[str] | None) -> list[Row[Any]]:
-        """`in_force` as values: (id, start_at, end_at, node, device, port, switch, moves_at,
-        cancelled_at, reason) of each window."""
+    def in_force(self, nodes: Iterable[str] | None) -> list[Row[Any]]:
+        """Windows not yet done on `nodes` (all when None), and every switch-wide one, as
+        values: (id, start_at, end_at, node, device, port, switch, moves_at, cancelled_at,
+        reason) of each."""
         if nodes is None:
             return list(plain.execute(self.s, _IN_FORCE_VALUES))
         return list(plain.execute(self.s, _IN_FORCE_ON_VALUES, {"nodes": list(nodes)}))
