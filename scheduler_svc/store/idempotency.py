@@ -91,10 +91,11 @@ def insert_new(session: Session, insert: ConflictInsert, row: _Row) -> _Row | No
     One statement whether or not it collides, and no savepoint. A column the object
     leaves unset takes its scalar default (else NULL), on the object too; the object then
     joins the session as the stored row, its key set."""
+    given = _every_column(insert, row.__dict__)
     for c in insert.columns:
         if c.key not in row.__dict__:
-            setattr(row, c.key, _default(c))
-    key = insert_values(session, insert, {c.key: row.__dict__[c.key] for c in insert.columns})
+            setattr(row, c.key, given[c.key])
+    key = plain.execute(session, insert.statement, given).scalar()
     if key is None:
         return None
     setattr(row, insert.primary.key, key)
@@ -106,8 +107,12 @@ def insert_new(session: Session, insert: ConflictInsert, row: _Row) -> _Row | No
 def insert_values(session: Session, insert: ConflictInsert, values: Mapping[str, Any]) -> Any:
     """Insert one row of `values` by `insert` (a column not given: its scalar default,
     else NULL); its primary key, or None when its unique key is taken."""
-    given = {c.key: values[c.key] if c.key in values else _default(c) for c in insert.columns}
-    return plain.execute(session, insert.statement, given).scalar()
+    return plain.execute(session, insert.statement, _every_column(insert, values)).scalar()
+
+
+def _every_column(insert: ConflictInsert, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A value for each column `insert` gives: from `values`, else the column's default."""
+    return {c.key: values[c.key] if c.key in values else _default(c) for c in insert.columns}
 
 
 def _default(column: Column[Any]) -> Any:

@@ -17,6 +17,7 @@ from scheduler_svc.store.faults import EventRepo, FaultRepo
 from scheduler_svc.store.idempotency import insert_unless_taken
 from scheduler_svc.store.jobs import DecisionRepo, JobRepo
 from scheduler_svc.store.maintenance import MaintenanceRepo
+from tests.sql_statements import statements
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -121,7 +122,9 @@ def test_one_decision_per_job_and_trigger(session: Session) -> None:
     repo = DecisionRepo(session)
     first = decision("d1", "fault:1")
     assert repo.add(first) is first
-    assert first.saved_gpu_s == 0.0  # left to the column's default, read back
+    with statements(session.get_bind().engine) as seen:
+        assert first.saved_gpu_s == 0.0  # left to the column's default: set on the object too
+    assert seen == []
     assert repo.add(decision("d2", "fault:1")) is None
     assert repo.add(decision("d3", "fault:2")) is not None
     assert sorted(d.decision_id for d in repo.for_job("j1")) == ["d1", "d3"]
