@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,23 @@ from tests.scheduler_svc.helpers import event, job_body, register_nodes
 BUILT = (selectable.Select, dml.Insert, dml.Update, dml.Delete)
 
 
+def under_a_route(stack: Iterable[traceback.FrameSummary]) -> bool:
+    """Whether a route of the service is on the stack: the coordinator's sweeps and the
+    outbox worker run beside the requests, and are not counted."""
+    return any("scheduler_svc/api/" in f.filename for f in stack)
+
+
+def warmed(http: httpx.Client, rounds: int = 1) -> None:
+    """A job on nodes a and b, and `rounds` of a report, a poll and an acknowledgement on
+    one node and the next: the ORM builds and compiles each table's INSERT, and an UPDATE
+    for each set of columns changed, on its first flush in the process, and keeps them."""
+    register_nodes(http, ["a", "b"])
+    assert http.post("/v1/jobs", json=job_body("j", ["a", "b"])).status_code == 201
+    for node, device, after_s in (("a", "mlx5_0", 2400), ("b", "mlx5_2", 2401))[:rounds]:
+        report(http, node, device, after_s)
+        ack(http, node, poll(http, node))
+
+
 @contextmanager
 def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Each statement built meanwhile under a route of the service, by where it was built
@@ -47,7 +64,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
             self: Any, *args: Any, _real: Any = real, _kind: str = cls.__name__, **kw: Any
         ) -> None:
             stack = traceback.extract_stack()[:-1] if on[0] else []
-            if any("scheduler_svc/api/" in f.filename for f in stack):
+            if under_a_route(stack):
                 ours = [f for f in stack if "scheduler_svc" in f.filename]
                 seen[f"{_kind} in {ours[-1].name}"] += 1
             _real(self, *args, **kw)
@@ -79,12 +96,7 @@ def report(http: httpx.Client, node: str, device: str, after_s: float) -> None:
 def test_a_poll_an_ack_and_a_report_build_no_statement_of_their_own(
     http: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    register_nodes(http, ["a", "b"])
-    assert http.post("/v1/jobs", json=job_body("j", ["a", "b"])).status_code == 201
-    # A first round: the ORM builds each table's INSERT, UPDATE and DELETE on its first
-    # flush in the process, and keeps them.
-    report(http, "a", "mlx5_0", 2400)
-    ack(http, "a", poll(http, "a"))
+    warmed(http)
     with built(monkeypatch) as seen:
         report(http, "b", "mlx5_2", 2401)
     assert seen == Counter()
@@ -103,8 +115,8 @@ def through_the_orm() -> Iterator[list[str]]:
     seen: list[str] = []
 
     def executed(state: ORMExecuteState) -> None:
-        if not any("scheduler_svc/api/" in f.filename for f in traceback.extract_stack()):
-            return  # the coordinator's sweeps and the outbox worker run beside the requests
+        if not under_a_route(traceback.extract_stack()):
+            return
         described = getattr(state.statement, "column_descriptions", [])
         loaded = [d["type"].__name__ for d in described if d.get("type") is d.get("entity")]
         whole = state.is_select and loaded and len(loaded) == len(described)
@@ -121,10 +133,7 @@ def test_only_reads_of_objects_go_through_the_orms_execute(http: httpx.Client) -
     """A report, a poll and an acknowledgement: what the session's own execute runs is a
     load of objects the request changes or hands on, each named here; every column
     read and every Core write goes to the connection."""
-    register_nodes(http, ["a", "b"])
-    assert http.post("/v1/jobs", json=job_body("j", ["a", "b"])).status_code == 201
-    report(http, "a", "mlx5_0", 2400)
-    ack(http, "a", poll(http, "a"))
+    warmed(http)
     with through_the_orm() as seen:
         report(http, "b", "mlx5_2", 2401)
     # The open fault on the part (make_room), the job under its lock, its newest
@@ -146,8 +155,8 @@ def compiled_anew() -> Iterator[list[str]]:
     seen: list[str] = []
 
     def sent(*args: Any) -> None:  # before_cursor_execute(conn, cursor, sql, params, ctx, many)
-        if not any("scheduler_svc/api/" in f.filename for f in traceback.extract_stack()):
-            return  # the coordinator's sweeps and the outbox worker run beside the requests
+        if not under_a_route(traceback.extract_stack()):
+            return
         sql, context = args[2], args[4]
         hit = getattr(context, "cache_hit", None)
         control = sql.split()[0].upper() in {"BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK"}
@@ -168,11 +177,7 @@ def test_every_statement_of_a_poll_an_ack_and_a_report_is_compiled_once(
     compiled anew for every report (278 us a fault on SQLite); every statement these
     requests send comes compiled from the cache once each has run (the ORM compiles
     its flush's UPDATE once per set of columns changed: two rounds warm them)."""
-    register_nodes(http, ["a", "b"])
-    assert http.post("/v1/jobs", json=job_body("j", ["a", "b"])).status_code == 201
-    for node, device, after_s in (("a", "mlx5_0", 2400), ("b", "mlx5_2", 2401)):
-        report(http, node, device, after_s)
-        ack(http, node, poll(http, node))
+    warmed(http, rounds=2)
     with compiled_anew() as seen:
         report(http, "a", "mlx5_4", 2402)
         ack(http, "a", poll(http, "a"))
