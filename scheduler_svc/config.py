@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         description="The store: sqlite:///path/file.db (one replica) or "
         "postgresql://user@host/db (replicas side by side)",
     )
+    evidence_in_memory: bool = Field(
+        default=True,
+        description="Keep the fabric's evidence (open faults, port levels, quarantines, switch "
+        "failures, maintenance windows) in memory, checked against the store's evidence stamp "
+        "at every read; false reads it from the store every time",
+    )
     host: str = Field(
         default="127.0.0.1",
         description="Address to listen on; a routable one needs API tokens to exist first",

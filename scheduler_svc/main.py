@@ -43,6 +43,7 @@ from scheduler_svc.services.delivery import (
 from scheduler_svc.services.passes import ReconcilePasses
 from scheduler_svc.services.sweeps import Coordinator
 from scheduler_svc.settings_env import is_loopback
+from scheduler_svc.store import evidence_view
 from scheduler_svc.store.db import (
     make_engine,
     make_read_sessionmaker,
@@ -138,6 +139,8 @@ def create_app(
             upgrade(settings.sqlalchemy_url)
         engine = make_engine(settings.sqlalchemy_url)
         app.state.engine = engine  # /readyz probes a commit on it
+        if settings.evidence_in_memory:
+            evidence_view.attach(engine)
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
         # Agents' reports and audit entries of concurrent requests commit together.

@@ -16,6 +16,7 @@ from scheduler_svc.engine import fabric as health
 from scheduler_svc.engine.paths import Gpu, NodePlan, NodeTopology, Rnic, plan_node
 from scheduler_svc.engine.state import FabricView
 from scheduler_svc.services import degradation
+from scheduler_svc.store import evidence_view
 from scheduler_svc.store import models as m
 from scheduler_svc.store.faults import FaultRepo, OpenFault
 from scheduler_svc.store.maintenance import MaintenanceRepo
@@ -234,6 +235,24 @@ def _evidence_of(f: OpenFault) -> health.FaultEvidence:
     )
 
 
+# Each open fault the evidence's view hands out, as the engine reads it, built once: the view
+# hands out the same value until it reads the fault's node again (kept beside it, so that
+# the value cannot be collected and its identity taken by another).
+_HELD: dict[int, tuple[OpenFault, health.FaultEvidence]] = {}
+_MAX_HELD = 100_000
+
+
+def _evidence_held(f: OpenFault) -> health.FaultEvidence:
+    hit = _HELD.get(f.id)
+    if hit is not None and hit[0] is f:
+        return hit[1]
+    built = _evidence_of(f)
+    if len(_HELD) >= _MAX_HELD:
+        _HELD.clear()
+    _HELD[f.id] = (f, built)
+    return built
+
+
 def window(row: m.MaintenanceWindow) -> health.Maintenance:
     """A stored maintenance window as the engine reads it."""
     return health.Maintenance(
@@ -256,32 +275,61 @@ MANY_NODES = 64
 
 
 def evidence(
-    session: Session, nodes: Iterable[str] | None
+    session: Session, nodes: Iterable[str] | None, *, from_store: bool = False
 ) -> tuple[health.Evidence, list[OpenFault]]:
     """Every piece of evidence on `nodes` (all nodes when None), and the open faults behind
-    it as they were read."""
+    it as they were read: from the engine's view in memory where it keeps one, else (and
+    `from_store`) from the store."""
     wanted = None if nodes is None else set(nodes)
+    view = None if from_store else evidence_view.view_of(session)
+    if view is not None:
+        rows = view.read(session, wanted, repos=_StoreReads(session))
+        FaultRepo(session).remember(rows.faults)
+    else:
+        rows = _read(session, wanted)
+    # Read as values, each row in its evidence type's field order.
+    built = _evidence_held if view is not None else _evidence_of
+    return (
+        health.Evidence(
+            faults=tuple(built(f) for f in rows.faults),
+            switches=tuple(health.SwitchEvidence(*s) for s in rows.switches),
+            quarantines=tuple(health.Quarantine(*q) for q in rows.flags),
+            maintenance=tuple(health.Maintenance(*w) for w in rows.windows),
+        ),
+        rows.faults,
+    )
+
+
+class _StoreReads:
+    """The evidence's reads from the store, for its view in memory (store/evidence_view.py):
+    the open faults at their ports on some nodes (None: all), or one other part whole."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def faults(self, nodes: list[str] | None) -> list[OpenFault]:
+        return FaultRepo(self.s).unresolved_at_their_ports(nodes)
+
+    def part(self, part: str) -> list[Any]:
+        if part == evidence_view.FLAGS:
+            return MaintenanceRepo(self.s).open_flag_values()
+        if part == evidence_view.SWITCHES:
+            return FaultRepo(self.s).open_switch_fault_values()
+        return MaintenanceRepo(self.s).in_force(None)
+
+
+def _read(session: Session, wanted: set[str] | None) -> evidence_view.EvidenceRows:
+    """The evidence on `wanted` nodes read from the store (no view in memory)."""
     many = wanted is not None and len(wanted) > MANY_NODES
     faults = _faults_at_their_ports(session, wanted, many)
-    # Read as values, each row in its evidence type's field order.
     flags = [
-        health.Quarantine(*q)
-        for q in MaintenanceRepo(session).open_flag_values()
-        if wanted is None or q.node in wanted
+        q for q in MaintenanceRepo(session).open_flag_values() if wanted is None or q.node in wanted
     ]
-    switches = [health.SwitchEvidence(*s) for s in FaultRepo(session).open_switch_fault_values()]
+    switches = FaultRepo(session).open_switch_fault_values()
     windows = MaintenanceRepo(session).in_force(None if many else wanted)
     if many and wanted is not None:
         windows = [w for w in windows if w.switch is not None or w.node in wanted]
-    return (
-        health.Evidence(
-            faults=tuple(_evidence_of(f) for f in faults),
-            switches=tuple(switches),
-            quarantines=tuple(flags),
-            maintenance=tuple(health.Maintenance(*w) for w in windows),
-        ),
-        faults,
-    )
+    return evidence_view.EvidenceRows(faults, flags, switches, windows)
 
 
 def _faults_at_their_ports(

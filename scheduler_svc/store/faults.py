@@ -271,9 +271,14 @@ class FaultRepo:
         with a hundred faults open on as many nodes. What it read stays known to this
         transaction (`described`)."""
         read = [OpenFault._make(r) for r in plain.execute(self.s, *_pick(_AT_THEIR_PORTS, nodes))]
+        self.remember(read)
+        return read
+
+    def remember(self, read: Iterable[OpenFault]) -> None:
+        """Keep `read`, the open faults as this transaction now sees them, for `described`
+        (also those the evidence's view in memory hands out)."""
         within = self.s.get_nested_transaction() or self.s.get_transaction()
         self.s.info[_READ] = (within, {r.id: r for r in read})
-        return read
 
     def described(self, fault_id: int) -> tuple[str, str, int, str] | None:
         """(node, device, port, kind) of a fault, which never change once it is opened: from

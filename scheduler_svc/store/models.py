@@ -69,6 +69,18 @@ class FleetStamp(Base):
     version: Mapped[int] = mapped_column(BigInteger)
 
 
+class EvidenceStamp(Base):
+    """One row (id 1): one more at every commit that wrote the fabric's evidence (faults,
+    port levels, quarantine flags, switch failures, maintenance windows), in that
+    commit's transaction (store/evidence_view.py). A replica's evidence held in memory
+    holds while it is unchanged."""
+
+    __tablename__ = "evidence_stamp"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class Node(Base):
     __tablename__ = "nodes"
 

@@ -235,7 +235,8 @@ def test_a_report_and_its_audit_entry_are_one_commit(
         assert r.status_code == 202, r.text
         assert r.json()["faults_opened"] == 1
         writing = [t for t in seen.committed if "audit_log" in t or "events" in t]
-        assert writing == [{"events", "faults", "audit_log"}]  # one commit: the report, its entry
+        # One commit: the report, the evidence's stamp it moves on, its entry.
+        assert writing == [{"events", "faults", "evidence_stamp", "audit_log"}]
         unknown = {**report, "event_id": "e-2", "node": "n9"}
         assert http.post("/v1/events", json={"events": [unknown]}).status_code == 404
         assert audit(http)[:2] == [

@@ -1,0 +1,296 @@
+"""The evidence held in memory (store/evidence_view.py) is the store's, whoever wrote it.
+
+Random sequences of evidence writes (faults opened, refreshed and closed, port levels,
+quarantine flags, switch failures, maintenance windows), each committed or rolled back by
+one of three engines on one store: two that keep a view (two replicas) and one that keeps
+none (the CLI, another process), some by the ORM, some by Core or text, one by a raw
+connection. After every step each view's evidence on several sets of nodes equals a read
+of the store; inside a transaction that wrote, its own writes are read too.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, event, insert, select, text, update
+from sqlalchemy.orm import Session
+
+from railover_testing.cluster_shapes import dual_port_node
+from scheduler_svc.services import fabric
+from scheduler_svc.store import evidence_view
+from scheduler_svc.store import models as m
+from scheduler_svc.store.db import make_engine, make_sessionmaker, upgrade
+from scheduler_svc.store.faults import FaultRepo
+from scheduler_svc.store.nodes import NodeRepo
+from tests.conftest import truncate_pg
+
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+NODES = ("n0", "n1", "n2", "n3")
+DEVICES = ("mlx5_0", "mlx5_1")
+WANTED: tuple[tuple[str, ...] | None, ...] = (None, ("n0",), ("n1", "n2"), NODES)
+EVIDENCE = ("faults", "maintenance_flags", "switch_faults", "maintenance_windows")
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Engine]]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('view') / 'railover.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("pg_url")
+        truncate_pg(url)
+    made = {name: make_engine(url) for name in ("a", "b", "cli")}
+    evidence_view.attach(made["a"])
+    evidence_view.attach(made["b"])
+    with Session(made["cli"]) as s, s.begin():
+        for node in NODES:
+            body = dual_port_node()
+            NodeRepo(s).replace_topology(node, body["gpus"], body["rnics"], NOW)
+    yield made
+    for engine in made.values():
+        engine.dispose()
+
+
+def empty(engine: Engine) -> None:
+    """No evidence left, every port up, by the engine that keeps no view."""
+    with engine.begin() as conn:
+        for table in EVIDENCE:
+            conn.execute(text(f"DELETE FROM {table}"))
+        conn.execute(update(m.Rnic).values(state="ACTIVE", observed_at=None))
+
+
+def read_both(s: Session, wanted: tuple[str, ...] | None) -> tuple[Any, Any]:
+    held, held_rows = fabric.evidence(s, wanted)
+    stored, stored_rows = fabric.evidence(s, wanted, from_store=True)
+    return (held, held_rows), (stored, stored_rows)
+
+
+def assert_same(engine: Engine, step: int) -> None:
+    sessions = make_sessionmaker(engine)
+    with sessions() as s, s.begin():
+        for wanted in WANTED:
+            held, stored = read_both(s, wanted)
+            assert held == stored, f"step {step}, nodes {wanted}: the view differs from the store"
+
+
+# One write: (how, node index, device index, port, a choice among open rows).
+WRITES = st.tuples(
+    st.sampled_from(
+        [
+            "open",
+            "open_core",
+            "level_down",
+            "level_up",
+            "levels_core",
+            "refresh",
+            "close",
+            "flag",
+            "unflag",
+            "switch",
+            "unswitch",
+            "window",
+            "window_done",
+        ]
+    ),
+    st.integers(0, len(NODES) - 1),
+    st.integers(0, len(DEVICES) - 1),
+    st.integers(1, 2),
+    st.integers(0, 7),
+)
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "cli", "raw"]),  # who writes
+        st.lists(WRITES, min_size=1, max_size=3),  # in one transaction
+        st.sampled_from(["commit", "commit", "rollback", "read-then-commit"]),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def write(s: Session, op: tuple[str, str, str, int, int], t: datetime) -> None:
+    """One write `op`: (how, node, device, port, a choice among open rows), at `t`."""
+    how, node, device, port, pick = op
+    faults = FaultRepo(s)
+    if how in ("open", "open_core"):
+        row = m.Fault(
+            node=node,
+            device=device,
+            port=port,
+            kind="link_down",
+            opened_at=t,
+            first_event_id=f"{node}-{device}-{port}-{t.timestamp()}",
+            detail={},
+        )
+        if how == "open":
+            faults.open_if_new(row)  # the report's INSERT ... ON CONFLICT, as text
+        elif not any(
+            (f.node, f.device, f.port) == (node, device, port) for f in faults.unresolved()
+        ):
+            s.add(row)  # an ORM INSERT; one open fault a port
+            s.flush()
+    elif how in ("level_down", "level_up"):
+        NodeRepo(s).observe_port(node, device, port, "DOWN" if how == "level_down" else "ACTIVE", t)
+    elif how == "levels_core":  # one device on every node: a write naming no node
+        s.execute(update(m.Rnic).where(m.Rnic.name == device).values(state="DOWN", observed_at=t))
+    elif how in ("refresh", "close"):
+        open_ = faults.unresolved()
+        if open_:
+            row = open_[pick % len(open_)]
+            if how == "refresh":
+                row.last_error_at = t
+            else:
+                faults.close(row, t, "cleared", None)
+            s.flush()
+    elif how == "flag":
+        s.add(m.MaintenanceFlag(node=node, device=device, port=port, flagged_at=t, reason="flaps"))
+    elif how == "unflag":
+        flags = s.scalars(select(m.MaintenanceFlag).where(m.MaintenanceFlag.cleared_at.is_(None)))
+        for i, flag in enumerate(flags):
+            if i == pick % 3:
+                flag.cleared_at = t
+    elif how == "switch":
+        faults.open_switch_fault(
+            m.SwitchFault(switch=f"leaf-{port}", opened_at=t, nodes=[node], reason="lost")
+        )
+    elif how == "unswitch":
+        s.execute(
+            update(m.SwitchFault).values(cleared_at=t).where(m.SwitchFault.id % 2 == pick % 2)
+        )
+    elif how == "window":
+        s.add(
+            m.MaintenanceWindow(
+                node=node,
+                start_at=t,
+                end_at=t + timedelta(hours=1),
+                moves_at=t,
+                reason="swap",
+                created_at=t,
+            )
+        )
+    else:
+        s.execute(
+            update(m.MaintenanceWindow)
+            .values(phase="done")
+            .where(m.MaintenanceWindow.id % 3 == pick % 3)
+        )
+    s.flush()
+
+
+def raw_write(engine: Engine, node: str, t: datetime) -> None:
+    """A write by a plain connection, no session: a port down and a fault opened on it."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(m.Rnic)
+            .where(m.Rnic.node == node, m.Rnic.name == "mlx5_0")
+            .values(state="DOWN", observed_at=t)
+        )
+        taken = conn.execute(
+            select(m.Fault.id).where(
+                m.Fault.node == node,
+                m.Fault.device == "mlx5_0",
+                m.Fault.port == 1,
+                m.Fault.resolved_at.is_(None),
+            )
+        ).first()
+        if taken is not None:
+            return
+        conn.execute(
+            insert(m.Fault).values(
+                node=node,
+                device="mlx5_0",
+                port=1,
+                kind="link_down",
+                opened_at=t,
+                first_event_id=f"raw-{node}-{t.timestamp()}",
+                detail={},
+            )
+        )
+
+
+@given(steps=STEPS)
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+def test_every_view_reads_what_the_store_holds(engines: dict[str, Engine], steps: Any) -> None:
+    empty(engines["cli"])
+    clock = itertools.count(1)
+    for step, (who, writes, end) in enumerate(steps):
+        t = NOW + timedelta(seconds=next(clock))
+        if who == "raw":
+            raw_write(engines["cli"], NODES[writes[0][1]], t)
+        else:
+            with make_sessionmaker(engines[who])() as s, s.begin():
+                for how, n, d, port, pick in writes:
+                    write(s, (how, NODES[n], DEVICES[d], port, pick), t)
+                if end == "read-then-commit":  # its own writes, with what others hold
+                    for wanted in WANTED:
+                        held, stored = read_both(s, wanted)
+                        assert held == stored, f"step {step}: its own writes not read"
+                if end == "rollback":
+                    s.rollback()
+        for name in ("a", "b"):
+            assert_same(engines[name], step)
+
+
+def test_a_view_reads_again_only_the_nodes_its_own_commits_changed(
+    engines: dict[str, Engine],
+) -> None:
+    """After a commit of its own engine on one node, a view reads that node's faults and
+    nothing else again; after another engine's commit, everything."""
+    empty(engines["cli"])
+    sessions = make_sessionmaker(engines["a"])
+
+    def evidence_statements() -> list[str]:
+        seen: list[str] = []
+
+        def sent(*args: Any) -> None:
+            sql = " ".join(args[2].split())
+            if "FROM faults" in sql or "FROM maintenance" in sql or "FROM switch" in sql:
+                table = sql.split(" WHERE ")[0].split(" FROM ")[1].split()[0]
+                seen.append(table + (" on some nodes" if " IN (" in sql else ""))
+
+        event.listen(engines["a"], "before_cursor_execute", sent)
+        try:
+            with sessions() as s, s.begin():
+                fabric.evidence(s, None)
+        finally:
+            event.remove(engines["a"], "before_cursor_execute", sent)
+        return seen
+
+    assert evidence_statements() == [
+        "faults",
+        "maintenance_flags",
+        "switch_faults",
+        "maintenance_windows",
+    ]  # first read: whole
+    assert evidence_statements() == []  # held
+    with sessions() as s, s.begin():
+        write(s, ("open", "n1", "mlx5_0", 1, 0), NOW)
+    assert evidence_statements() == ["faults on some nodes"]  # n1's
+    assert evidence_statements() == []
+    with sessions() as s, s.begin():  # the fault by its id: the view knows its node
+        write(s, ("refresh", "n1", "mlx5_0", 1, 0), NOW + timedelta(seconds=1))
+    assert evidence_statements() == ["faults on some nodes"]
+    with make_sessionmaker(engines["cli"])() as s, s.begin():
+        write(s, ("flag", "n2", "mlx5_1", 1, 0), NOW)
+    assert evidence_statements() == [
+        "faults",
+        "maintenance_flags",
+        "switch_faults",
+        "maintenance_windows",
+    ]
