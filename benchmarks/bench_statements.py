@@ -16,12 +16,17 @@ Latencies are printed in milliseconds and as multiples of it (issue 33's aims ho
 multiples: 1k p50 <= 3x, 64k p99 <= 10x).
 
     .venv/bin/python -m benchmarks.bench_statements [--nodes 128,1024,8192] [--faults 60]
-        [--backend sqlite,postgres]
+        [--backend sqlite,postgres] [--evidence memory|store|store,memory]
+
+`--evidence store,memory` runs each size twice, the second time with the fabric's evidence
+held in memory (the default, `RAILOVER_EVIDENCE_IN_MEMORY`), the first read from the store
+at every report as before it.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import threading
 import time
 import uuid
@@ -94,12 +99,13 @@ def fault(names: list[str], i: int, kind: str, at: datetime) -> dict[str, Any]:
     }
 
 
-def run(db_url: str, nodes: int, faults: int) -> dict[str, float]:
+def run(db_url: str, nodes: int, faults: int, evidence: str = "memory") -> dict[str, float]:
     settings = Settings(
         db_url=db_url,
         allow_anonymous_loopback=True,
         coordinator=False,
         command_ack_timeout_s=86400,
+        evidence_in_memory=evidence == "memory",
     )
     tally = Tally()
     with served_app(create_app(settings)) as url, httpx.Client(base_url=url, timeout=300) as http:
@@ -150,20 +156,28 @@ def main() -> None:
     ap.add_argument("--nodes", default="128,1024,8192")
     ap.add_argument("--faults", type=int, default=60)
     ap.add_argument("--backend", default="sqlite,postgres")
+    ap.add_argument(
+        "--evidence",
+        default="memory",
+        help="memory (the default: the service's view), store (read every time), or both "
+        "in the order given, e.g. store,memory",
+    )
     args = ap.parse_args()
     m = benchlib.machine()
     print(f"machine: {m['nproc']} cores, {m['cpu']}; {args.faults} faults per size")
     print(
-        f"{'backend':9} {'GPUs':>6} {'floor ms':>8} {'p50 ms':>7} {'p99 ms':>7} {'p50 x':>6} "
-        f"{'p99 x':>6} {'stmts p50':>9} {'stmts max':>9} {'commits':>7}"
+        f"{'backend':9} {'evidence':8} {'GPUs':>6} {'floor ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'p50 x':>6} {'p99 x':>6} {'stmts p50':>9} {'stmts max':>9} {'commits':>7}"
     )
     for backend in args.backend.split(","):
-        for nodes in (int(n) for n in args.nodes.split(",")):
+        for nodes, evidence in itertools.product(
+            (int(n) for n in args.nodes.split(",")), args.evidence.split(",")
+        ):
             with benchlib.scratch_store(backend) as url:
-                r = run(url, nodes, args.faults)
+                r = run(url, nodes, args.faults, evidence)
             print(
-                f"{backend:9} {r['gpus']:>6.0f} {r['floor_ms']:>8.2f} {r['p50_ms']:>7.1f} "
-                f"{r['p99_ms']:>7.1f} {r['p50_x']:>6.1f} {r['p99_x']:>6.1f} "
+                f"{backend:9} {evidence:8} {r['gpus']:>6.0f} {r['floor_ms']:>8.2f} "
+                f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['p50_x']:>6.1f} {r['p99_x']:>6.1f} "
                 f"{r['statements_p50']:>9.0f} {r['statements_max']:>9.0f} "
                 f"{r['commits_p50']:>7.0f}",
                 flush=True,
