@@ -304,6 +304,20 @@ TARGETS = (
         ),
     ),
     Target(
+        # Issue 33: the evidence held in memory per engine: which writes a commit's hooks
+        # count and on which nodes, the stamp, what a read takes from the view and what
+        # from the store, and the engine's values built once per fault held.
+        "evidence-view",
+        ("scheduler_svc/store/evidence_view.py", "scheduler_svc/services/fabric.py"),
+        ("tests/store/test_evidence_view.py",),
+        only=(
+            "scheduler_svc.store.evidence_view.*",
+            "scheduler_svc.services.fabric.x_evidence__mutmut_*",
+            "scheduler_svc.services.fabric.x__evidence_held__mutmut_*",
+            "scheduler_svc.services.fabric.xǁ_StoreReadsǁ*",
+        ),
+    ),
+    Target(
         # Issue 33: reads of values on the session's connection, and the evidence's
         # quarantines, switch failures and windows read through it.
         "plain-reads",
