@@ -64,7 +64,6 @@ _WRITES = re.compile(r'\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+"?(\w+)', re.I
 # Parameters that name the node a write to faults or rnics is on.
 _NODE_PARAMS = ("node", "of_node")
 _FAULT_ID_PARAM = "faults_id"  # the ORM's UPDATE of a fault by its key
-_MAX_STATEMENTS = 4096  # statements whose parts are kept (the service sends a few hundred)
 
 _CHANGES = "railover_evidence_changes"  # connection info: what the open transaction wrote
 _COMMITTED = "railover_evidence_committed"  # ... and, committing, the stamp it took
@@ -86,9 +85,6 @@ class Changes:
     nodes: set[str] = field(default_factory=set)
     every_node: bool = False
     parts: set[str] = field(default_factory=set)
-
-    def touches(self, node: str) -> bool:
-        return self.every_node or node in self.nodes
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,7 @@ class EvidenceView:
         version = plain.execute(session, _STAMP).scalar()
         own: Changes | None = session.connection().info.get(_CHANGES)
         if version is None:  # no stamp (the store was emptied): nothing can be kept
-            return self._read_whole(session, None, wanted, own, repos)
+            return self._read_whole(None, wanted, own, repos)
         with self._lock:
             held = self.version == version
             if held:
@@ -166,7 +162,7 @@ class EvidenceView:
                 stale = set(self._stale)
                 parts = dict(self._parts)
         if not held:
-            return self._read_whole(session, version, wanted, own, repos)
+            return self._read_whole(version, wanted, own, repos)
         # Nodes to read from the store: stale here, or written by this transaction.
         if own is not None and own.every_node:
             fresh = None  # every node
@@ -196,7 +192,6 @@ class EvidenceView:
 
     def _read_whole(
         self,
-        session: Session,
         version: int | None,
         wanted: set[str] | None,
         own: Changes | None,
@@ -302,21 +297,18 @@ def _take_in(engine: Engine | None, info: dict[Any, Any]) -> None:
         view.committed(*done)
 
 
-_PARTS_OF: dict[str, tuple[str, ...]] = {}
+_WRITE_HEADS = ("INSERT", "UPDATE", "DELETE", "WITH", "TRUNCATE")
 
 
-def _parts_written(statement: str) -> tuple[str, ...]:
-    parts = _PARTS_OF.get(statement)
-    if parts is None:
-        tables = {t.lower() for t in _WRITES.findall(statement)}
-        written = {TABLE_PART[t] for t in tables if t in TABLE_PART}
-        if statement.lstrip()[:8].upper() == "TRUNCATE":
-            written = {p for t, p in TABLE_PART.items() if re.search(rf"\b{t}\b", statement)}
-        parts = tuple(sorted(written))
-        if len(_PARTS_OF) >= _MAX_STATEMENTS:
-            _PARTS_OF.clear()
-        _PARTS_OF[statement] = parts
-    return parts
+def _parts_written(statement: str) -> set[str]:
+    """The evidence's parts a statement writes (most statements are reads: one look at
+    their first word)."""
+    head = statement.lstrip()[:8].upper()
+    if not head.startswith(_WRITE_HEADS):
+        return set()
+    if head == "TRUNCATE":
+        return {p for t, p in TABLE_PART.items() if re.search(rf"\b{t}\b", statement)}
+    return {TABLE_PART[t.lower()] for t in _WRITES.findall(statement) if t.lower() in TABLE_PART}
 
 
 def _nodes_written(conn: Connection, context: ExecutionContext | None) -> set[str] | None:
