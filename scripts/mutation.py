@@ -313,7 +313,6 @@ TARGETS = (
         only=(
             "scheduler_svc.store.evidence_view.*",
             "scheduler_svc.services.fabric.x_evidence__mutmut_*",
-            "scheduler_svc.services.fabric.x__evidence_held__mutmut_*",
             "scheduler_svc.services.fabric.xǁ_StoreReadsǁ*",
         ),
     ),

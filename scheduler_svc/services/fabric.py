@@ -235,24 +235,6 @@ def _evidence_of(f: OpenFault) -> health.FaultEvidence:
     )
 
 
-# Each open fault the evidence's view hands out, as the engine reads it, built once: the view
-# hands out the same value until it reads the fault's node again (kept beside it, so that
-# the value cannot be collected and its identity taken by another).
-_HELD: dict[int, tuple[OpenFault, health.FaultEvidence]] = {}
-_MAX_HELD = 100_000
-
-
-def _evidence_held(f: OpenFault) -> health.FaultEvidence:
-    hit = _HELD.get(f.id)
-    if hit is not None and hit[0] is f:
-        return hit[1]
-    built = _evidence_of(f)
-    if len(_HELD) >= _MAX_HELD:
-        _HELD.clear()
-    _HELD[f.id] = (f, built)
-    return built
-
-
 def window(row: m.MaintenanceWindow) -> health.Maintenance:
     """A stored maintenance window as the engine reads it."""
     return health.Maintenance(
@@ -287,11 +269,16 @@ def evidence(
         FaultRepo(session).remember(rows.faults)
     else:
         rows = _read(session, wanted)
-    # Read as values, each row in its evidence type's field order.
-    built = _evidence_held if view is not None else _evidence_of
+    # Read as values, each row in its evidence type's field order; each fault the view
+    # holds built once while it holds it.
+    faults = (
+        tuple(view.built(f, _evidence_of) for f in rows.faults)
+        if view is not None
+        else tuple(_evidence_of(f) for f in rows.faults)
+    )
     return (
         health.Evidence(
-            faults=tuple(built(f) for f in rows.faults),
+            faults=faults,
             switches=tuple(health.SwitchEvidence(*s) for s in rows.switches),
             quarantines=tuple(health.Quarantine(*q) for q in rows.flags),
             maintenance=tuple(health.Maintenance(*w) for w in rows.windows),

@@ -38,9 +38,9 @@ import re
 import secrets
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine, Row, event, select, text
 from sqlalchemy.engine.interfaces import ExecutionContext
@@ -50,6 +50,7 @@ from scheduler_svc.store import models as m
 from scheduler_svc.store import plain
 from scheduler_svc.store.faults import OpenFault
 
+T = TypeVar("T")
 FAULTS, FLAGS, SWITCHES, WINDOWS = "faults", "flags", "switches", "windows"
 # The tables the evidence reads, and which of its parts each one's rows are. A port's level
 # (rnics.state) is read beside the fault on it, so it is a part of the faults'.
@@ -117,6 +118,8 @@ class EvidenceView:
         self._faults: dict[str, tuple[OpenFault, ...]] = {}  # node -> its open faults
         self._node_of: dict[int, str] = {}  # open fault id -> its node
         self._stale: set[str] = set()
+        # fault id -> (the value handed out, what a caller built from it): `built`
+        self._built: dict[int, tuple[OpenFault, Any]] = {}
         self._parts: dict[str, list[Row[Any]] | None] = {FLAGS: None, SWITCHES: None, WINDOWS: None}
 
     # --- what commits tell it -----------------------------------------------------------
@@ -140,9 +143,22 @@ class EvidenceView:
             for part in changes.parts:
                 self._parts[part] = None
 
+    def built(self, f: OpenFault, make: Callable[[OpenFault], T]) -> T:
+        """`make(f)` for a fault this view handed out, made once while the view hands out
+        that same value (the engine's form of an open fault: services/fabric.py)."""
+        hit = self._built.get(f.id)
+        if hit is not None and hit[0] is f:
+            made: T = hit[1]
+            return made
+        made = make(f)
+        with self._lock:
+            if self._node_of.get(f.id) is not None:  # still held: the value is kept
+                self._built[f.id] = (f, made)
+        return made
+
     def _drop(self) -> None:
         self.version = None
-        self._faults, self._node_of, self._stale = {}, {}, set()
+        self._faults, self._node_of, self._stale, self._built = {}, {}, set(), {}
         self._parts = dict.fromkeys(self._parts)
 
     # --- reads --------------------------------------------------------------------------
@@ -221,6 +237,7 @@ class EvidenceView:
             for n in nodes:
                 for f in self._faults.pop(n, ()):
                     self._node_of.pop(f.id, None)
+                    self._built.pop(f.id, None)
                 kept = by_node.get(n)
                 if kept:
                     self._faults[n] = tuple(kept)
