@@ -378,6 +378,12 @@ def test_what_a_view_keeps_across_rollbacks_unread_nodes_and_writes_it_did_not_s
             assert any(f.node == "n1" and f.device == "mlx5_1" for f in held[1])
             s.rollback()
         assert_same(engines["a"], 2)
+    with a() as s, s.begin():  # its own write naming no node: every node read from the store
+        write(s, ("levels_core", "n0", "mlx5_0", 1, 0), NOW + timedelta(seconds=2))
+        held, stored = read_both(s, None)
+        assert held == stored
+        assert all(f.state == "DOWN" for f in held[1] if f.device == "mlx5_0")
+        s.rollback()
     for node in ("n1", "n2"):  # two commits, no read between
         with a() as s, s.begin():
             write(s, ("open", node, "mlx5_1", 1, 0), NOW + timedelta(seconds=3))
