@@ -333,6 +333,7 @@ TARGETS = (
             "scheduler_svc.store.maintenance.xǁMaintenanceRepoǁopen_flag_values__mutmut_*",
             "scheduler_svc.store.faults.xǁFaultRepoǁopen_switch_fault_values__mutmut_*",
             "scheduler_svc.services.fabric.x_evidence__mutmut_*",
+            "scheduler_svc.services.fabric.x__read__mutmut_*",
         ),
     ),
     Target(
