@@ -309,13 +309,11 @@ def _read(session: Session, wanted: set[str] | None) -> evidence_view.EvidenceRo
     """The evidence on `wanted` nodes read from the store (no view in memory)."""
     many = wanted is not None and len(wanted) > MANY_NODES
     faults = _faults_at_their_ports(session, wanted, many)
-    flags = [
-        q for q in MaintenanceRepo(session).open_flag_values() if wanted is None or q.node in wanted
-    ]
+    flags = evidence_view.flags_on(MaintenanceRepo(session).open_flag_values(), wanted)
     switches = FaultRepo(session).open_switch_fault_values()
     windows = MaintenanceRepo(session).in_force(None if many else wanted)
-    if many and wanted is not None:
-        windows = [w for w in windows if w.switch is not None or w.node in wanted]
+    if many:
+        windows = evidence_view.windows_on(windows, wanted)
     return evidence_view.EvidenceRows(faults, flags, switches, windows)
 
 

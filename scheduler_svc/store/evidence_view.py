@@ -187,18 +187,15 @@ class EvidenceView:
             if wanted is not None:
                 fresh &= wanted
         if fresh is None or fresh:
-            rows = repos.faults(None if fresh is None else sorted(fresh))
+            by_node = _by_node(repos.faults(None if fresh is None else sorted(fresh)))
             read_nodes = fresh
-            by_node: dict[str, list[OpenFault]] = {}
-            for f in rows:
-                by_node.setdefault(f.node, []).append(f)
             if read_nodes is not None and own is None:  # committed state only: keep it
                 self._keep_nodes(version, read_nodes, by_node)
             if read_nodes is None:
-                faults = {n: tuple(fs) for n, fs in by_node.items()}
+                faults = by_node
             else:
                 for n in read_nodes:
-                    faults[n] = tuple(by_node.get(n, ()))
+                    faults[n] = by_node.get(n, ())
         for part in (FLAGS, SWITCHES, WINDOWS):
             if parts[part] is None or (own is not None and part in own.parts):
                 parts[part] = read = repos.part(part)
@@ -213,23 +210,21 @@ class EvidenceView:
         own: Changes | None,
         repos: StoreReads,
     ) -> EvidenceRows:
-        rows = repos.faults(None)
-        parts = {part: repos.part(part) for part in (FLAGS, SWITCHES, WINDOWS)}
-        by_node: dict[str, list[OpenFault]] = {}
-        for f in rows:
-            by_node.setdefault(f.node, []).append(f)
-        faults = {n: tuple(fs) for n, fs in by_node.items()}
+        faults = _by_node(repos.faults(None))
+        parts: dict[str, list[Row[Any]] | None] = {
+            part: repos.part(part) for part in (FLAGS, SWITCHES, WINDOWS)
+        }
         if own is None and version is not None:  # what it read is the store at `version`
             with self._lock:
                 self._drop()
                 self.version = version
-                self._faults = dict(faults)
-                self._node_of = {f.id: f.node for f in rows}
+                self._faults = dict(faults)  # the view's own, changed by later reads
+                self._node_of = {f.id: n for n, fs in faults.items() for f in fs}
                 self._parts = dict(parts)
         return _filtered(faults, parts, wanted)
 
     def _keep_nodes(
-        self, version: int, nodes: Iterable[str], by_node: Mapping[str, list[Any]]
+        self, version: int, nodes: Iterable[str], by_node: Mapping[str, tuple[OpenFault, ...]]
     ) -> None:
         with self._lock:
             if self.version != version:
@@ -240,7 +235,7 @@ class EvidenceView:
                     self._built.pop(f.id, None)
                 kept = by_node.get(n)
                 if kept:
-                    self._faults[n] = tuple(kept)
+                    self._faults[n] = kept
                     for f in kept:
                         self._node_of[f.id] = n
                 self._stale.discard(n)
@@ -267,10 +262,28 @@ def _filtered(
     else:
         picked = [f for n, fs in faults.items() if n in wanted for f in fs]
     picked.sort(key=lambda f: f.id)
-    if wanted is not None:
-        flags = [q for q in flags if q.node in wanted]
-        windows = [w for w in windows if w.switch is not None or w.node in wanted]
-    return EvidenceRows(picked, flags, list(switches), list(windows))
+    return EvidenceRows(
+        picked, flags_on(flags, wanted), list(switches), windows_on(windows, wanted)
+    )
+
+
+def _by_node(faults: Iterable[OpenFault]) -> dict[str, tuple[OpenFault, ...]]:
+    """Open faults by node, each node's in the order read."""
+    by_node: dict[str, list[OpenFault]] = {}
+    for f in faults:
+        by_node.setdefault(f.node, []).append(f)
+    return {n: tuple(fs) for n, fs in by_node.items()}
+
+
+def flags_on(flags: Iterable[Row[Any]], wanted: set[str] | None) -> list[Row[Any]]:
+    """The quarantine flags that concern `wanted` nodes (every one when None)."""
+    return [q for q in flags if wanted is None or q.node in wanted]
+
+
+def windows_on(windows: Iterable[Row[Any]], wanted: set[str] | None) -> list[Row[Any]]:
+    """The maintenance windows that concern `wanted` nodes (every one when None): those on
+    the nodes and every switch-wide one (the rule `MaintenanceRepo.in_force` reads by)."""
+    return [w for w in windows if wanted is None or w.switch is not None or w.node in wanted]
 
 
 # --- one view per engine, and the hooks that follow its commits --------------------------
