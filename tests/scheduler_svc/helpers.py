@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import local_service
+from railover_testing.local import free_port, served_app
 from scheduler_svc.config import Settings
+from scheduler_svc.main import create_app
 from scheduler_svc.store.uow import Clock, system_clock
 
 CHECKPOINT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -72,6 +73,20 @@ class Running:
     settings: Settings
 
 
+# Each running service_factory service's coordinator sweep, by its port.
+_SWEEPS: dict[int, Callable[[], object]] = {}
+
+
+def sweep(http: httpx.Client) -> None:
+    """One whole coordinator sweep of the service `http` talks to, run here at its clock:
+    whatever the clock's deadlines make it do (close cleared faults, fail back, retry
+    commands) is done when this returns, and an exception in it is raised here. The
+    coordinator's own thread may sweep beside it, as another replica's would."""
+    port = http.base_url.port
+    assert port in _SWEEPS, f"no service_factory service listens on {http.base_url}"
+    _SWEEPS[port]()
+
+
 @contextmanager
 def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Running]]:
     """Start services on `db_url` with `defaults` (overridden per call, clock included);
@@ -86,7 +101,11 @@ def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Runn
                 webhook_allow_loopback=True,
                 **(defaults | overrides),
             )
-            url = stack.enter_context(local_service(settings, clock=clock))
+            settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port()})
+            app = create_app(settings, clock=clock)
+            url = stack.enter_context(served_app(app, settings.port))
+            _SWEEPS[settings.port] = app.state.coordinator.sweep
+            stack.callback(_SWEEPS.pop, settings.port, None)
             http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Running(http, url, clock, settings)
 

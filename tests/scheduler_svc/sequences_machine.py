@@ -55,13 +55,12 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Engine, text
 
-from railover_testing import waiting
 from railover_testing.local import ManualClock
 from scheduler_svc import metrics
 from scheduler_svc.config import Settings
 from scheduler_svc.store.db import make_engine, make_sessionmaker
 from scheduler_svc.store.models import Base
-from tests.scheduler_svc.helpers import register_nodes, service_factory
+from tests.scheduler_svc.helpers import register_nodes, service_factory, sweep
 from tests.scheduler_svc.sequences import (
     SERVICE,
     SWITCH_KINDS,
@@ -82,7 +81,6 @@ from tests.scheduler_svc.sequences_invariants import SequencesInvariants
 # The settings of every sequence: the sequence tests' own, with the deadlines short enough
 # that a few clock moves pass them (an agent cut off is unreachable after 3 x 30 s).
 MODEL_SERVICE: dict[str, Any] = SERVICE | {
-    "coordinator_interval_s": 0.01,
     "command_ack_timeout_s": 30,
     "command_max_attempts": 3,
     "maintenance_lead_s": 60,
@@ -179,21 +177,16 @@ def connect_to(db_url: str, **settings: Any) -> Connect:
 def swept() -> dict[str, float]:
     """The coordinator's sweeps so far, by outcome: railover_coordinator_sweeps_total, read
     in this process (the service runs in it) rather than over /metrics, whose whole text
-    takes 25 ms to render; the machine waits on it after every step."""
+    takes 25 ms to render; the machine checks it after every step."""
     return {o: metrics.SWEEPS.labels(outcome=o)._value.get() for o in ("ok", "error")}
 
 
-def settle(errors: float = 0.0) -> None:
-    """sequences.settle, waiting until a whole coordinator sweep has run since the call,
-    and invariant 7 of the sweeps: no more have failed than `errors`."""
-    seen = swept()["ok"]
-
-    def done() -> bool:
-        now = swept()
-        assert now["error"] == errors, "invariant 7: a coordinator sweep failed"
-        return now["ok"] >= seen + 2
-
-    waiting.wait_for("two coordinator sweeps", done, 30, step=0.002)
+def settle(http: httpx.Client, errors: float = 0.0) -> None:
+    """sequences.settle: a whole coordinator sweep run here, at once; and invariant 7 of
+    the sweeps the coordinator's own thread runs beside the steps: no more have failed
+    than `errors`."""
+    sweep(http)
+    assert swept()["error"] == errors, "invariant 7: a coordinator sweep failed"
 
 
 def no_5xx(response: httpx.Response) -> None:
@@ -519,14 +512,14 @@ class SequencesMachine(SequencesInvariants, RuleBasedStateMachine):
 
     @rule()
     def wait_for_the_sweeps(self) -> None:
-        settle(self.sweep_errors)
+        settle(self.http, self.sweep_errors)
         self.no_evidence = True
 
     # --- the invariants ----------------------------------------------------------------------
 
     @invariant()
     def check(self) -> None:
-        settle(self.sweep_errors)
+        settle(self.http, self.sweep_errors)
         seen = {j: self.read(j) for j in self.jobs()}
         open_faults = faults(self.http)
         fabric = get(self.http, "/v1/fabric")
