@@ -3,12 +3,15 @@
 Every check. On SQLite every phase (examples, coverage, fuzzing, stateful with
 the document's links: job -> decisions, paths, commands; command -> ack),
 bounded by examples per operation. On PostgreSQL the examples and coverage
-phases: what a store answers differently is the edge of a value (the largest
-integer, the longest name, the odd character), which those two derive from the
-schema deterministically; the random and stateful phases drive the service's
-logic, the same code on either store. Together they take about a minute. The
-exclusions, each with its reason, are in schemathesis.toml here; a job registered
-first (fzjob) lets the job routes reach their real work.
+phases with schema-valid data only: what a store answers differently is the edge
+of a value (the largest integer, the longest name, the odd character) that reaches
+it, which those two derive from the schema deterministically. Invalid data is
+refused by validation before the route runs (the store sees the token lookup and
+the audit entry, neither of which changes the answer), so on PostgreSQL it would
+repeat what SQLite's run checked (3,694 of the 5,732 cases, half the time); the
+random and stateful phases drive the service's logic, the same code on either
+store. The exclusions, each with its reason, are in schemathesis.toml here; a job
+registered first (fzjob) lets the job routes reach their real work.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 MAX_EXAMPLES = int(os.environ.get("RAILOVER_FUZZ_EXAMPLES", "5"))
 SEED = os.environ.get("RAILOVER_FUZZ_SEED", "20261201")
 PHASES = {"sqlite": "examples,coverage,fuzzing,stateful", "postgres": "examples,coverage"}
+MODES = {"sqlite": "all", "postgres": "positive"}
 
 
 def _fleet_token(settings: Settings) -> str:
@@ -74,6 +78,8 @@ def test_schemathesis_finds_nothing(db_url: str, tmp_path: Path) -> None:
                 "all",
                 "--phases",
                 PHASES[backend],
+                "--mode",
+                MODES[backend],
                 "--max-examples",
                 str(MAX_EXAMPLES),
                 "--seed",
