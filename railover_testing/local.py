@@ -4,6 +4,12 @@ The twin ships with the product and runs the service the same way, so the parts 
 scheduler_svc.twin.inprocess; this module keeps the name the tests import.
 """
 
-from scheduler_svc.twin.inprocess import ManualClock, free_port, local_service, served_app
+from scheduler_svc.twin.inprocess import (
+    ManualClock,
+    free_port,
+    local_app,
+    local_service,
+    served_app,
+)
 
-__all__ = ["ManualClock", "free_port", "local_service", "served_app"]
+__all__ = ["ManualClock", "free_port", "local_app", "local_service", "served_app"]

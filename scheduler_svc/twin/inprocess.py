@@ -113,10 +113,21 @@ def local_service(
 
     `clock` is the service's time (requests and the coordinator's deadlines alike).
     """
+    with local_app(settings, startup_timeout_s, clock) as (_, url):
+        yield url
+
+
+@contextmanager
+def local_app(
+    settings: Settings, startup_timeout_s: float = 30.0, clock: Clock = system_clock
+) -> Iterator[tuple[FastAPI, str]]:
+    """`local_service`, yielding the running app too (its state: the coordinator, the
+    engines) for a caller that drives its parts, such as a sweep at a moment it picks."""
     port = settings.port or free_port()
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
-    with served_app(create_app(settings, clock=clock), port, startup_timeout_s) as url:
-        yield url
+    app = create_app(settings, clock=clock)
+    with served_app(app, port, startup_timeout_s) as url:
+        yield app, url
 
 
 @contextmanager

@@ -12,9 +12,8 @@ from typing import Any
 import httpx
 
 from railover_testing.cluster_shapes import hgx_node
-from railover_testing.local import free_port, served_app
+from railover_testing.local import local_app
 from scheduler_svc.config import Settings
-from scheduler_svc.main import create_app
 from scheduler_svc.store.uow import Clock, system_clock
 
 CHECKPOINT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -101,11 +100,10 @@ def service_factory(db_url: str, **defaults: Any) -> Iterator[Callable[..., Runn
                 webhook_allow_loopback=True,
                 **(defaults | overrides),
             )
-            settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port()})
-            app = create_app(settings, clock=clock)
-            url = stack.enter_context(served_app(app, settings.port))
-            _SWEEPS[settings.port] = app.state.coordinator.sweep
-            stack.callback(_SWEEPS.pop, settings.port, None)
+            app, url = stack.enter_context(local_app(settings, clock=clock))
+            port = app.state.settings.port
+            _SWEEPS[port] = app.state.coordinator.sweep
+            stack.callback(_SWEEPS.pop, port, None)
             http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Running(http, url, clock, settings)
 
